@@ -1,0 +1,249 @@
+"""``Backend``: the contract a backend plugin implements.
+
+One abstract class with working defaults that call ``torch.distributed``; a
+concrete backend states its name, the torch.distributed backend it drives and
+its device, and overrides only what differs (httpx's transports are the model).
+
+Conventions every method may rely on, because the :class:`~commlib.Communicator`
+guarantees them before it calls in:
+
+* arguments are validated: known op, tensors of the right kind, ranks in range;
+* tensors are contiguous and already on :meth:`Backend.device`;
+* ``src`` / ``dst`` / peers are ranks *within* ``group``;
+* ``group`` is a ``torch.distributed.ProcessGroup`` the caller belongs to
+  (``None`` only for backends without a process group, such as ``single``).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from commlib.serialization import Serializer
+
+# torch 2.13 renamed the flat collectives and warns on every call of the old
+# names; the old names are what older torch has.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+_TORCH_OPS = {
+    "sum": "SUM",
+    "product": "PRODUCT",
+    "min": "MIN",
+    "max": "MAX",
+    "band": "BAND",
+    "bor": "BOR",
+    "bxor": "BXOR",
+    "avg": "AVG",
+}
+
+
+def global_rank(group: Any, group_rank: int) -> int:
+    """Translate a rank within ``group`` into the world rank torch expects.
+
+    Examples:
+        >>> sub = dist.new_group([2, 3])
+        >>> global_rank(sub, 0)
+        2
+    """
+    if group is None or group is dist.GroupMember.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
+
+
+class Backend:
+    """Base class of every backend plugin.
+
+    Class attributes a subclass sets:
+
+    * ``name``: the plugin's name (``"gloo"``, ``"nccl"``, ``"mybackend"``);
+    * ``torch_backend``: the torch.distributed backend it drives, or ``None``
+      when it runs without a process group;
+    * ``device_type``: ``"cpu"``, ``"cuda"``, ``"npu"``, ...;
+    * ``native_avg``: the engine averages floating tensors itself, so
+      ``op="mean"`` needs no sum-and-divide;
+    * ``large_payload_transport``: how the object collectives move payloads
+      that do not fit the first round: ``"collective"`` (padded all_gather /
+      gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need
+      them; much faster on gloo).
+
+    Examples:
+        >>> class LoggingGloo(Backend):
+        ...     name = "logging-gloo"
+        ...     torch_backend = "gloo"
+        ...     def all_reduce(self, tensor, op, group, async_op=False):
+        ...         print("all_reduce", tensor.shape)
+        ...         return super().all_reduce(tensor, op, group, async_op)
+    """
+
+    name: ClassVar[str] = ""
+    torch_backend: ClassVar[str | None] = None
+    device_type: ClassVar[str] = "cpu"
+    description: ClassVar[str] = ""
+    native_avg: ClassVar[bool] = False
+    large_payload_transport: ClassVar[str] = "collective"
+
+    # -- identity and availability -------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run here, or ``None`` when it can.
+
+        Examples:
+            >>> commlib.plugins.get_backend("nccl").unavailable_reason()
+            'torch was built without NCCL'
+        """
+        if not dist.is_available():
+            return "torch was built without torch.distributed"
+        if self.torch_backend and not dist.is_backend_available(self.torch_backend):
+            return f"torch was built without {self.torch_backend}"
+        return None
+
+    def is_available(self) -> bool:
+        """Whether this backend can run here.
+
+        Examples:
+            >>> commlib.plugins.get_backend("gloo").is_available()
+            True
+        """
+        return self.unavailable_reason() is None
+
+    # -- devices -------------------------------------------------------------------
+    def device(self) -> torch.device:
+        """The device this backend's collectives need, for the current process.
+
+        Examples:
+            >>> commlib.plugins.get_backend("gloo").device()
+            device(type='cpu')
+        """
+        return torch.device(self.device_type)
+
+    def setup_device(self, local_rank: int) -> None:
+        """Select this process's device before the process group starts.
+
+        Called by :func:`commlib.init_dist`. Accelerator backends set the
+        current device from ``local_rank`` unless the user already chose one.
+        The default (CPU) does nothing.
+        """
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return ``tensor`` on :meth:`device` (the same object when it is there).
+
+        Examples:
+            >>> gloo.to_device(torch.ones(2, device="cuda")).device
+            device(type='cpu')
+        """
+        dev = self.device()
+        if tensor.device == dev or (dev.index is None and tensor.device.type == dev.type):
+            return tensor
+        return tensor.to(dev)
+
+    # -- object serialization ------------------------------------------------------
+    def serializer(self) -> Serializer:
+        """The object-serialization strategy this backend uses by default.
+
+        Examples:
+            >>> commlib.plugins.get_backend("gloo").serializer()
+            <commlib.serialization.PickleSerializer ...>
+        """
+        from commlib.serialization import default_serializer
+
+        return default_serializer()
+
+    # -- process groups ------------------------------------------------------------
+    def init_process_group(self, **kwargs: Any) -> None:
+        """Start the default process group for this backend (``env://`` etc.).
+
+        Examples:
+            >>> backend.init_process_group(init_method="env://")
+        """
+        dist.init_process_group(backend=self.torch_backend, **kwargs)
+
+    def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Any:
+        """Create a subgroup of the world; every world rank must call it.
+
+        Examples:
+            >>> backend.new_group([0, 1])
+        """
+        return dist.new_group(list(ranks), timeout=timeout, backend=self.torch_backend)
+
+    def rank(self, group: Any) -> int:
+        """This process's rank in ``group`` (-1 when it is not a member)."""
+        return dist.get_rank(group)
+
+    def world_size(self, group: Any) -> int:
+        """The number of ranks in ``group``."""
+        return dist.get_world_size(group)
+
+    def torch_reduce_op(self, op: str) -> Any:
+        """Map one of commlib's op names (``sum``, ``avg``, ...) to the engine's op."""
+        return getattr(dist.ReduceOp, _TORCH_OPS[op])
+
+    # -- tensor collectives --------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str, group: Any, async_op: bool = False):
+        """Reduce ``tensor`` in place across ``group`` with ``op``."""
+        return dist.all_reduce(tensor, self.torch_reduce_op(op), group=group, async_op=async_op)
+
+    def all_gather(
+        self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any,
+        async_op: bool = False,
+    ):
+        """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` (equal shapes)."""
+        return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool = False
+    ):
+        """Concatenate every rank's ``tensor`` along dim 0 into ``output``."""
+        return _all_gather_single(output, tensor, group=group, async_op=async_op)
+
+    def gather(
+        self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int,
+        group: Any, async_op: bool = False,
+    ):
+        """Collect every rank's ``tensor`` into ``gather_list`` on ``dst``."""
+        return dist.gather(
+            tensor, gather_list, dst=global_rank(group, dst), group=group, async_op=async_op
+        )
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Any, async_op: bool = False):
+        """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
+        return dist.broadcast(tensor, src=global_rank(group, src), group=group, async_op=async_op)
+
+    def reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, op: str, group: Any,
+        async_op: bool = False,
+    ):
+        """Reduce ``input`` (world_size chunks along dim 0) and keep chunk ``rank``."""
+        return _reduce_scatter_single(
+            output, input, op=self.torch_reduce_op(op), group=group, async_op=async_op
+        )
+
+    def barrier(self, group: Any, timeout: datetime.timedelta | None = None) -> None:
+        """Block until every rank of ``group`` has arrived."""
+        dist.barrier(group=group, timeout=timeout)
+
+    def exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        group: Any,
+    ) -> None:
+        """Point-to-point: send each ``(tensor, peer)`` and receive into each.
+
+        Blocks until all complete. Both sides must agree on sizes; the object
+        collectives guarantee that through their first round.
+        """
+        works = [
+            dist.irecv(t, src=global_rank(group, peer), group=group) for t, peer in recvs
+        ] + [dist.isend(t, dst=global_rank(group, peer), group=group) for t, peer in sends]
+        for work in works:
+            if work is not None:
+                work.wait()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"
+

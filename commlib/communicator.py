@@ -1,0 +1,508 @@
+"""``Communicator``: one per process group; validates, then dispatches to a backend.
+
+The communicator owns what is the same on every backend: argument checks, the
+reduce-op names (``mean`` by sum-and-divide where the engine has no average),
+moving data to the backend's device and back, tensors of different shapes in
+``all_gather``, and the object collectives (:mod:`commlib.objects`). The backend
+plugin owns the device and the engine calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commlib import objects, plugins
+from commlib import validation as check
+from commlib.backend import Backend
+from commlib.errors import NotInGroupError
+from commlib.serialization import Serializer
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+class Handle:
+    """What an ``async_op=True`` collective returns: ``wait()`` for its result.
+
+    ``wait()`` also finishes commlib's own part of the call (the division of
+    ``mean``, the copy back to the caller's device), so read the tensor only
+    after it.
+
+    Examples:
+        >>> h = comm.all_reduce(x, async_op=True)
+        >>> h.wait()
+        True
+    """
+
+    def __init__(self, work: Any = None, finish: Callable[[], None] | None = None):
+        self._work = work
+        self._finish = finish
+        self._done = False
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if not self._done:
+            if self._work is not None:
+                if timeout is None:
+                    self._work.wait()
+                else:
+                    self._work.wait(timeout)
+            if self._finish is not None:
+                self._finish()
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or (self._work is not None and self._work.is_completed())
+
+
+def _dist_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _torch_backend_name(group: Any) -> str:
+    return str(dist.get_backend(group if group is not dist.GroupMember.WORLD else None))
+
+
+def _pick_plugin(torch_backend: str) -> Backend:
+    """Plugin for a group's torch backend; ``"cpu:gloo,cuda:nccl"`` prefers the accelerator."""
+    if "," not in torch_backend and ":" not in torch_backend:
+        return plugins.backend_for_torch(torch_backend)
+    pairs = [part.split(":", 1) for part in torch_backend.split(",")]
+    ordered = [b for d, b in pairs if d != "cpu"] + [b for d, b in pairs if d == "cpu"]
+    for name in ordered:
+        try:
+            return plugins.backend_for_torch(name)
+        except ValueError:
+            continue
+    return plugins.backend_for_torch(ordered[0])
+
+
+class Communicator:
+    """Collectives over one process group, served by one backend plugin.
+
+    Args:
+        group: a ``torch.distributed.ProcessGroup``, or ``None`` for the world.
+            With torch.distributed not initialised, the communicator is the
+            ``single`` backend's world of one.
+        backend: the plugin (name or instance) to use; by default the one that
+            drives the group's torch.distributed backend.
+        serializer: object-serialization strategy; the backend's by default.
+        timeout: how long a collective may wait for its peers.
+        slot_size: bytes each rank contributes to the first round of an object
+            collective; objects that fit complete in that one round.
+
+    ``src`` and ``dst`` arguments are ranks *within* the group.
+
+    Examples:
+        >>> comm = Communicator()            # the world (or a world of one)
+        >>> x = torch.ones(2) * comm.rank
+        >>> comm.all_reduce(x, op="mean")
+        >>> sub = comm.new_group([0, 1])     # every rank calls it
+        >>> if sub.is_member:
+        ...     sub.all_gather_object({"rank": sub.rank})
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        backend: str | Backend | None = None,
+        serializer: Serializer | None = None,
+        timeout: datetime.timedelta | float | None = None,
+        slot_size: int = 4096,
+    ):
+        if slot_size < 64:
+            raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
+        if isinstance(timeout, (int, float)):
+            timeout = datetime.timedelta(seconds=timeout)
+        self.timeout: datetime.timedelta = timeout or DEFAULT_TIMEOUT
+        self.slot_size = slot_size
+        self._distributed = group is not None or _dist_ready()
+        if group is not None and not _dist_ready():
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        if self._distributed and group is None:
+            group = dist.group.WORLD
+        self.group = group
+        self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
+
+        if isinstance(backend, Backend):
+            self.plugin = backend
+        elif backend is not None:
+            self.plugin = plugins.get_backend_plugin(backend)
+        elif not self._distributed:
+            self.plugin = plugins.get_backend_plugin("single")
+        else:
+            # a non-member cannot ask its group; the world's engine is the best answer
+            self.plugin = _pick_plugin(_torch_backend_name(group if self.is_member else None))
+        self.serializer: Serializer = serializer or self.plugin.serializer()
+        self._lock = threading.Lock()
+
+    # -- who am I ----------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """Name of the backend plugin serving this communicator (``"gloo"``, ...)."""
+        return self.plugin.name
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group; -1 when it is not a member."""
+        return self.plugin.rank(self.group) if self.is_member else -1
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in the group; -1 when this process is not a member."""
+        return self.plugin.world_size(self.group) if self.is_member else -1
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its machine (``LOCAL_RANK``; 0 when unset)."""
+        return int(os.environ.get("LOCAL_RANK", 0)) if self._distributed else 0
+
+    @property
+    def local_size(self) -> int:
+        """Number of ranks on this machine (``LOCAL_WORLD_SIZE``; 1 when unset)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if self._distributed else 1
+
+    @property
+    def device(self) -> torch.device:
+        """The device the backend's collectives run on, for this process."""
+        return self.plugin.device()
+
+    @property
+    def ranks(self) -> list[int]:
+        """World ranks of the group's members, in group order."""
+        if not self._distributed:
+            return [0]
+        if not self.is_member:
+            raise NotInGroupError("this process is not a member of the group")
+        return dist.get_process_group_ranks(self.group)
+
+    def __repr__(self) -> str:
+        who = f"rank={self.rank}/{self.world_size}" if self.is_member else "not a member"
+        return f"<Communicator backend={self.backend!r} {who}>"
+
+    # -- groups ------------------------------------------------------------------
+    def new_group(
+        self, ranks: Sequence[int], timeout: datetime.timedelta | float | None = None
+    ) -> Communicator:
+        """A communicator for a subgroup; ``ranks`` are ranks of *this* group.
+
+        Like ``torch.distributed.new_group``, every rank of the world must call
+        it with the same ``ranks``, members or not. Non-members get a
+        communicator with ``is_member=False`` whose collectives raise
+        :class:`~commlib.errors.NotInGroupError`.
+
+        Examples:
+            >>> evens = comm.new_group(range(0, comm.world_size, 2))
+        """
+        ranks = list(ranks)
+        if not ranks:
+            raise ValueError("new_group needs at least one rank")
+        size = self.world_size if self.is_member else None
+        for r in ranks:
+            if size is not None:
+                check.rank_in_range(r, size, "rank")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"new_group got duplicate ranks: {ranks}")
+        if isinstance(timeout, (int, float)):
+            timeout = datetime.timedelta(seconds=timeout)
+        timeout = timeout or self.timeout
+        if not self._distributed:
+            self.plugin.new_group(ranks, timeout)
+            return Communicator(backend=self.plugin, serializer=self.serializer, timeout=timeout)
+        world_ranks = [self.ranks[r] for r in ranks] if self.is_member else ranks
+        group = self.plugin.new_group(world_ranks, timeout)
+        return Communicator(
+            group, backend=self.plugin, serializer=self.serializer, timeout=timeout,
+            slot_size=self.slot_size,
+        )
+
+    # -- plumbing ----------------------------------------------------------------
+    def _require_member(self, what: str) -> None:
+        if not self.is_member:
+            raise NotInGroupError(
+                f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
+                "communicator's group"
+            )
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the backend needs it: on its device and contiguous."""
+        moved = self.plugin.to_device(tensor)
+        return moved if moved.is_contiguous() else moved.contiguous()
+
+    def _run(self, work: Any, async_op: bool, finish: Callable[[], None] | None) -> Handle | None:
+        handle = Handle(work if async_op else None, finish)
+        if async_op:
+            return handle
+        if work is not None and hasattr(work, "wait"):
+            work.wait()
+        handle.wait()
+        return None
+
+    # -- tensor collectives -------------------------------------------------------
+    def all_reduce(
+        self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False
+    ) -> Handle | None:
+        """Reduce ``tensor`` across the group, in place.
+
+        ``op`` is one of ``sum mean product min max band bor bxor``. ``mean`` of
+        an integer tensor is computed in floating point and written back into
+        the integer tensor (truncated), as mmengine does.
+
+        Examples:
+            >>> x = torch.tensor([1.0, 2.0]) * (comm.rank + 1)
+            >>> comm.all_reduce(x, op="mean")   # 2 ranks: tensor([1.5, 3.0])
+        """
+        self._require_member("all_reduce")
+        check.tensor(tensor, "tensor")
+        op = check.reduce_op(op, tensor)
+        native = op != "mean" or (
+            self.plugin.native_avg and (tensor.is_floating_point() or tensor.is_complex())
+        )
+        work_t = self._on_device(tensor)
+        world = self.world_size
+
+        def finish() -> None:
+            if not native:
+                if work_t.is_floating_point() or work_t.is_complex():
+                    work_t.div_(world)
+                else:
+                    tensor.copy_(torch.true_divide(work_t, world))
+                    return
+            if work_t is not tensor:
+                tensor.copy_(work_t)
+
+        engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
+        work = self.plugin.all_reduce(work_t, engine_op, self.group, async_op=async_op)
+        return self._run(work, async_op, finish)
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor``, as a list indexed by rank.
+
+        Ranks may pass tensors of different shapes (same number of dims, same
+        dtype); each rank receives every rank's true tensor. Results are on the
+        caller's device.
+
+        Examples:
+            >>> comm.all_gather(torch.arange(comm.rank + 1))   # 2 ranks
+            [tensor([0]), tensor([0, 1])]
+        """
+        self._require_member("all_gather")
+        check.tensor(tensor, "tensor")
+        world = self.world_size
+        work_t = self._on_device(tensor)
+        shapes = objects.agree_on_shapes(self, work_t, "all_gather")
+        if all(s == shapes[0] for s in shapes):
+            out = [torch.empty_like(work_t) for _ in range(world)]
+            self.plugin.all_gather(out, work_t, self.group)
+        else:
+            max_shape = [max(dims) for dims in zip(*shapes)]
+            padded = work_t.new_zeros(max_shape)
+            padded[tuple(slice(0, d) for d in work_t.shape)] = work_t
+            buf = [torch.empty_like(padded) for _ in range(world)]
+            self.plugin.all_gather(buf, padded, self.group)
+            out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
+        return [t.to(tensor.device) for t in out]
+
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = False
+    ) -> Handle | None:
+        """Concatenate every rank's ``tensor`` along dim 0 into ``output``.
+
+        ``output`` must hold ``world_size`` times ``tensor``'s elements.
+
+        Examples:
+            >>> out = torch.empty(comm.world_size * 2)
+            >>> comm.all_gather_into_tensor(out, torch.ones(2) * comm.rank)
+        """
+        self._require_member("all_gather_into_tensor")
+        check.tensor(output, "output")
+        check.tensor(tensor, "tensor")
+        if output.numel() != tensor.numel() * self.world_size:
+            raise ValueError(
+                f"output has {output.numel()} elements; all_gather_into_tensor needs "
+                f"world_size ({self.world_size}) x {tensor.numel()}"
+            )
+        if output.dtype != tensor.dtype:
+            raise TypeError(f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}")
+        out_t = self._on_device(output)
+        in_t = self._on_device(tensor)
+        work = self.plugin.all_gather_into_tensor(out_t, in_t, self.group, async_op=async_op)
+
+        def finish() -> None:
+            if out_t is not output:
+                output.copy_(out_t)
+
+        return self._run(work, async_op, finish)
+
+    def gather(self, tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` on ``dst`` (a list); other ranks get ``[]``.
+
+        All ranks must pass tensors of the same shape and dtype.
+
+        Examples:
+            >>> comm.gather(torch.tensor([comm.rank]), dst=0)
+            [tensor([0]), tensor([1])]   # rank 0
+            []                           # rank 1
+        """
+        self._require_member("gather")
+        check.tensor(tensor, "tensor")
+        check.rank_in_range(dst, self.world_size, "dst")
+        work_t = self._on_device(tensor)
+        is_dst = self.rank == dst
+        out = [torch.empty_like(work_t) for _ in range(self.world_size)] if is_dst else None
+        self.plugin.gather(work_t, out, dst, self.group)
+        return [t.to(tensor.device) for t in out] if is_dst else []
+
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False
+    ) -> Handle | None:
+        """Copy ``src``'s ``tensor`` into ``tensor`` on every rank, in place.
+
+        Examples:
+            >>> x = torch.tensor([comm.rank])
+            >>> comm.broadcast(x, src=1)     # every rank: tensor([1])
+        """
+        self._require_member("broadcast")
+        check.tensor(tensor, "tensor")
+        check.rank_in_range(src, self.world_size, "src")
+        work_t = self._on_device(tensor)
+        work = self.plugin.broadcast(work_t, src, self.group, async_op=async_op)
+
+        def finish() -> None:
+            if work_t is not tensor:
+                tensor.copy_(work_t)
+
+        return self._run(work, async_op, finish)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor | Sequence[torch.Tensor],
+        op: str = "sum",
+        *,
+        async_op: bool = False,
+    ) -> Handle | None:
+        """Reduce ``input`` across ranks and leave chunk ``rank`` in ``output``.
+
+        ``input`` is a list of ``world_size`` tensors shaped like ``output``, or
+        one tensor of ``world_size`` such chunks along dim 0.
+
+        Examples:
+            >>> out = torch.empty(1)
+            >>> comm.reduce_scatter(out, torch.ones(comm.world_size))
+            >>> out                            # tensor([2.]) on 2 ranks
+        """
+        self._require_member("reduce_scatter")
+        check.tensor(output, "output")
+        world = self.world_size
+        if isinstance(input, (list, tuple)):
+            if len(input) != world:
+                raise ValueError(f"reduce_scatter needs {world} input tensors, got {len(input)}")
+            for t in input:
+                check.tensor(t, "input[i]")
+                if t.shape != output.shape:
+                    raise ValueError(
+                        f"each input tensor must be shaped like output {tuple(output.shape)}, "
+                        f"got {tuple(t.shape)}"
+                    )
+            flat = torch.cat([t.reshape(-1) for t in input])
+        else:
+            check.tensor(input, "input")
+            if input.numel() != output.numel() * world:
+                raise ValueError(
+                    f"input has {input.numel()} elements; reduce_scatter needs world_size "
+                    f"({world}) x output's {output.numel()}"
+                )
+            flat = input.reshape(-1)
+        if flat.dtype != output.dtype:
+            raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
+        op = check.reduce_op(op, output)
+        native = op != "mean" or (self.plugin.native_avg and output.is_floating_point())
+        engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
+        out_t = self._on_device(output.reshape(-1) if output.is_contiguous() else output)
+        out_t = out_t.reshape(-1)
+        in_t = self._on_device(flat)
+        work = self.plugin.reduce_scatter(out_t, in_t, engine_op, self.group, async_op=async_op)
+
+        def finish() -> None:
+            if not native:
+                if out_t.is_floating_point() or out_t.is_complex():
+                    out_t.div_(world)
+                else:
+                    output.copy_(torch.true_divide(out_t, world).reshape(output.shape))
+                    return
+            if out_t.data_ptr() != output.data_ptr() or out_t.device != output.device:
+                output.copy_(out_t.reshape(output.shape))
+
+        return self._run(work, async_op, finish)
+
+    def barrier(self) -> None:
+        """Block until every rank of the group has arrived.
+
+        Examples:
+            >>> comm.barrier()
+        """
+        self._require_member("barrier")
+        self.plugin.barrier(self.group, timeout=self.timeout)
+
+    # -- object collectives -------------------------------------------------------
+    def all_gather_object(self, obj: Any, *, serializer: Serializer | None = None) -> list[Any]:
+        """Every rank's ``obj``, as a list indexed by rank.
+
+        If any rank fails to serialize its object, every rank raises the same
+        :class:`~commlib.errors.RemoteError` naming it.
+
+        Examples:
+            >>> comm.all_gather_object({"rank": comm.rank})
+            [{'rank': 0}, {'rank': 1}]
+        """
+        self._require_member("all_gather_object")
+        return objects.all_gather_object(self, obj, serializer or self.serializer)
+
+    def gather_object(
+        self, obj: Any, dst: int = 0, *, serializer: Serializer | None = None
+    ) -> list[Any] | None:
+        """Every rank's ``obj`` on ``dst`` (a list); other ranks get ``None``.
+
+        Examples:
+            >>> comm.gather_object(comm.rank, dst=0)
+            [0, 1]    # rank 0
+            None      # rank 1
+        """
+        self._require_member("gather_object")
+        return objects.gather_object(self, obj, dst, serializer or self.serializer)
+
+    def broadcast_object_list(
+        self, object_list: list[Any], src: int = 0, *, serializer: Serializer | None = None
+    ) -> None:
+        """Fill ``object_list`` on every rank with ``src``'s objects, in place.
+
+        Every rank passes a list of the same length.
+
+        Examples:
+            >>> objs = ["foo", 12, {1: 2}] if comm.rank == 0 else [None] * 3
+            >>> comm.broadcast_object_list(objs)
+            >>> objs                                 # every rank
+            ['foo', 12, {1: 2}]
+        """
+        self._require_member("broadcast_object_list")
+        objects.broadcast_object_list(self, object_list, src, serializer or self.serializer)
+
+    def broadcast_object(
+        self, obj: Any = None, src: int = 0, *, serializer: Serializer | None = None
+    ) -> Any:
+        """Return ``src``'s ``obj`` on every rank.
+
+        Examples:
+            >>> cfg = comm.broadcast_object(load_config() if comm.rank == 0 else None)
+        """
+        box = [obj]
+        self.broadcast_object_list(box, src, serializer=serializer)
+        return box[0]

@@ -1,0 +1,25 @@
+"""A stable numbering of torch dtypes, so ranks can compare dtypes as integers."""
+
+from __future__ import annotations
+
+import torch
+
+_DTYPES: list[torch.dtype] = sorted(
+    {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str
+)
+_CODES = {d: i for i, d in enumerate(_DTYPES)}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """An int naming ``dtype``, the same on every rank running the same torch.
+
+    Examples:
+        >>> dtype_from_code(dtype_code(torch.bfloat16))
+        torch.bfloat16
+    """
+    return _CODES[dtype]
+
+
+def dtype_from_code(code: int) -> torch.dtype | str:
+    """The dtype :func:`dtype_code` numbered ``code`` (a string when unknown)."""
+    return _DTYPES[code] if 0 <= code < len(_DTYPES) else f"unknown dtype #{code}"

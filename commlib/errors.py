@@ -1,0 +1,68 @@
+"""The exceptions commlib raises.
+
+User mistakes are plain ``ValueError`` / ``TypeError`` raised before anything is
+sent. Everything that goes wrong *between* ranks is a :class:`CommError`, so a
+caller can catch the whole family with one ``except``.
+"""
+
+from __future__ import annotations
+
+
+class CommError(RuntimeError):
+    """Base class of the errors that concern more than the calling rank."""
+
+
+class BackendUnavailableError(CommError):
+    """A backend plugin was asked for but cannot run here (the reason says why)."""
+
+
+class NotInGroupError(CommError, ValueError):
+    """The calling rank is not a member of the communicator's process group.
+
+    It is also a ``ValueError``: calling a collective on a group one does not
+    belong to is a usage error, and it is raised before anything is sent.
+    """
+
+
+class RemoteError(CommError):
+    """One or more ranks failed; every rank of the collective raises this.
+
+    Attributes:
+        failures (dict[int, str]): group rank -> ``"ExcType: message"`` of each
+            rank that failed.
+        collective (str): name of the collective that was aborted.
+
+    Examples:
+        >>> try:
+        ...     comm.all_gather_object(obj)
+        ... except RemoteError as err:
+        ...     print(err.failures)
+        {1: "PicklingError: Can't pickle <function <lambda>>"}
+    """
+
+    def __init__(self, collective: str, failures: dict[int, str], summary: str | None = None):
+        self.collective = collective
+        self.failures = dict(sorted(failures.items()))
+        self.summary = summary
+        lines = "; ".join(f"rank {r}: {msg}" for r, msg in self.failures.items())
+        head = summary or f"failed on rank(s) {sorted(self.failures)}"
+        super().__init__(f"{collective} {head}: {lines}")
+
+    def __reduce__(self):
+        return (type(self), (self.collective, self.failures, self.summary))
+
+
+class RemoteArgumentError(RemoteError, ValueError, TypeError):
+    """Some rank passed a bad argument, or the ranks passed arguments that disagree.
+
+    Raised on every rank alike. It is also a ``ValueError`` and a ``TypeError``,
+    so code that guards a call with either keeps working.
+    """
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A collective did not complete within the communicator's timeout."""
+
+
+class DeserializationError(CommError):
+    """An object received from another rank could not be loaded on this rank."""

@@ -1,0 +1,103 @@
+"""Starting the process group from a launcher's environment (torchrun, slurm, mpi)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commlib import plugins
+from commlib.backend import Backend
+
+# what each launcher calls rank, world size and local rank
+_LAUNCHER_ENV = {
+    "pytorch": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE"),
+}
+
+
+def default_torch_backend() -> str:
+    """The torch.distributed backend for this machine's accelerator (gloo on CPU).
+
+    Examples:
+        >>> default_torch_backend()      # on a CPU-only machine
+        'gloo'
+    """
+    device = "cpu"
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and accel.is_available():
+        device = accel.current_accelerator().type
+    elif torch.cuda.is_available():
+        device = "cuda"
+    getter = getattr(dist, "get_default_backend_for_device", None)
+    if getter is None:
+        return "nccl" if device == "cuda" else "gloo"
+    try:
+        return getter(device)
+    except (ValueError, RuntimeError):
+        return "gloo"
+
+
+def init_dist(
+    launcher: str = "pytorch",
+    backend: str | Backend | None = None,
+    timeout: datetime.timedelta | float | None = None,
+    **kwargs: Any,
+) -> None:
+    """Initialise torch.distributed from a launcher's environment.
+
+    ``launcher`` is ``"pytorch"`` (torchrun: ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``), ``"slurm"`` or ``"mpi"`` (their rank
+    variables are mapped onto torchrun's; ``MASTER_ADDR``/``MASTER_PORT`` must be
+    set). ``backend`` is a commlib plugin name or a torch backend name; by
+    default the one torch picks for this machine's accelerator. The plugin
+    selects the device from ``LOCAL_RANK`` before the group starts.
+
+    Examples:
+        >>> # torchrun --nproc-per-node 2 train.py
+        >>> import commlib as dist
+        >>> dist.init_dist("pytorch")
+        >>> dist.get_world_size()
+        2
+    """
+    if launcher not in _LAUNCHER_ENV:
+        raise ValueError(f"launcher must be one of {sorted(_LAUNCHER_ENV)}, got {launcher!r}")
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialised")
+    names = _LAUNCHER_ENV[launcher]
+    values = [os.environ.get(n) for n in names]
+    if values[0] is None or values[1] is None:
+        raise ValueError(f"launcher {launcher!r}: {names[0]} and {names[1]} must be set")
+    for torch_name, value in zip(_LAUNCHER_ENV["pytorch"], values):
+        if value is not None:
+            os.environ[torch_name] = value
+    if launcher == "slurm" and "," in os.environ.get("LOCAL_WORLD_SIZE", ""):
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"].split("(")[0]
+    for needed in ("MASTER_ADDR", "MASTER_PORT"):
+        if needed not in os.environ:
+            raise ValueError(f"init_dist: {needed} is not set")
+    plugin = _plugin(backend)
+    if plugin.torch_backend is None:
+        raise ValueError(f"backend {plugin.name!r} runs without a process group")
+    plugin.setup_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    kwargs.setdefault("init_method", "env://")
+    plugin.init_process_group(**kwargs)
+
+
+def _plugin(backend: str | Backend | None) -> Backend:
+    if isinstance(backend, Backend):
+        return backend
+    name = backend or default_torch_backend()
+    try:
+        return plugins.get_backend_plugin(name)
+    except ValueError:
+        return plugins.backend_for_torch(name)

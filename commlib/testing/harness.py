@@ -1,0 +1,259 @@
+"""A multi-rank test harness: start N local ranks once, run many functions on them.
+
+Starting torch processes costs seconds; tests should not pay it per test.
+:class:`World` starts its ranks once (``spawn``), joins them into a process
+group through a ``TCPStore`` the parent owns on 127.0.0.1 (the OS picks the
+port, so there is no race for a free one), and then runs functions on every
+rank on request. Each run has a timeout: a hung collective kills the world's
+processes (by pid) and raises :class:`WorldTimeout`; the next run starts a
+fresh world.
+
+Functions must be importable by the ranks (module-level functions of a test
+module or package). Each is called as ``fn(comm, *args, **kwargs)`` with the
+world :class:`~commlib.Communicator`; its return value comes back pickled.
+
+Examples:
+    >>> def total(comm, x):
+    ...     t = torch.tensor([x + comm.rank])
+    ...     comm.all_reduce(t)
+    ...     return int(t)
+    >>> with World(3) as world:
+    ...     world.run(total, 10)
+    [33, 33, 33]
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+
+class WorldTimeout(TimeoutError):
+    """A run did not finish on every rank in time; the world was torn down."""
+
+
+@dataclass
+class Outcome:
+    """What one rank's call ended with: a value, or an exception."""
+
+    rank: int
+    value: Any = None
+    error: BaseException | None = None
+    traceback: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class RankFailed(AssertionError):
+    """Raised by :meth:`World.run` when any rank raised; shows each rank's traceback."""
+
+    def __init__(self, outcomes: list[Outcome]):
+        self.outcomes = outcomes
+        parts = [f"--- rank {o.rank}: {o.error!r}\n{o.traceback}" for o in outcomes if not o.ok]
+        super().__init__("ranks failed:\n" + "\n".join(parts))
+
+
+def _worker(rank: int, size: int, port: int, backend: str, setup: Any, conn: Any,
+            pg_timeout: float) -> None:
+    try:
+        if setup is not None:
+            setup(rank, size)
+        import commlib
+        from commlib.plugins import get_backend_plugin
+
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(size))
+        store = dist.TCPStore("127.0.0.1", port, None, False,
+                              timeout=datetime.timedelta(seconds=pg_timeout))
+        plugin = get_backend_plugin(backend)
+        plugin.setup_device(rank)
+        plugin.init_process_group(store=store, rank=rank, world_size=size,
+                                  timeout=datetime.timedelta(seconds=pg_timeout))
+        comm = commlib.get_communicator()
+        conn.send(("ready", None, ""))
+    except BaseException as exc:
+        conn.send(("error", _picklable(exc), traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        fn, args, kwargs = msg
+        start = time.perf_counter()
+        try:
+            value = fn(comm, *args, **kwargs)
+            reply = ("ok", value, "")
+        except BaseException as exc:
+            reply = ("error", _picklable(exc), traceback.format_exc())
+        try:
+            conn.send((*reply, time.perf_counter() - start))
+        except Exception as exc:  # the result itself would not pickle
+            conn.send(("error", RuntimeError(f"result not picklable: {exc}"),
+                       traceback.format_exc(), time.perf_counter() - start))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class World:
+    """``size`` local ranks on ``backend``, started once, reused for many runs.
+
+    Args:
+        size: number of ranks.
+        backend: commlib backend plugin name (``"gloo"`` by default).
+        timeout: default seconds a :meth:`run` may take.
+        setup: importable ``setup(rank, size)`` run in each rank before the
+            process group starts (e.g. to install a simulated device).
+        pg_timeout: torch.distributed's own timeout inside the ranks.
+    """
+
+    def __init__(self, size: int, backend: str = "gloo", timeout: float = 60.0,
+                 setup: Callable[[int, int], None] | None = None, pg_timeout: float = 30.0):
+        if size < 1:
+            raise ValueError(f"a world needs at least one rank, got {size}")
+        self.size, self.backend, self.timeout = size, backend, timeout
+        self.setup, self.pg_timeout = setup, pg_timeout
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._store: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> World:
+        if self._procs:
+            return self
+        ctx = mp.get_context("spawn")
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True,
+                                    timeout=datetime.timedelta(seconds=self.pg_timeout),
+                                    wait_for_workers=False)
+        for rank in range(self.size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker, daemon=True, name=f"commlib-rank{rank}",
+                args=(rank, self.size, self._store.port, self.backend, self.setup, child,
+                      self.pg_timeout),
+            )
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        outcomes = self._collect(time.monotonic() + max(self.timeout, 60.0), "start")
+        if not all(o.ok for o in outcomes):
+            self.kill()
+            raise RankFailed(outcomes)
+        return self
+
+    def kill(self) -> None:
+        """End this world's rank processes (by pid) right away."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs:
+            proc.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns, self._store = [], [], None
+
+    def close(self) -> None:
+        """Ask the ranks to leave, then make sure they are gone."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        for proc in self._procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+        self.kill()
+
+    def __enter__(self) -> World:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # -- running -----------------------------------------------------------------------
+    def outcomes(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
+                 **kwargs: Any) -> list[Outcome]:
+        """Run ``fn(comm, *args, **kwargs)`` on every rank; each rank's :class:`Outcome`.
+
+        Examples:
+            >>> [o.ok for o in world.outcomes(maybe_fails)]
+            [True, False]
+        """
+        self.start()
+        for conn in self._conns:
+            conn.send((fn, args, kwargs))
+        return self._collect(time.monotonic() + (timeout or self.timeout), fn.__name__)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
+            **kwargs: Any) -> list[Any]:
+        """Run ``fn`` on every rank; its return values by rank, or :class:`RankFailed`.
+
+        Examples:
+            >>> world.run(lambda_free_function, 3)
+            [3, 3]
+        """
+        outcomes = self.outcomes(fn, *args, timeout=timeout, **kwargs)
+        if not all(o.ok for o in outcomes):
+            raise RankFailed(outcomes)
+        return [o.value for o in outcomes]
+
+    def _collect(self, deadline: float, what: str) -> list[Outcome]:
+        results: dict[int, Outcome] = {}
+        while len(results) < self.size:
+            pending = [r for r in range(self.size) if r not in results]
+            remaining = deadline - time.monotonic()
+            ready = mp.connection.wait([self._conns[r] for r in pending], max(0.0, remaining))
+            if not ready:
+                if remaining > 0:
+                    continue
+                self.kill()
+                raise WorldTimeout(
+                    f"{what}: rank(s) {pending} did not finish in time; the world was killed"
+                )
+            for r in pending:
+                conn = self._conns[r]
+                if conn not in ready:
+                    continue
+                try:
+                    status, value, tb, *rest = conn.recv()
+                except EOFError:
+                    code = self._procs[r].exitcode
+                    self.kill()
+                    raise RankFailed([Outcome(r, error=RuntimeError(
+                        f"rank {r} died (exit code {code}) during {what}"))]) from None
+                secs = rest[0] if rest else 0.0
+                if status in ("ok", "ready"):
+                    results[r] = Outcome(r, value=value, seconds=secs)
+                else:
+                    results[r] = Outcome(r, error=value, traceback=tb, seconds=secs)
+        return [results[r] for r in range(self.size)]

@@ -1,0 +1,45 @@
+"""Shared fixtures: gloo worlds started once per session and reused by every test."""
+
+from __future__ import annotations
+
+import pytest
+
+from commlib.testing import World
+
+_worlds: dict[int, World] = {}
+
+
+def get_world(size: int) -> World:
+    """The session's gloo world of ``size`` ranks (started on first use)."""
+    world = _worlds.get(size)
+    if world is None:
+        world = _worlds[size] = World(size, timeout=60)
+    return world.start()
+
+
+@pytest.fixture(scope="session", params=[1, 2, 3, 4], ids=lambda n: f"world{n}")
+def world(request) -> World:
+    """A gloo world of 1..4 ranks."""
+    return get_world(request.param)
+
+
+@pytest.fixture(scope="session", params=[2, 3, 4], ids=lambda n: f"world{n}")
+def multi_world(request) -> World:
+    """A gloo world of 2..4 ranks."""
+    return get_world(request.param)
+
+
+@pytest.fixture(scope="session")
+def world2() -> World:
+    return get_world(2)
+
+
+@pytest.fixture(scope="session")
+def world3() -> World:
+    return get_world(3)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for world in _worlds.values():
+        world.close()
+    _worlds.clear()

@@ -188,7 +188,10 @@ class Backend:
         return dist.all_reduce(tensor, self.torch_reduce_op(op), group=group, async_op=async_op)
 
     def all_gather(
-        self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any,
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        group: Any,
         async_op: bool = False,
     ):
         """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` (equal shapes)."""
@@ -201,8 +204,12 @@ class Backend:
         return _all_gather_single(output, tensor, group=group, async_op=async_op)
 
     def gather(
-        self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int,
-        group: Any, async_op: bool = False,
+        self,
+        tensor: torch.Tensor,
+        gather_list: list[torch.Tensor] | None,
+        dst: int,
+        group: Any,
+        async_op: bool = False,
     ):
         """Collect every rank's ``tensor`` into ``gather_list`` on ``dst``."""
         return dist.gather(
@@ -214,7 +221,11 @@ class Backend:
         return dist.broadcast(tensor, src=global_rank(group, src), group=group, async_op=async_op)
 
     def reduce_scatter(
-        self, output: torch.Tensor, input: torch.Tensor, op: str, group: Any,
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: str,
+        group: Any,
         async_op: bool = False,
     ):
         """Reduce ``input`` (world_size chunks along dim 0) and keep chunk ``rank``."""
@@ -237,13 +248,12 @@ class Backend:
         Blocks until all complete. Both sides must agree on sizes; the object
         collectives guarantee that through their first round.
         """
-        works = [
-            dist.irecv(t, src=global_rank(group, peer), group=group) for t, peer in recvs
-        ] + [dist.isend(t, dst=global_rank(group, peer), group=group) for t, peer in sends]
+        works = [dist.irecv(t, src=global_rank(group, peer), group=group) for t, peer in recvs] + [
+            dist.isend(t, dst=global_rank(group, peer), group=group) for t, peer in sends
+        ]
         for work in works:
             if work is not None:
                 work.wait()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"
-

@@ -20,18 +20,30 @@ def info(out=None) -> int:
     import commlib
     from commlib.launch import default_torch_backend
 
-    print(f"commlib {commlib.__version__}  torch {torch.__version__}  "
-          f"python {platform.python_version()}", file=out)
+    print(
+        f"commlib {commlib.__version__}  torch {torch.__version__}  "
+        f"python {platform.python_version()}",
+        file=out,
+    )
     accel = getattr(torch, "accelerator", None)
     device = "cpu"
     if accel is not None and accel.is_available():
         device = str(accel.current_accelerator())
-    print(f"default device: {device}   default torch.distributed backend: "
-          f"{default_torch_backend()}", file=out)
+    print(
+        f"default device: {device}   default torch.distributed backend: {default_torch_backend()}",
+        file=out,
+    )
     rows = [("backend", "torch backend", "device", "available", "plugin / reason")]
     for b in commlib.list_backends():
-        rows.append((b.name, b.torch_backend or "-", b.device_type,
-                     "yes" if b.available else "no", b.plugin if b.available else b.reason or ""))
+        rows.append(
+            (
+                b.name,
+                b.torch_backend or "-",
+                b.device_type,
+                "yes" if b.available else "no",
+                b.plugin if b.available else b.reason or "",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4], file=out)

@@ -219,7 +219,10 @@ class Communicator:
         world_ranks = [self.ranks[r] for r in ranks] if self.is_member else ranks
         group = self.plugin.new_group(world_ranks, timeout)
         return Communicator(
-            group, backend=self.plugin, serializer=self.serializer, timeout=timeout,
+            group,
+            backend=self.plugin,
+            serializer=self.serializer,
+            timeout=timeout,
             slot_size=self.slot_size,
         )
 
@@ -330,7 +333,9 @@ class Communicator:
                 f"world_size ({self.world_size}) x {tensor.numel()}"
             )
         if output.dtype != tensor.dtype:
-            raise TypeError(f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}")
+            raise TypeError(
+                f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
+            )
         out_t = self._on_device(output)
         in_t = self._on_device(tensor)
         work = self.plugin.all_gather_into_tensor(out_t, in_t, self.group, async_op=async_op)

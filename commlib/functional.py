@@ -60,7 +60,9 @@ def set_default_communicator(comm: Communicator) -> None:
         _cache[_cache_world[0]] = comm
 
 
-def new_group(ranks: Sequence[int], timeout: datetime.timedelta | float | None = None) -> Communicator:
+def new_group(
+    ranks: Sequence[int], timeout: datetime.timedelta | float | None = None
+) -> Communicator:
     """A communicator for the world ranks ``ranks``; every rank must call it.
 
     The result can be passed as ``group=`` to every function here.
@@ -208,8 +210,9 @@ def barrier(group: Any = None) -> None:
 
 
 # -- tensor collectives ----------------------------------------------------------
-def all_reduce(data: torch.Tensor, op: str = "sum", group: Any = None,
-               async_op: bool = False) -> Handle | None:
+def all_reduce(
+    data: torch.Tensor, op: str = "sum", group: Any = None, async_op: bool = False
+) -> Handle | None:
     """Reduce ``data`` in place across ``group``.
 
     Examples:
@@ -229,8 +232,9 @@ def all_gather(data: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     return get_communicator(group).all_gather(data)
 
 
-def all_gather_into_tensor(output: torch.Tensor, data: torch.Tensor, group: Any = None,
-                           async_op: bool = False) -> Handle | None:
+def all_gather_into_tensor(
+    output: torch.Tensor, data: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Handle | None:
     """Concatenate every rank's ``data`` along dim 0 into ``output``.
 
     Examples:
@@ -250,8 +254,9 @@ def gather(data: torch.Tensor, dst: int = 0, group: Any = None) -> list[torch.Te
     return get_communicator(group).gather(data, dst)
 
 
-def broadcast(data: torch.Tensor, src: int = 0, group: Any = None,
-              async_op: bool = False) -> Handle | None:
+def broadcast(
+    data: torch.Tensor, src: int = 0, group: Any = None, async_op: bool = False
+) -> Handle | None:
     """Copy ``src``'s ``data`` into ``data`` on every rank.
 
     Examples:
@@ -261,8 +266,9 @@ def broadcast(data: torch.Tensor, src: int = 0, group: Any = None,
     return get_communicator(group).broadcast(data, src, async_op=async_op)
 
 
-def reduce_scatter(output: torch.Tensor, data: Any, op: str = "sum", group: Any = None,
-                   async_op: bool = False) -> Handle | None:
+def reduce_scatter(
+    output: torch.Tensor, data: Any, op: str = "sum", group: Any = None, async_op: bool = False
+) -> Handle | None:
     """Reduce ``data`` across ranks; this rank keeps its chunk in ``output``.
 
     Examples:
@@ -323,9 +329,13 @@ def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum", group: Any =
     helpers.all_reduce_dict(get_communicator(group), data, op)
 
 
-def all_reduce_params(params: list | Generator[torch.Tensor, None, None] | Iterable,
-                      coalesce: bool = True, bucket_size_mb: float = -1, op: str = "sum",
-                      group: Any = None) -> None:
+def all_reduce_params(
+    params: list | Generator[torch.Tensor, None, None] | Iterable,
+    coalesce: bool = True,
+    bucket_size_mb: float = -1,
+    op: str = "sum",
+    group: Any = None,
+) -> None:
     """Reduce parameters in place, coalesced into per-dtype buckets.
 
     Examples:
@@ -353,7 +363,9 @@ def reduce_mean(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     return helpers.reduce_mean(get_communicator(group), tensor)
 
 
-def pad_to_largest_tensor(tensor: torch.Tensor, group: Any = None) -> tuple[list[int], torch.Tensor]:
+def pad_to_largest_tensor(
+    tensor: torch.Tensor, group: Any = None
+) -> tuple[list[int], torch.Tensor]:
     """Every rank's dim-0 size and ``tensor`` zero-padded to the largest.
 
     Examples:
@@ -362,8 +374,13 @@ def pad_to_largest_tensor(tensor: torch.Tensor, group: Any = None) -> tuple[list
     return helpers.pad_to_largest_tensor(get_communicator(group), tensor)
 
 
-def collect_results(results_part: list, size: int, device: str = "cpu",
-                    tmpdir: str | None = None, group: Any = None) -> list | None:
+def collect_results(
+    results_part: list,
+    size: int,
+    device: str = "cpu",
+    tmpdir: str | None = None,
+    group: Any = None,
+) -> list | None:
     """Collect per-rank results on rank 0 in dataset order (others get ``None``).
 
     ``device="cpu"`` goes through files in ``tmpdir`` (a unique directory by
@@ -381,8 +398,9 @@ def collect_results(results_part: list, size: int, device: str = "cpu",
     return collect_results_cpu(results_part, size, tmpdir, group=group)
 
 
-def collect_results_cpu(result_part: list, size: int, tmpdir: str | None = None,
-                        group: Any = None) -> list | None:
+def collect_results_cpu(
+    result_part: list, size: int, tmpdir: str | None = None, group: Any = None
+) -> list | None:
     """Collect results on rank 0 through files in a shared directory.
 
     Examples:

@@ -67,8 +67,11 @@ def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:
         check.reduce_op(op, data[k])
     if comm.world_size == 1:
         return
-    agree(comm, "all_reduce_dict",
-          "; ".join(f"{k!r}: {data[k].dtype} {tuple(data[k].shape)}" for k in keys))
+    agree(
+        comm,
+        "all_reduce_dict",
+        "; ".join(f"{k!r}: {data[k].dtype} {tuple(data[k].shape)}" for k in keys),
+    )
     by_dtype: dict[torch.dtype, list] = defaultdict(list)
     for k in keys:
         by_dtype[data[k].dtype].append(k)
@@ -78,7 +81,7 @@ def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:
         pos = 0
         for k in dtype_keys:
             n = data[k].numel()
-            data[k] = flat[pos:pos + n].reshape(data[k].shape).to(data[k].device)
+            data[k] = flat[pos : pos + n].reshape(data[k].shape).to(data[k].device)
             pos += n
 
 
@@ -139,7 +142,7 @@ def all_reduce_params(
         pos = 0
         for t in bucket:
             n = t.numel()
-            t.copy_(flat[pos:pos + n].view_as(t))
+            t.copy_(flat[pos : pos + n].view_as(t))
             pos += n
 
 
@@ -175,7 +178,9 @@ def reduce_mean(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def pad_to_largest_tensor(comm: Communicator, tensor: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+def pad_to_largest_tensor(
+    comm: Communicator, tensor: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
     """Pad ``tensor`` along dim 0 to the largest dim 0 of any rank.
 
     Returns every rank's dim-0 size and the zero-padded tensor; the other dims
@@ -194,7 +199,8 @@ def pad_to_largest_tensor(comm: Communicator, tensor: torch.Tensor) -> tuple[lis
     shapes = agree_on_shapes(comm, tensor, "pad_to_largest_tensor")
     if len({tuple(s[1:]) for s in shapes}) > 1:
         raise RemoteArgumentError(
-            "pad_to_largest_tensor", {r: f"shape {tuple(s)}" for r, s in enumerate(shapes)},
+            "pad_to_largest_tensor",
+            {r: f"shape {tuple(s)}" for r, s in enumerate(shapes)},
             "ranks passed tensors whose trailing dims differ",
         )
     sizes = [s[0] for s in shapes]

@@ -41,8 +41,11 @@ _META = struct.Struct("<QI")  # header length, number of buffers
 
 EMPTY, INLINE, TABLE, PACKED, FAILED, BAD_ARGUMENT = range(6)
 ALL_GATHER, GATHER, BROADCAST = 1, 2, 3
-_OP_NAMES = {ALL_GATHER: "all_gather_object", GATHER: "gather_object",
-             BROADCAST: "broadcast_object_list"}
+_OP_NAMES = {
+    ALL_GATHER: "all_gather_object",
+    GATHER: "gather_object",
+    BROADCAST: "broadcast_object_list",
+}
 
 # round two: buffers below SMALL are coalesced into messages of up to CAP bytes
 SMALL, CAP = 1 << 18, 1 << 20
@@ -55,7 +58,7 @@ class _Slot:
 
     def __init__(self, raw: np.ndarray):
         self.status, self.op, _, self.root, self.aux, n = _SLOT.unpack_from(raw, 0)
-        self.body = raw[_SLOT.size:_SLOT.size + n]
+        self.body = raw[_SLOT.size : _SLOT.size + n]
 
     def sizes(self) -> list[int]:
         """Segment sizes (header, then buffers) of an INLINE or TABLE payload."""
@@ -121,12 +124,12 @@ class _Outgoing:
         view = self.slot.numpy()
         if isinstance(body, (bytes, bytearray)):
             n = len(body)
-            view[_SLOT.size:_SLOT.size + n] = np.frombuffer(body, dtype=np.uint8)
+            view[_SLOT.size : _SLOT.size + n] = np.frombuffer(body, dtype=np.uint8)
         else:
             n, pos = 0, _SLOT.size
             for part in body:
                 k = part.numel()
-                self.slot[pos:pos + k].copy_(part)
+                self.slot[pos : pos + k].copy_(part)
                 pos += k
                 n += k
         _SLOT.pack_into(view, 0, status, self.op, 0, self.root, self.aux, n)
@@ -175,7 +178,7 @@ class _Outgoing:
         blob = torch.zeros(size, dtype=torch.uint8, device=dev)
         pos = 0
         for s in self.segments:
-            blob[pos:pos + s.numel()].copy_(s)
+            blob[pos : pos + s.numel()].copy_(s)
             pos += s.numel()
         return blob
 
@@ -192,8 +195,11 @@ def _round_one(comm: Communicator, out: _Outgoing) -> list[_Slot]:
 def _agree(slots: list[_Slot], op: int) -> None:
     """Raise on every rank if any rank failed or the ranks disagree."""
     name = _OP_NAMES[op]
-    failed = {r: bytes(s.body).decode(errors="replace")
-              for r, s in enumerate(slots) if s.status in (FAILED, BAD_ARGUMENT)}
+    failed = {
+        r: bytes(s.body).decode(errors="replace")
+        for r, s in enumerate(slots)
+        if s.status in (FAILED, BAD_ARGUMENT)
+    }
     if failed:
         bad_args = any(s.status == BAD_ARGUMENT for s in slots)
         raise (RemoteArgumentError if bad_args else RemoteError)(name, failed)
@@ -216,22 +222,22 @@ def _split(comm: Communicator, slot: _Slot, blob: torch.Tensor | None) -> tuple[
         dev = comm.plugin.device()
         blob = data[start:]
         buffers_on = blob if blob.device == dev else comm.plugin.to_device(blob)
-        header = memoryview(slot.body[start:start + sizes[0]])
+        header = memoryview(slot.body[start : start + sizes[0]])
     else:
         assert blob is not None
         if slot.status == PACKED:
-            header_len, count = _META.unpack_from(blob[:_META.size].cpu().numpy(), 0)
+            header_len, count = _META.unpack_from(blob[: _META.size].cpu().numpy(), 0)
             meta_len = _META.size + 8 * count
             meta = blob[:meta_len].cpu().numpy()
             sizes = [header_len, *struct.unpack_from(f"<{count}Q", meta, _META.size)]
             blob = blob[meta_len:]
         else:
             sizes = slot.sizes()
-        header = memoryview(blob[:sizes[0]].cpu().numpy())
+        header = memoryview(blob[: sizes[0]].cpu().numpy())
         buffers_on = blob
     buffers, pos = [], sizes[0]
     for n in sizes[1:]:
-        buffers.append(buffers_on[pos:pos + n])
+        buffers.append(buffers_on[pos : pos + n])
         pos += n
     return header, buffers
 
@@ -261,7 +267,7 @@ def _exchange(comm: Communicator, out: _Outgoing, slots: list[_Slot], routes) ->
                 pos = 0
                 for n in slots[sender].messages():
                     if n:
-                        recvs.append((blob[pos:pos + n], sender))
+                        recvs.append((blob[pos : pos + n], sender))
                     pos += n
         mine = [r for s, r in routes if s == me]
         if mine:
@@ -279,12 +285,18 @@ def _exchange_collective(comm: Communicator, out: _Outgoing, slots, routes) -> d
     receivers = {r for _, r in routes}
     if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
         src = senders[0]
-        blob = out.blob(comm, size) if me == src else torch.empty(
-            size, dtype=torch.uint8, device=comm.plugin.device())
+        blob = (
+            out.blob(comm, size)
+            if me == src
+            else torch.empty(size, dtype=torch.uint8, device=comm.plugin.device())
+        )
         comm.plugin.broadcast(blob, src, comm.group)
         return {} if me == src else {src: blob}
-    mine = out.blob(comm, size) if me in senders else torch.zeros(
-        size, dtype=torch.uint8, device=comm.plugin.device())
+    mine = (
+        out.blob(comm, size)
+        if me in senders
+        else torch.zeros(size, dtype=torch.uint8, device=comm.plugin.device())
+    )
     if receivers == set(range(world)) or len(receivers) > 1:
         whole = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
         comm.plugin.all_gather_into_tensor(whole, mine, comm.group)
@@ -298,8 +310,16 @@ def _exchange_collective(comm: Communicator, out: _Outgoing, slots, routes) -> d
     return {s: parts[s] for s in senders if (s, me) in routes}
 
 
-def _prepare(comm: Communicator, op: int, root: int, aux: int, obj: Any,
-             ser: Serializer, serialize: bool, arg_check=None) -> _Outgoing:
+def _prepare(
+    comm: Communicator,
+    op: int,
+    root: int,
+    aux: int,
+    obj: Any,
+    ser: Serializer,
+    serialize: bool,
+    arg_check=None,
+) -> _Outgoing:
     out = _Outgoing(comm.slot_size, op, root, aux)
     try:
         if arg_check is not None:
@@ -321,32 +341,40 @@ def all_gather_object(comm: Communicator, obj: Any, ser: Serializer) -> list[Any
     slots = _round_one(comm, out)
     _agree(slots, ALL_GATHER)
     me = comm.rank
-    routes = [(s, r) for s, slot in enumerate(slots) if slot.status in (TABLE, PACKED)
-              for r in range(len(slots)) if r != s]
+    routes = [
+        (s, r)
+        for s, slot in enumerate(slots)
+        if slot.status in (TABLE, PACKED)
+        for r in range(len(slots))
+        if r != s
+    ]
     blobs = _exchange(comm, out, slots, routes) if routes else {}
-    return [obj if r == me else _load(ser, comm, slot, blobs.get(r), r)
-            for r, slot in enumerate(slots)]
+    return [
+        obj if r == me else _load(ser, comm, slot, blobs.get(r), r) for r, slot in enumerate(slots)
+    ]
 
 
 def gather_object(comm: Communicator, obj: Any, dst: int, ser: Serializer) -> list[Any] | None:
     """See :meth:`commlib.Communicator.gather_object`."""
     world, me = comm.world_size, comm.rank
     root = dst if isinstance(dst, int) and not isinstance(dst, bool) else -2
-    out = _prepare(comm, GATHER, root, 0, obj, ser, True,
-                   lambda: check.rank_in_range(dst, world, "dst"))
+    out = _prepare(
+        comm, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
+    )
     slots = _round_one(comm, out)
     _agree(slots, GATHER)
-    routes = [(s, dst) for s, slot in enumerate(slots)
-              if s != dst and slot.status in (TABLE, PACKED)]
+    routes = [
+        (s, dst) for s, slot in enumerate(slots) if s != dst and slot.status in (TABLE, PACKED)
+    ]
     blobs = _exchange(comm, out, slots, routes) if routes else {}
     if me != dst:
         return None
-    return [obj if r == me else _load(ser, comm, slot, blobs.get(r), r)
-            for r, slot in enumerate(slots)]
+    return [
+        obj if r == me else _load(ser, comm, slot, blobs.get(r), r) for r, slot in enumerate(slots)
+    ]
 
 
-def broadcast_object_list(comm: Communicator, object_list: Any, src: int,
-                          ser: Serializer) -> None:
+def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: Serializer) -> None:
     """See :meth:`commlib.Communicator.broadcast_object_list`."""
     world, me = comm.world_size, comm.rank
     root = src if isinstance(src, int) and not isinstance(src, bool) else -2
@@ -355,15 +383,15 @@ def broadcast_object_list(comm: Communicator, object_list: Any, src: int,
     def arg_check() -> None:
         if not is_list:
             raise TypeError(
-                f"broadcast_object_list needs a list, got {type(object_list).__name__}")
+                f"broadcast_object_list needs a list, got {type(object_list).__name__}"
+            )
         check.rank_in_range(src, world, "src")
 
     aux = len(object_list) if is_list else -1
     out = _prepare(comm, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
     slots = _round_one(comm, out)
     _agree(slots, BROADCAST)
-    routes = [(src, r) for r in range(world)
-              if r != src and slots[src].status in (TABLE, PACKED)]
+    routes = [(src, r) for r in range(world) if r != src and slots[src].status in (TABLE, PACKED)]
     blobs = _exchange(comm, out, slots, routes) if routes else {}
     if me != src:
         object_list[:] = _load(ser, comm, slots[src], blobs.get(src), src)
@@ -392,11 +420,15 @@ def agree_on_shapes(comm: Communicator, tensor: torch.Tensor, what: str) -> list
     comm.plugin.all_gather_into_tensor(whole, mine, comm.group)
     rows = whole.view(world, _SHAPE_SLOTS).cpu().tolist()
     if not all(row[0] for row in rows):
-        bad = {r: f"tensor has more than {_SHAPE_SLOTS - 3} dims" for r, row in enumerate(rows)
-               if not row[0]}
+        bad = {
+            r: f"tensor has more than {_SHAPE_SLOTS - 3} dims"
+            for r, row in enumerate(rows)
+            if not row[0]
+        }
         raise RemoteArgumentError(what, bad)
     if len({(row[1], row[2]) for row in rows}) > 1:
-        per_rank = {r: f"dtype={dtype_from_code(row[1])}, ndim={row[2]}"
-                    for r, row in enumerate(rows)}
+        per_rank = {
+            r: f"dtype={dtype_from_code(row[1])}, ndim={row[2]}" for r, row in enumerate(rows)
+        }
         raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
-    return [row[3:3 + row[2]] for row in rows]
+    return [row[3 : 3 + row[2]] for row in rows]

@@ -103,10 +103,12 @@ def collect_results_cpu(
         failed = {r: s for r, s in enumerate(statuses) if s}
         if not failed:  # every rank takes this branch alike
             if rank == 0:
-                failed = {r: f"rank 0 cannot see {path}/part_{r}.pkl: {path} is not shared "
-                             f"by rank {r} (use a shared tmpdir or device='gpu')"
-                          for r in range(world)
-                          if not os.path.isfile(os.path.join(path, f"part_{r}.pkl"))}
+                failed = {
+                    r: f"rank 0 cannot see {path}/part_{r}.pkl: {path} is not shared "
+                    f"by rank {r} (use a shared tmpdir or device='gpu')"
+                    for r in range(world)
+                    if not os.path.isfile(os.path.join(path, f"part_{r}.pkl"))
+                }
             failed = comm.broadcast_object(failed, src=0)
         if failed:
             raise RemoteError("collect_results_cpu", failed)

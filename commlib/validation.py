@@ -33,8 +33,10 @@ def reduce_op(op: Any, tensor: torch.Tensor | None = None) -> str:
     name = name.lower()
     if name not in REDUCE_OPS:
         raise ValueError(f"unknown reduce op {op!r}; expected one of {', '.join(REDUCE_OPS)}")
-    if tensor is not None and name in _BITWISE and (
-        tensor.is_floating_point() or tensor.is_complex()
+    if (
+        tensor is not None
+        and name in _BITWISE
+        and (tensor.is_floating_point() or tensor.is_complex())
     ):
         raise TypeError(f"op {name!r} needs an integer or bool tensor, got {tensor.dtype}")
     return name

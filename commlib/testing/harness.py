@@ -66,22 +66,26 @@ class RankFailed(AssertionError):
         super().__init__("ranks failed:\n" + "\n".join(parts))
 
 
-def _worker(rank: int, size: int, port: int, backend: str, setup: Any, conn: Any,
-            pg_timeout: float) -> None:
+def _worker(
+    rank: int, size: int, port: int, backend: str, setup: Any, conn: Any, pg_timeout: float
+) -> None:
     try:
         if setup is not None:
             setup(rank, size)
         import commlib
         from commlib.plugins import get_backend_plugin
 
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(size))
-        store = dist.TCPStore("127.0.0.1", port, None, False,
-                              timeout=datetime.timedelta(seconds=pg_timeout))
+        os.environ.update(
+            RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size)
+        )
+        store = dist.TCPStore(
+            "127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=pg_timeout)
+        )
         plugin = get_backend_plugin(backend)
         plugin.setup_device(rank)
-        plugin.init_process_group(store=store, rank=rank, world_size=size,
-                                  timeout=datetime.timedelta(seconds=pg_timeout))
+        plugin.init_process_group(
+            store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=pg_timeout)
+        )
         comm = commlib.get_communicator()
         conn.send(("ready", None, ""))
     except BaseException as exc:
@@ -104,8 +108,14 @@ def _worker(rank: int, size: int, port: int, backend: str, setup: Any, conn: Any
         try:
             conn.send((*reply, time.perf_counter() - start))
         except Exception as exc:  # the result itself would not pickle
-            conn.send(("error", RuntimeError(f"result not picklable: {exc}"),
-                       traceback.format_exc(), time.perf_counter() - start))
+            conn.send(
+                (
+                    "error",
+                    RuntimeError(f"result not picklable: {exc}"),
+                    traceback.format_exc(),
+                    time.perf_counter() - start,
+                )
+            )
     try:
         dist.destroy_process_group()
     except Exception:
@@ -132,8 +142,14 @@ class World:
         pg_timeout: torch.distributed's own timeout inside the ranks.
     """
 
-    def __init__(self, size: int, backend: str = "gloo", timeout: float = 60.0,
-                 setup: Callable[[int, int], None] | None = None, pg_timeout: float = 30.0):
+    def __init__(
+        self,
+        size: int,
+        backend: str = "gloo",
+        timeout: float = 60.0,
+        setup: Callable[[int, int], None] | None = None,
+        pg_timeout: float = 30.0,
+    ):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
         self.size, self.backend, self.timeout = size, backend, timeout
@@ -147,15 +163,29 @@ class World:
         if self._procs:
             return self
         ctx = mp.get_context("spawn")
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True,
-                                    timeout=datetime.timedelta(seconds=self.pg_timeout),
-                                    wait_for_workers=False)
+        self._store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            None,
+            True,
+            timeout=datetime.timedelta(seconds=self.pg_timeout),
+            wait_for_workers=False,
+        )
         for rank in range(self.size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_worker, daemon=True, name=f"commlib-rank{rank}",
-                args=(rank, self.size, self._store.port, self.backend, self.setup, child,
-                      self.pg_timeout),
+                target=_worker,
+                daemon=True,
+                name=f"commlib-rank{rank}",
+                args=(
+                    rank,
+                    self.size,
+                    self._store.port,
+                    self.backend,
+                    self.setup,
+                    child,
+                    self.pg_timeout,
+                ),
             )
             proc.start()
             child.close()
@@ -201,8 +231,9 @@ class World:
         return [p.pid for p in self._procs]
 
     # -- running -----------------------------------------------------------------------
-    def outcomes(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
-                 **kwargs: Any) -> list[Outcome]:
+    def outcomes(
+        self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> list[Outcome]:
         """Run ``fn(comm, *args, **kwargs)`` on every rank; each rank's :class:`Outcome`.
 
         Examples:
@@ -214,8 +245,9 @@ class World:
             conn.send((fn, args, kwargs))
         return self._collect(time.monotonic() + (timeout or self.timeout), fn.__name__)
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
-            **kwargs: Any) -> list[Any]:
+    def run(
+        self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Run ``fn`` on every rank; its return values by rank, or :class:`RankFailed`.
 
         Examples:
@@ -249,8 +281,16 @@ class World:
                 except EOFError:
                     code = self._procs[r].exitcode
                     self.kill()
-                    raise RankFailed([Outcome(r, error=RuntimeError(
-                        f"rank {r} died (exit code {code}) during {what}"))]) from None
+                    raise RankFailed(
+                        [
+                            Outcome(
+                                r,
+                                error=RuntimeError(
+                                    f"rank {r} died (exit code {code}) during {what}"
+                                ),
+                            )
+                        ]
+                    ) from None
                 secs = rest[0] if rest else 0.0
                 if status in ("ok", "ready"):
                     results[r] = Outcome(r, value=value, seconds=secs)

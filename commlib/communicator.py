@@ -469,6 +469,8 @@ class Communicator:
             [{'rank': 0}, {'rank': 1}]
         """
         self._require_member("all_gather_object")
+        if self.world_size == 1:  # as mmengine: nothing to serialize in a world of one
+            return [obj]
         return objects.all_gather_object(self, obj, serializer or self.serializer)
 
     def gather_object(
@@ -482,6 +484,9 @@ class Communicator:
             None      # rank 1
         """
         self._require_member("gather_object")
+        if self.world_size == 1:
+            check.rank_in_range(dst, 1, "dst")
+            return [obj]
         return objects.gather_object(self, obj, dst, serializer or self.serializer)
 
     def broadcast_object_list(
@@ -498,6 +503,13 @@ class Communicator:
             ['foo', 12, {1: 2}]
         """
         self._require_member("broadcast_object_list")
+        if self.world_size == 1:
+            if not isinstance(object_list, list):
+                raise TypeError(
+                    f"broadcast_object_list needs a list, got {type(object_list).__name__}"
+                )
+            check.rank_in_range(src, 1, "src")
+            return
         objects.broadcast_object_list(self, object_list, src, serializer or self.serializer)
 
     def broadcast_object(

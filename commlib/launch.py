@@ -95,6 +95,12 @@ def init_dist(
         kwargs["timeout"] = timeout
     kwargs.setdefault("init_method", "env://")
     plugin.init_process_group(**kwargs)
+    # the plugin that started the world serves it, even if another one drives
+    # the same torch backend
+    from commlib.communicator import Communicator
+    from commlib.functional import set_default_communicator
+
+    set_default_communicator(Communicator(backend=plugin))
 
 
 def _plugin(backend: str | Backend | None) -> Backend:

@@ -66,10 +66,14 @@ def _collect() -> dict[str, Backend]:
     pm = plugin_manager()
     found: dict[str, Backend] = {}
     owner: dict[str, str] = {}
+    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
     # pluggy calls hooks newest-registered first; walk the implementations
     # ourselves so a duplicate name can name both plugins.
     for impl in pm.hook.commlib_backends.get_hookimpls():
         plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+        dist = dists.get(id(impl.plugin))
+        if dist is not None and dist.metadata["name"] != "commlib":
+            plugin_name += f" ({dist.metadata['name']} {dist.version})"
         for item in impl.function() or ():
             backend = _instantiate(item)
             if backend.name in found:

@@ -86,7 +86,8 @@ def _worker(
         plugin.init_process_group(
             store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=pg_timeout)
         )
-        comm = commlib.get_communicator()
+        comm = commlib.Communicator(backend=plugin)
+        commlib.set_default_communicator(comm)
         conn.send(("ready", None, ""))
     except BaseException as exc:
         conn.send(("error", _picklable(exc), traceback.format_exc()))

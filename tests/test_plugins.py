@@ -1,0 +1,179 @@
+"""The plugin system: built-ins by entry point, run-time registration, installed plugins."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import commlib
+from commlib import Backend, plugins
+from commlib.cli import main as cli_main
+
+HERE = Path(__file__).parent
+
+
+class Echo(Backend):
+    name = "echo-test"
+    torch_backend = "gloo"
+
+
+@pytest.fixture
+def clean_registry():
+    yield
+    for name in ("echo-test",):
+        try:
+            commlib.unregister_backend(name)
+        except ValueError:
+            pass
+
+
+def test_builtins_come_from_entry_points():
+    infos = {b.name: b for b in commlib.list_backends()}
+    assert {"single", "gloo"} <= set(infos)
+    # registered through the same group a third-party plugin uses
+    assert infos["gloo"].plugin == "gloo" and infos["single"].plugin == "single"
+    assert infos["gloo"].available and infos["gloo"].reason is None
+    assert infos["gloo"].torch_backend == "gloo" and infos["gloo"].device_type == "cpu"
+    assert infos["single"].torch_backend is None
+
+
+def test_core_imports_no_backend_module_by_name():
+    core = Path(commlib.__file__).parent
+    for path in core.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.startswith("commlib_backends") for n in names), path
+
+
+def test_register_backend_at_run_time(clean_registry):
+    inst = commlib.register_backend(Echo)
+    assert plugins.get_backend_plugin("echo-test") is inst
+    assert "echo-test" in [b.name for b in commlib.list_backends()]
+    with pytest.raises(ValueError, match="already registered"):
+        commlib.register_backend(Echo)
+    again = commlib.register_backend(Echo(), replace=True)
+    assert plugins.get_backend_plugin("echo-test") is again
+    # the engine's own plugin still serves gloo groups
+    assert plugins.backend_for_torch("gloo").name == "gloo"
+
+
+def test_register_builtin_name_needs_replace():
+    class FakeGloo(Backend):
+        name = "gloo"
+        torch_backend = "gloo"
+
+    with pytest.raises(ValueError, match="already registered"):
+        commlib.register_backend(FakeGloo)
+
+
+def test_register_rejects_non_backends():
+    with pytest.raises(TypeError):
+        commlib.register_backend(object)
+
+    class Nameless(Backend):
+        pass
+
+    with pytest.raises(ValueError, match="no name"):
+        commlib.register_backend(Nameless)
+
+
+def test_unknown_backend_lists_known_ones():
+    with pytest.raises(ValueError, match="registered: .*gloo"):
+        plugins.get_backend_plugin("nope")
+    with pytest.raises(ValueError, match="drives"):
+        plugins.backend_for_torch("nope")
+
+
+def test_pluggy_plugin_registration(clean_registry):
+    class Plugin:
+        @commlib.hookimpl
+        def commlib_backends(self):
+            return [Echo]
+
+    pm = plugins.plugin_manager()
+    p = Plugin()
+    pm.register(p, name="echo-plugin")
+    try:
+        plugins.refresh()
+        info = {b.name: b for b in commlib.list_backends()}["echo-test"]
+        assert info.plugin == "echo-plugin"
+        # the same name from a second source is an error naming both
+        pm.register(types.SimpleNamespace(commlib_backends=commlib.hookimpl(lambda: [Echo])),
+                    name="twin")
+        plugins.refresh()
+        with pytest.raises(ValueError, match="registered twice"):
+            commlib.list_backends()
+        pm.unregister(name="twin")
+    finally:
+        pm.unregister(p)
+        plugins.refresh()
+    assert "echo-test" not in [b.name for b in commlib.list_backends()]
+
+
+def test_commlib_info(capsys):
+    assert cli_main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "torch " + torch.__version__ in out
+    assert "gloo" in out and "single" in out and "default device: cpu" in out
+
+
+@pytest.fixture(scope="module")
+def installed_plugin(tmp_path_factory):
+    """tests/plugin_dist, really installed (pip, no deps) into a temporary directory."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(HERE / "plugin_dist")],
+        check=True, timeout=180, cwd=tmp_path_factory.mktemp("build"),
+    )
+    assert list(target.glob("commlib_test_plugin-*.dist-info"))
+    return target
+
+
+def _env_with(path: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_installed_plugin_appears_in_info(installed_plugin):
+    out = subprocess.run(
+        [sys.executable, "-m", "commlib.cli", "info"], env=_env_with(installed_plugin),
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    lines = {line.split()[0]: line for line in out.splitlines()[3:] if line.strip()}
+    assert "counting-gloo" in lines and " yes " in lines["counting-gloo"]
+    assert "frob" in lines and "the frobnicator is not plugged in" in lines["frob"]
+    assert "testplugin (commlib-test-plugin 0.0.1)" in lines["counting-gloo"]
+
+
+def test_installed_plugin_serves_a_gloo_world(installed_plugin):
+    code = (
+        "from commlib.testing import World\n"
+        "from tests.test_plugins import _count_all_reduce\n"
+        "with World(2, backend='counting-gloo') as w:\n"
+        "    print(w.run(_count_all_reduce))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_env_with(installed_plugin), cwd=HERE.parent,
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[('counting-gloo', 3.0, 1), ('counting-gloo', 3.0, 1)]"
+
+
+def _count_all_reduce(comm):
+    x = torch.tensor([1.0 + comm.rank])
+    comm.all_reduce(x)
+    return comm.backend, x.item(), type(comm.plugin).calls

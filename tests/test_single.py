@@ -1,0 +1,260 @@
+"""The core on the ``single`` backend: a world of one, no torch.distributed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import commlib
+from commlib import Communicator
+from commlib.errors import NotInGroupError
+
+
+@pytest.fixture(autouse=True)
+def _not_distributed():
+    assert not dist.is_initialized()
+
+
+def test_identity():
+    comm = commlib.get_communicator()
+    assert comm.backend == "single"
+    assert (comm.rank, comm.world_size, comm.local_rank, comm.local_size) == (0, 1, 0, 1)
+    assert comm.device == torch.device("cpu")
+    assert commlib.get_dist_info() == (0, 1)
+    assert commlib.get_backend() is None
+    assert commlib.get_default_group() is None
+    assert not commlib.is_distributed()
+    assert commlib.is_main_process()
+    assert commlib.get_local_rank() == 0 and commlib.get_local_size() == 1
+    assert commlib.get_communicator() is comm  # cached
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "product", "min", "max", "SUM", "Mean"])
+def test_all_reduce_is_identity(op):
+    x = torch.tensor([1.5, -2.0])
+    commlib.all_reduce(x, op)
+    assert torch.equal(x, torch.tensor([1.5, -2.0]))
+
+
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+def test_bitwise_ops_on_ints(op):
+    x = torch.tensor([5, 3])
+    commlib.all_reduce(x, op)
+    assert x.tolist() == [5, 3]
+
+
+def test_mean_of_int_keeps_dtype():
+    x = torch.tensor([3, 4])
+    commlib.all_reduce(x, "mean")
+    assert x.dtype == torch.int64 and x.tolist() == [3, 4]
+
+
+def test_tensor_collectives():
+    x = torch.arange(4.0).reshape(2, 2)
+    out = commlib.all_gather(x)
+    assert isinstance(out, list) and len(out) == 1 and torch.equal(out[0], x)
+    assert [torch.equal(t, x) for t in commlib.gather(x)] == [True]
+    y = x.clone()
+    commlib.broadcast(y)
+    assert torch.equal(y, x)
+    flat = torch.empty(4)
+    commlib.all_gather_into_tensor(flat, x.reshape(-1))
+    assert torch.equal(flat, x.reshape(-1))
+    rs = torch.empty(2, 2)
+    commlib.reduce_scatter(rs, x)
+    assert torch.equal(rs, x)
+    rs_list = torch.empty(2, 2)
+    commlib.reduce_scatter(rs_list, [x])
+    assert torch.equal(rs_list, x)
+    commlib.barrier()
+
+
+def test_async_handles():
+    x = torch.ones(3)
+    h = commlib.all_reduce(x, "mean", async_op=True)
+    assert h.wait() is True and h.is_completed()
+    h = commlib.broadcast(x, async_op=True)
+    assert h.wait()
+
+
+def test_object_collectives_follow_mmengine_conventions():
+    data = {"a": [1, 2], "t": torch.ones(2)}
+    gathered = commlib.all_gather_object(data)
+    assert isinstance(gathered, list) and len(gathered) == 1 and gathered[0] is data
+    assert commlib.gather_object(data)[0] is data
+    objs = ["foo", 12, {1: 2}]
+    assert commlib.broadcast_object_list(objs) is None
+    assert objs == ["foo", 12, {1: 2}]
+    assert commlib.broadcast_object("x") == "x"
+
+
+def test_helpers():
+    d = {"b": torch.tensor(2.0), "a": torch.tensor([1, 2])}
+    commlib.all_reduce_dict(d, "mean")
+    assert d["b"].item() == 2.0 and d["a"].tolist() == [1, 2]
+    params = [torch.ones(3), torch.zeros(2, dtype=torch.float64)]
+    commlib.all_reduce_params(params, bucket_size_mb=1, op="mean")
+    assert params[0].tolist() == [1, 1, 1]
+    assert commlib.collect_results([1, None, 3], 2) == [1, None]
+    assert commlib.collect_results([1, 2, 3], 2, device="gpu") == [1, 2]
+    assert commlib.collect_results_cpu([1, 2], 5) == [1, 2]
+    assert commlib.collect_results_gpu([1, 2], 1) == [1]
+    x = torch.tensor([2.0, 4.0])
+    m = commlib.reduce_mean(x)
+    assert torch.equal(m, x) and m is not x
+    sizes, padded = commlib.pad_to_largest_tensor(torch.ones(3, 2))
+    assert sizes == [3] and padded.shape == (3, 2)
+    assert commlib.tensor2obj(commlib.obj2tensor({"k": (1, 2)})) == {"k": (1, 2)}
+
+
+def test_sync_random_seed_follows_numpy():
+    np.random.seed(123)
+    a = commlib.sync_random_seed()
+    np.random.seed(123)
+    assert commlib.sync_random_seed() == a == int(np.random.RandomState(123).randint(2**31))
+
+
+def test_rank_zero_only_and_master_only():
+    @commlib.rank_zero_only
+    def f(x):
+        return x + 1
+
+    @commlib.master_only
+    def g(x):
+        return x * 2
+
+    assert f(1) == 2 and g(2) == 4
+    assert f.__name__ == "f"
+
+
+def test_new_group_of_one():
+    sub = commlib.new_group([0])
+    assert sub.is_member and sub.world_size == 1
+    with pytest.raises(ValueError):
+        commlib.new_group([0, 1])
+
+
+# -- bad arguments: clear errors, nothing sent -------------------------------------
+
+
+@pytest.mark.parametrize("op", ["avg", "sum ", "", "median"])
+def test_unknown_op(op):
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        commlib.all_reduce(torch.ones(1), op)
+
+
+def test_non_string_op_type():
+    with pytest.raises(TypeError):
+        commlib.all_reduce(torch.ones(1), 3)
+
+
+def test_reduce_op_enum_is_accepted():
+    x = torch.ones(2)
+    commlib.all_reduce(x, dist.ReduceOp.SUM)
+    assert x.tolist() == [1.0, 1.0]
+
+
+def test_bitwise_op_on_float():
+    with pytest.raises(TypeError, match="integer or bool"):
+        commlib.all_reduce(torch.ones(1), "band")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: commlib.all_reduce([1, 2]),
+        lambda: commlib.all_gather(np.ones(2)),
+        lambda: commlib.broadcast(3),
+        lambda: commlib.gather("x"),
+        lambda: commlib.reduce_scatter(torch.empty(1), 5),
+        lambda: commlib.reduce_mean([1.0]),
+        lambda: commlib.all_reduce_params([torch.ones(1), 2]),
+        lambda: commlib.all_reduce_dict({"a": 1}),
+    ],
+)
+def test_non_tensor(call):
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        call()
+
+
+@pytest.mark.parametrize("bad", [1, -1, 7])
+def test_ranks_out_of_range(bad):
+    with pytest.raises(ValueError, match="out of range"):
+        commlib.broadcast(torch.ones(1), src=bad)
+    with pytest.raises(ValueError, match="out of range"):
+        commlib.gather(torch.ones(1), dst=bad)
+    with pytest.raises(ValueError, match="out of range"):
+        commlib.gather_object(1, dst=bad)
+    with pytest.raises(ValueError, match="out of range"):
+        commlib.broadcast_object_list([1], src=bad)
+
+
+def test_rank_must_be_int():
+    with pytest.raises(TypeError):
+        commlib.broadcast(torch.ones(1), src="0")
+    with pytest.raises(TypeError):
+        commlib.gather(torch.ones(1), dst=True)
+
+
+@pytest.mark.parametrize("bad", ["abc", ("a",), None, {"a": 1}])
+def test_broadcast_object_list_needs_list(bad):
+    with pytest.raises(TypeError, match="needs a list") as info:
+        commlib.broadcast_object_list(bad)
+
+
+@pytest.mark.parametrize("bad", [[("a", torch.ones(1))], None, torch.ones(1)])
+def test_all_reduce_dict_needs_dict(bad):
+    with pytest.raises(TypeError, match="dict"):
+        commlib.all_reduce_dict(bad)
+
+
+def test_size_checks():
+    with pytest.raises(ValueError, match="world_size"):
+        commlib.all_gather_into_tensor(torch.empty(3), torch.ones(2))
+    with pytest.raises(TypeError, match="dtype"):
+        commlib.all_gather_into_tensor(torch.empty(2, dtype=torch.int64), torch.ones(2))
+    with pytest.raises(ValueError, match="input tensors"):
+        commlib.reduce_scatter(torch.empty(1), [torch.ones(1), torch.ones(1)])
+    with pytest.raises(ValueError, match="world_size"):
+        commlib.reduce_scatter(torch.empty(1), torch.ones(2))
+
+
+def test_collect_results_arguments():
+    with pytest.raises(ValueError, match="device"):
+        commlib.collect_results([1], 1, device="tpu")
+    with pytest.raises(ValueError, match="tmpdir"):
+        commlib.collect_results([1], 1, device="gpu", tmpdir="/tmp")
+    with pytest.raises(TypeError):
+        commlib.collect_results("abc", 1)
+    with pytest.raises(ValueError):
+        commlib.collect_results([1], -1)
+
+
+def test_pad_to_largest_needs_dims():
+    with pytest.raises(ValueError):
+        commlib.pad_to_largest_tensor(torch.tensor(1.0))
+
+
+def test_communicator_arguments():
+    with pytest.raises(ValueError):
+        Communicator(slot_size=8)
+    with pytest.raises(ValueError, match="unknown commlib backend"):
+        Communicator(backend="nope")
+    with pytest.raises(ValueError, match="not initialised"):
+        Communicator(group=object())
+
+
+def test_not_in_group_error_is_value_error():
+    assert issubclass(NotInGroupError, ValueError)
+
+
+def test_unpicklable_objects_are_fine_in_a_world_of_one():
+    # mmengine returns [data] without pickling at world size 1; so does commlib
+    f = lambda: 1  # noqa: E731
+    assert commlib.all_gather_object(f)[0] is f
+    assert commlib.gather_object(f)[0] is f
+    box = [f]
+    commlib.broadcast_object_list(box)
+    assert box[0] is f

@@ -109,8 +109,9 @@ def test_pluggy_plugin_registration(clean_registry):
         info = {b.name: b for b in commlib.list_backends()}["echo-test"]
         assert info.plugin == "echo-plugin"
         # the same name from a second source is an error naming both
-        pm.register(types.SimpleNamespace(commlib_backends=commlib.hookimpl(lambda: [Echo])),
-                    name="twin")
+        pm.register(
+            types.SimpleNamespace(commlib_backends=commlib.hookimpl(lambda: [Echo])), name="twin"
+        )
         plugins.refresh()
         with pytest.raises(ValueError, match="registered twice"):
             commlib.list_backends()
@@ -133,9 +134,22 @@ def installed_plugin(tmp_path_factory):
     """tests/plugin_dist, really installed (pip, no deps) into a temporary directory."""
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(HERE / "plugin_dist")],
-        check=True, timeout=180, cwd=tmp_path_factory.mktemp("build"),
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(HERE / "plugin_dist"),
+        ],
+        check=True,
+        timeout=180,
+        cwd=tmp_path_factory.mktemp("build"),
     )
     assert list(target.glob("commlib_test_plugin-*.dist-info"))
     return target
@@ -149,8 +163,12 @@ def _env_with(path: Path) -> dict:
 
 def test_installed_plugin_appears_in_info(installed_plugin):
     out = subprocess.run(
-        [sys.executable, "-m", "commlib.cli", "info"], env=_env_with(installed_plugin),
-        capture_output=True, text=True, timeout=120, check=True,
+        [sys.executable, "-m", "commlib.cli", "info"],
+        env=_env_with(installed_plugin),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     lines = {line.split()[0]: line for line in out.splitlines()[3:] if line.strip()}
     assert "counting-gloo" in lines and " yes " in lines["counting-gloo"]
@@ -166,8 +184,12 @@ def test_installed_plugin_serves_a_gloo_world(installed_plugin):
         "    print(w.run(_count_all_reduce))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=_env_with(installed_plugin), cwd=HERE.parent,
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        env=_env_with(installed_plugin),
+        cwd=HERE.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[('counting-gloo', 3.0, 1), ('counting-gloo', 3.0, 1)]"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any
@@ -95,12 +96,23 @@ def init_dist(
         kwargs["timeout"] = timeout
     kwargs.setdefault("init_method", "env://")
     plugin.init_process_group(**kwargs)
+    # torch 2.13's gloo can abort the interpreter at exit ("terminate called
+    # without an active exception") when the group is still up; tear it down.
+    atexit.register(_destroy_at_exit)
     # the plugin that started the world serves it, even if another one drives
     # the same torch backend
     from commlib.communicator import Communicator
     from commlib.functional import set_default_communicator
 
     set_default_communicator(Communicator(backend=plugin))
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # exiting anyway; a failed teardown must not mask the exit code
+            pass
 
 
 def _plugin(backend: str | Backend | None) -> Backend:

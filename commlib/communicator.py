@@ -431,8 +431,7 @@ class Communicator:
         op = check.reduce_op(op, output)
         native = op != "mean" or (self.plugin.native_avg and output.is_floating_point())
         engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
-        out_t = self._on_device(output.reshape(-1) if output.is_contiguous() else output)
-        out_t = out_t.reshape(-1)
+        out_t = self._on_device(output).view(-1)  # contiguous, so a view
         in_t = self._on_device(flat)
         work = self.plugin.reduce_scatter(out_t, in_t, engine_op, self.group, async_op=async_op)
 
@@ -441,10 +440,10 @@ class Communicator:
                 if out_t.is_floating_point() or out_t.is_complex():
                     out_t.div_(world)
                 else:
-                    output.copy_(torch.true_divide(out_t, world).reshape(output.shape))
+                    output.copy_(torch.true_divide(out_t, world).view(output.shape))
                     return
             if out_t.data_ptr() != output.data_ptr() or out_t.device != output.device:
-                output.copy_(out_t.reshape(output.shape))
+                output.copy_(out_t.view(output.shape))
 
         return self._run(work, async_op, finish)
 

@@ -1,4 +1,4 @@
-"""The ``commlib`` command: ``commlib info`` (and more subcommands as they come)."""
+"""The ``commlib`` command: ``commlib info`` and ``commlib bench``."""
 
 from __future__ import annotations
 
@@ -50,14 +50,44 @@ def info(out=None) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    """Benchmark every collective, commlib against torch.distributed, and print the table.
+
+    Examples:
+        $ commlib bench
+        $ commlib bench --nproc 4 --max-bytes 64M --json bench.json --plot bench.png
+        $ torchrun --nnodes 2 --nproc-per-node 8 ... --no-python commlib bench
+    """
+    from commlib.bench import run
+    from commlib.bench.options import options_from
+
+    try:
+        opts = options_from(args)
+    except ValueError as exc:
+        print(f"commlib bench: {exc}", file=sys.stderr)
+        return 2
+    return run(opts, ["commlib", *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``commlib`` console script."""
     parser = argparse.ArgumentParser(prog="commlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="registered backends, availability, torch version, device")
+    bench_parser = sub.add_parser(
+        "bench",
+        help="every collective, commlib against torch.distributed (nccl-tests style)",
+        description="Benchmark every collective through commlib and through plain "
+        "torch.distributed in the same run: time, algbw, busbw, their ratio, peak RSS.",
+    )
+    from commlib.bench.options import add_arguments
+
+    add_arguments(bench_parser)
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
+    if args.command == "bench":
+        return bench(args, argv)
     return 2
 
 

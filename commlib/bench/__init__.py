@@ -1,0 +1,64 @@
+"""``commlib bench``: every collective, commlib against plain torch.distributed.
+
+nccl-tests style: a sweep of sizes, one row per size with time, algorithm
+bandwidth and bus bandwidth, for commlib and for the equivalent
+torch.distributed call measured in the same run, plus their time ratio and
+peak memory. Modules, one job each:
+
+* :mod:`~commlib.bench.cases`: what is measured (the commlib and torch calls);
+* :mod:`~commlib.bench.timing`: how one case is timed on a rank;
+* :mod:`~commlib.bench.runner`: the sweep every rank runs;
+* :mod:`~commlib.bench.launcher`: starting the ranks (or joining torchrun's);
+* :mod:`~commlib.bench.report`: table, JSON and plot;
+* :mod:`~commlib.bench.units`, :mod:`~commlib.bench.bandwidth`,
+  :mod:`~commlib.bench.memory`, :mod:`~commlib.bench.progress`: helpers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from commlib.bench.launcher import RankFailure, launch_local, under_torchrun
+from commlib.bench.options import BenchOptions
+from commlib.bench.runner import run_rank
+
+__all__ = ["BenchOptions", "RankFailure", "run", "run_rank"]
+
+
+def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and report it; the exit status for the command line.
+
+    Alone, it starts ``opts.nproc`` local ranks; under torchrun it is one of
+    the given ranks and rank 0 reports. A failed rank ends the run with its
+    error on stderr and status 1.
+
+    Examples:
+        >>> run(BenchOptions(ops="all_reduce", max_bytes=64 << 10))   # prints the table
+        0
+    """
+    from commlib.bench import report
+
+    if opts.plot and not report.have_matplotlib():
+        print(f"commlib bench: {report.PLOT_HINT}", file=sys.stderr)
+        return 2
+    try:
+        if under_torchrun():
+            rows = run_rank(opts)
+        else:
+            rows = launch_local(opts.nproc, run_rank, opts, timeout=opts.timeout)
+    except RankFailure as exc:
+        if exc.traceback:
+            print(exc.traceback.rstrip(), file=sys.stderr)
+        print(f"commlib bench: {exc}", file=sys.stderr)
+        return 1
+    if rows is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
+    report.print_table(rows, opts.format)
+    if opts.json:
+        report.write_json(opts.json, rows, report.metadata(argv))
+        print(f"wrote {opts.json}", file=sys.stderr)
+    if opts.plot:
+        report.plot(opts.plot, rows)
+        print(f"wrote {opts.plot}", file=sys.stderr)
+    return 0

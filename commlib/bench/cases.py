@@ -1,0 +1,397 @@
+"""What ``commlib bench`` measures: each case is one collective, done two ways.
+
+A :class:`Case` prepares, for one size, a call through commlib's module-level
+API (what ``import commlib as dist`` code runs) and the equivalent call a
+plain ``torch.distributed`` program makes, on the same data. Where commlib
+returns new tensors (``all_gather``) or new objects, the torch call allocates
+its outputs inside the call too, since a torch user has to; where both write
+into a caller's buffer, both get a preallocated one.
+
+The torch baseline of ``all_reduce_params`` is one ``all_reduce`` per tensor:
+torch has no public coalesced all_reduce that is not deprecated
+(``all_reduce_coalesced`` warns on every call), and a loop is what code
+without a helper does.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import commlib
+from commlib.communicator import Communicator
+
+IMPLS = ("commlib", "torch")
+
+# torch 2.13 renamed the flat collectives and warns on every call of the old names
+_torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_torch_reduce_scatter_single = (
+    getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+)
+
+PARAM_TENSORS = 128  # "many small tensors": about a small model's parameter count
+_SMALL_OBJECT = {"step": 1000, "loss": 0.25, "lr": 1e-4, "tag": "train"}
+
+
+@dataclass
+class Prepared:
+    """One case at one size, ready to call.
+
+    ``nbytes`` is the size bandwidth is computed from (see
+    :mod:`commlib.bench.bandwidth`), ``count`` the elements each rank
+    contributes. ``calls`` maps ``"commlib"`` / ``"torch"`` to a no-argument
+    call; ``check`` raises ``AssertionError`` if a call's result is wrong.
+    """
+
+    nbytes: int
+    count: int
+    calls: dict[str, Callable[[], Any]]
+    check: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A benchmark case: a collective, a payload, and how to prepare it.
+
+    ``fixed_size`` cases (small-object latency) run once at their own size
+    instead of following the sweep.
+    """
+
+    name: str
+    op: str
+    payload: str
+    kind: str
+    prepare: Callable[[Communicator, int], Prepared]
+    fixed_size: bool = False
+
+
+# -- checks: cheap (first and last element), enough to catch a broken case ----------
+def _expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(f"wrong result: {what}")
+
+
+def _ends(t: torch.Tensor) -> tuple[float, float]:
+    flat = t.reshape(-1)
+    return float(flat[0]), float(flat[-1])
+
+
+def _rank_sum(n: int) -> float:
+    return n * (n + 1) / 2  # every rank contributes rank + 1
+
+
+# -- tensor collectives ----------------------------------------------------------------
+def _elements(nbytes: int, parts: int, itemsize: int = 4) -> int:
+    return max(1, nbytes // (parts * itemsize))
+
+
+def _filled(count: int, value: float, device: torch.device) -> torch.Tensor:
+    return torch.full((count,), float(value), dtype=torch.float32, device=device)
+
+
+def _all_reduce(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, 1)
+    mine = {impl: _filled(count, rank + 1, dev) for impl in IMPLS}
+
+    def ours() -> torch.Tensor:
+        commlib.all_reduce(mine["commlib"], "sum", group=comm)
+        return mine["commlib"]
+
+    def theirs() -> torch.Tensor:
+        dist.all_reduce(mine["torch"], group=comm.group)
+        return mine["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        _expect(_ends(out) == (_rank_sum(n),) * 2, "all_reduce sum")
+
+    return Prepared(count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _all_gather(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    x = _filled(count, rank, dev)
+
+    def ours() -> list[torch.Tensor]:
+        return commlib.all_gather(x, group=comm)
+
+    def theirs() -> list[torch.Tensor]:
+        out = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(out, x, group=comm.group)
+        return out
+
+    def check(out: list[torch.Tensor]) -> None:
+        _expect(len(out) == n, "all_gather length")
+        for i, t in enumerate(out):
+            _expect(_ends(t) == (i, i), f"all_gather part {i}")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _all_gather_into_tensor(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    x = _filled(count, rank, dev)
+    outs = {impl: torch.empty(n * count, dtype=torch.float32, device=dev) for impl in IMPLS}
+
+    def ours() -> torch.Tensor:
+        commlib.all_gather_into_tensor(outs["commlib"], x, group=comm)
+        return outs["commlib"]
+
+    def theirs() -> torch.Tensor:
+        _torch_all_gather_single(outs["torch"], x, group=comm.group)
+        return outs["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        for i, part in enumerate(out.view(n, count)):
+            _expect(_ends(part) == (i, i), f"all_gather_into_tensor part {i}")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _broadcast(comm: Communicator, size: int) -> Prepared:
+    rank, dev = comm.rank, comm.device
+    count = _elements(size, 1)
+    mine = {impl: _filled(count, rank + 1, dev) for impl in IMPLS}
+
+    def ours() -> torch.Tensor:
+        commlib.broadcast(mine["commlib"], 0, group=comm)
+        return mine["commlib"]
+
+    src = _world_rank(comm, 0)
+
+    def theirs() -> torch.Tensor:
+        dist.broadcast(mine["torch"], src=src, group=comm.group)
+        return mine["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        _expect(_ends(out) == (1.0, 1.0), "broadcast from rank 0")
+
+    return Prepared(count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _reduce_scatter(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    x = _filled(n * count, rank + 1, dev)
+    outs = {impl: torch.empty(count, dtype=torch.float32, device=dev) for impl in IMPLS}
+
+    def ours() -> torch.Tensor:
+        commlib.reduce_scatter(outs["commlib"], x, "sum", group=comm)
+        return outs["commlib"]
+
+    def theirs() -> torch.Tensor:
+        _torch_reduce_scatter_single(outs["torch"], x, group=comm.group)
+        return outs["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        _expect(_ends(out) == (_rank_sum(n),) * 2, "reduce_scatter sum")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _world_rank(comm: Communicator, group_rank: int) -> int:
+    return comm.ranks[group_rank]
+
+
+# -- object collectives ------------------------------------------------------------------
+def _numpy_payload(comm: Communicator, count: int) -> Any:
+    return {"rank": comm.rank, "data": np.full(count, comm.rank, dtype=np.float32)}
+
+
+def _tensor_payload(comm: Communicator, count: int) -> Any:
+    return {"rank": comm.rank, "data": _filled(count, comm.rank, comm.device)}
+
+
+def _small_payload(comm: Communicator, count: int) -> Any:
+    return {"rank": comm.rank, **_SMALL_OBJECT}
+
+
+def _check_object(obj: Any, rank: int, what: str) -> None:
+    _expect(isinstance(obj, dict) and obj.get("rank") == rank, f"{what}: object of rank {rank}")
+    data = obj.get("data")
+    if data is not None:
+        first, last = float(data[0]), float(data[-1])
+        _expect((first, last) == (rank, rank), f"{what}: data of rank {rank}")
+
+
+def _object_case(op: str, make: Callable[[Communicator, int], Any], fixed: bool) -> Callable:
+    def prepare(comm: Communicator, size: int) -> Prepared:
+        n = comm.world_size
+        gathers = op != "broadcast_object_list"
+        if fixed:
+            obj = make(comm, 0)
+            per_rank = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+            count = 1
+        else:
+            count = _elements(size, n if gathers else 1)
+            obj = make(comm, count)
+            per_rank = count * 4
+        nbytes = per_rank * n if gathers else per_rank
+        calls, check = _object_calls(comm, op, obj)
+        return Prepared(nbytes, count, calls, check)
+
+    return prepare
+
+
+def _object_calls(comm: Communicator, op: str, obj: Any) -> tuple[dict, Callable[[Any], None]]:
+    return _OBJECT_CALLS[op](comm, obj)
+
+
+def _all_gather_object_calls(comm: Communicator, obj: Any) -> tuple[dict, Callable]:
+    n = comm.world_size
+
+    def theirs() -> list[Any]:
+        out: list[Any] = [None] * n
+        dist.all_gather_object(out, obj, group=comm.group)
+        return out
+
+    def check(out: list[Any]) -> None:
+        _expect(len(out) == n, "all_gather_object length")
+        for i, o in enumerate(out):
+            _check_object(o, i, "all_gather_object")
+
+    return {"commlib": lambda: commlib.all_gather_object(obj, group=comm), "torch": theirs}, check
+
+
+def _gather_object_calls(comm: Communicator, obj: Any) -> tuple[dict, Callable]:
+    n, rank, dst = comm.world_size, comm.rank, _world_rank(comm, 0)
+
+    def theirs() -> list[Any] | None:
+        out: list[Any] | None = [None] * n if rank == 0 else None
+        dist.gather_object(obj, out, dst=dst, group=comm.group)
+        return out
+
+    def check(out: list[Any] | None) -> None:
+        if rank != 0:
+            _expect(out is None, "gather_object returns None off dst")
+            return
+        _expect(out is not None and len(out) == n, "gather_object length")
+        for i, o in enumerate(out or []):
+            _check_object(o, i, "gather_object")
+
+    return {"commlib": lambda: commlib.gather_object(obj, 0, group=comm), "torch": theirs}, check
+
+
+def _broadcast_object_calls(comm: Communicator, obj: Any) -> tuple[dict, Callable]:
+    rank, src = comm.rank, _world_rank(comm, 0)
+
+    def ours() -> Any:
+        box = [obj if rank == 0 else None]
+        commlib.broadcast_object_list(box, 0, group=comm)
+        return box[0]
+
+    def theirs() -> Any:
+        box = [obj if rank == 0 else None]
+        dist.broadcast_object_list(box, src=src, group=comm.group)
+        return box[0]
+
+    def check(out: Any) -> None:
+        _check_object(out, 0, "broadcast_object_list")
+
+    return {"commlib": ours, "torch": theirs}, check
+
+
+_OBJECT_CALLS = {
+    "all_gather_object": _all_gather_object_calls,
+    "gather_object": _gather_object_calls,
+    "broadcast_object_list": _broadcast_object_calls,
+}
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _all_reduce_params(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    total = _elements(size, 1)
+    tensors = min(PARAM_TENSORS, total)
+    each = total // tensors
+    params = {impl: [_filled(each, rank + 1, dev) for _ in range(tensors)] for impl in IMPLS}
+
+    def ours() -> list[torch.Tensor]:
+        commlib.all_reduce_params(params["commlib"], group=comm)
+        return params["commlib"]
+
+    def theirs() -> list[torch.Tensor]:
+        for p in params["torch"]:
+            dist.all_reduce(p, group=comm.group)
+        return params["torch"]
+
+    def check(out: list[torch.Tensor]) -> None:
+        for t in (out[0], out[-1]):
+            _expect(_ends(t) == (_rank_sum(n),) * 2, "all_reduce_params sum")
+
+    return Prepared(tensors * each * 4, tensors * each, {"commlib": ours, "torch": theirs}, check)
+
+
+CASES: list[Case] = [
+    Case("all_reduce", "all_reduce", "float32", "tensor", _all_reduce),
+    Case("all_gather", "all_gather", "float32", "tensor", _all_gather),
+    Case(
+        "all_gather_into_tensor",
+        "all_gather_into_tensor",
+        "float32",
+        "tensor",
+        _all_gather_into_tensor,
+    ),
+    Case("broadcast", "broadcast", "float32", "tensor", _broadcast),
+    Case("reduce_scatter", "reduce_scatter", "float32", "tensor", _reduce_scatter),
+    *(
+        Case(
+            f"{op}[{payload}]",
+            op,
+            payload,
+            "object",
+            _object_case(op, make, fixed=False),
+        )
+        for op in ("all_gather_object", "gather_object", "broadcast_object_list")
+        for payload, make in (("numpy", _numpy_payload), ("tensor", _tensor_payload))
+    ),
+    *(
+        Case(f"{op}[small]", op, "small", "latency", _object_case(op, _small_payload, True), True)
+        for op in ("all_gather_object", "gather_object", "broadcast_object_list")
+    ),
+    Case(
+        "all_reduce_params",
+        "all_reduce_params",
+        f"{PARAM_TENSORS} tensors",
+        "helper",
+        _all_reduce_params,
+    ),
+]
+
+
+def select_cases(spec: str | Sequence[str] | None) -> list[Case]:
+    """The cases named by ``spec``, in the standard order.
+
+    ``spec`` is a comma-separated list (or a list) of case names
+    (``all_gather_object[numpy]``), collective names (``all_gather_object``:
+    every payload) or kinds (``tensor``, ``object``, ``latency``, ``helper``);
+    ``None`` or ``"all"`` is every case.
+
+    Examples:
+        >>> [c.name for c in select_cases("all_reduce,broadcast_object_list")]
+        ['all_reduce', 'broadcast_object_list[numpy]', 'broadcast_object_list[tensor]',
+         'broadcast_object_list[small]']
+    """
+    if spec is None:
+        return list(CASES)
+    tokens = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec)]
+    tokens = [t for t in tokens if t]
+    if not tokens or "all" in tokens:
+        return list(CASES)
+    known = {c.name for c in CASES} | {c.op for c in CASES} | {c.kind for c in CASES}
+    unknown = [t for t in tokens if t not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown --ops {unknown}; choose from cases {[c.name for c in CASES]}, "
+            f"collectives, or kinds {sorted({c.kind for c in CASES})}"
+        )
+    wanted = set(tokens)
+    return [c for c in CASES if wanted & {c.name, c.op, c.kind}]

@@ -1,0 +1,111 @@
+"""Starting the benchmark's ranks: torch's own launcher, or the ranks torchrun gave us.
+
+``commlib bench`` on its own starts ``--nproc`` local ranks on 127.0.0.1
+through ``torch.distributed.launcher.api.elastic_launch`` (c10d rendezvous on
+a free port, no restarts). Under torchrun (one machine or several) the
+process already is a rank: it runs its share and rank 0 reports.
+
+A rank that fails ends the run: the launcher's monitor stops the other ranks
+and :class:`RankFailure` carries the failed rank's error to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks failed; ``failures`` maps global rank to its error text.
+
+    ``first`` is the rank that failed first (the likely cause; the others
+    often only lost their peer) and ``traceback`` its traceback when known.
+    """
+
+    def __init__(self, failures: dict[int, str], first: int, traceback: str = ""):
+        self.failures, self.first, self.traceback = failures, first, traceback
+        others = "".join(
+            f"\n  rank {r} also failed: {msg}" for r, msg in failures.items() if r != first
+        )
+        super().__init__(f"rank {first} failed: {failures[first]}{others}")
+
+
+def under_torchrun() -> bool:
+    """Whether this process is already one rank of a launched job (torchrun or alike).
+
+    Examples:
+        >>> under_torchrun()          # plain `commlib bench`
+        False
+    """
+    return dist.is_torchelastic_launched() or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago.
+
+    Examples:
+        >>> 1024 <= free_port() < 65536
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, timeout: float = 120.0) -> Any:
+    """Run ``fn(*args)`` on ``nproc`` local ranks; rank 0's return value.
+
+    ``timeout`` bounds the rendezvous; the ranks' own process-group timeout
+    is the caller's to set. Raises :class:`RankFailure` if any rank fails.
+
+    Examples:
+        >>> launch_local(2, run_rank, BenchOptions(ops="all_reduce"))
+        [{'case': 'all_reduce', ...}, ...]
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # like torchrun: ranks sharing a few cores must not each start a thread per core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="commlib-bench-") as logs:
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc,
+            run_id=f"commlib-bench-{uuid.uuid4().hex[:12]}",
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"127.0.0.1:{free_port()}",
+            rdzv_configs={"join_timeout": int(timeout)},
+            local_addr="127.0.0.1",
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
+        try:
+            results = elastic_launch(config, fn)(*args)
+        except ChildFailedError as exc:
+            raise _rank_failure(exc) from None
+    return results[0]
+
+
+def _rank_failure(exc: Any) -> RankFailure:
+    """The ranks' own messages out of torch's ``ChildFailedError``."""
+    first, _ = exc.get_first_failure()
+    failures, tb = {}, ""
+    for rank, failure in sorted(exc.failures.items()):
+        message = failure.message
+        if isinstance(message, dict):  # what torch's @record writes: text plus a traceback
+            if rank == first:
+                tb = message.get("extraInfo", {}).get("py_callstack", "")
+            message = message.get("message", json.dumps(message))
+        failures[rank] = str(message)
+    return RankFailure(failures, first, tb)

@@ -1,0 +1,156 @@
+"""``commlib bench``'s options: the command-line flags and the settings they make."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from commlib.bench.cases import select_cases
+from commlib.bench.units import parse_size, size_sweep
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """Everything a benchmark run needs; picklable, so it travels to the ranks.
+
+    Examples:
+        >>> BenchOptions(max_bytes=1 << 20, ops="all_reduce").sizes()[-1]
+        1048576
+    """
+
+    nproc: int = 2
+    backend: str | None = None
+    min_bytes: int = 1 << 10
+    max_bytes: int = 16 << 20
+    factor: float = 4.0
+    iters: int = 20
+    warmup: int = 3
+    ops: str | None = None
+    json: str | None = None
+    plot: str | None = None
+    timeout: float = 120.0
+    format: str = "text"
+    progress: bool = True
+    memory: bool = True
+
+    def sizes(self) -> list[int]:
+        """The swept sizes in bytes.
+
+        Examples:
+            >>> BenchOptions(min_bytes=1024, max_bytes=4096, factor=2).sizes()
+            [1024, 2048, 4096]
+        """
+        return size_sweep(self.min_bytes, self.max_bytes, self.factor)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``commlib bench``'s flags to ``parser``.
+
+    Examples:
+        >>> p = argparse.ArgumentParser()
+        >>> add_arguments(p)
+        >>> options_from(p.parse_args(["--max-bytes", "1M"])).max_bytes
+        1048576
+    """
+    d = BenchOptions()
+    add = parser.add_argument
+    add(
+        "--nproc",
+        type=_positive(int),
+        default=d.nproc,
+        help="local ranks to start (default %(default)s); ignored under torchrun",
+    )
+    add(
+        "--backend",
+        default=d.backend,
+        help="commlib backend or torch.distributed backend (default: the machine's, "
+        "gloo on a CPU-only machine)",
+    )
+    add(
+        "--min-bytes",
+        type=_size,
+        default=d.min_bytes,
+        metavar="SIZE",
+        help="smallest size, e.g. 512, 1K (default 1K)",
+    )
+    add(
+        "--max-bytes",
+        type=_size,
+        default=d.max_bytes,
+        metavar="SIZE",
+        help="largest size, e.g. 8M, 1G (default 16M)",
+    )
+    add(
+        "--factor",
+        type=float,
+        default=d.factor,
+        help="size multiplier between rows (default %(default)g)",
+    )
+    add(
+        "--iters",
+        type=_positive(int),
+        default=d.iters,
+        help="timed calls per size up to 1M; fewer above, at least 3 (default %(default)s)",
+    )
+    add(
+        "--warmup",
+        type=int,
+        default=d.warmup,
+        help="untimed calls per size first; the first is checked (default %(default)s)",
+    )
+    add(
+        "--ops",
+        default=d.ops,
+        metavar="LIST",
+        help="comma-separated cases, collectives or kinds (tensor, object, latency, helper); "
+        "default: all",
+    )
+    add("--json", default=d.json, metavar="FILE", help="write every row, every column, as JSON")
+    add(
+        "--plot",
+        default=d.plot,
+        metavar="FILE.png",
+        help="draw bus bandwidth against size (needs matplotlib: pip install 'commlib[plot]')",
+    )
+    add(
+        "--timeout",
+        type=_positive(float),
+        default=d.timeout,
+        metavar="SECONDS",
+        help="a collective that waits longer fails the run (default %(default)g)",
+    )
+    add("--format", choices=("text", "markdown"), default=d.format, help="table format")
+    add("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add("--no-memory", dest="memory", action="store_false", help="skip the peak-RSS probes")
+
+
+def options_from(args: argparse.Namespace) -> BenchOptions:
+    """The :class:`BenchOptions` parsed flags describe (the sweep is validated here).
+
+    Examples:
+        >>> options_from(parser.parse_args(["--ops", "all_reduce"])).ops
+        'all_reduce'
+    """
+    names = BenchOptions.__dataclass_fields__
+    opts = BenchOptions(**{k: v for k, v in vars(args).items() if k in names})
+    # fail here, before any rank starts, on a sweep or case list that makes no sense
+    opts.sizes()
+    select_cases(opts.ops)
+    return opts

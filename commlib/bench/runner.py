@@ -1,0 +1,138 @@
+"""What every rank runs: the sweep over cases and sizes, reduced to rank 0's rows."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import commlib
+from commlib.bench import bandwidth
+from commlib.bench.cases import Case, select_cases
+from commlib.bench.memory import steady_malloc
+from commlib.bench.options import BenchOptions
+from commlib.bench.progress import Progress
+from commlib.bench.timing import measure, probe_memory
+from commlib.bench.units import format_size, iterations_for
+from commlib.communicator import Communicator
+
+Row = dict[str, Any]
+
+
+def run_rank(opts: BenchOptions) -> list[Row] | None:
+    """Run the benchmark on this rank; rank 0 returns the rows, the others ``None``.
+
+    Starts the process group from the launcher's environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ...) unless one is already running, with
+    ``opts.timeout`` as its timeout so a lost peer fails the run instead of
+    hanging it.
+
+    Examples:
+        >>> # torchrun --nproc-per-node 2 -m commlib.bench.runner   (or `commlib bench`)
+        >>> rows = run_rank(BenchOptions(ops="all_reduce", max_bytes=4096))
+    """
+    started = not dist.is_initialized()
+    if started:
+        commlib.init_dist("pytorch", backend=opts.backend, timeout=opts.timeout)
+    try:
+        return sweep(commlib.get_communicator(), opts)
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
+def plan(cases: list[Case], sizes: list[int]) -> list[tuple[Case, int]]:
+    """Every (case, size) to run, in order; fixed-size cases appear once.
+
+    Examples:
+        >>> [(c.name, s) for c, s in plan(select_cases("broadcast"), [1024, 4096])]
+        [('broadcast', 1024), ('broadcast', 4096)]
+    """
+    return [(c, s) for c in cases for s in ([0] if c.fixed_size else sizes)]
+
+
+def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
+    """Run every selected case at every size on ``comm``; rank 0 gets the rows.
+
+    Two passes: all timing first, then (``opts.memory``) the peak-memory
+    probes, which change how the allocator behaves for the rest of the run.
+
+    Examples:
+        >>> rows = sweep(commlib.get_communicator(), BenchOptions(ops="tensor"))
+        >>> rows[0]["case"], rows[0]["ratio"]
+        ('all_reduce', 1.02)
+    """
+    steps = plan(select_cases(opts.ops), opts.sizes())
+    # torch's import leaves ~10^6 objects: a full collection costs tens of ms.
+    # Frozen, they are never scanned again, so collections during the sweep
+    # (and the one before each memory probe) stay cheap.
+    gc.collect()
+    gc.freeze()
+    bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
+    times, rss = [], []
+    try:
+        for case, size in steps:
+            bar.step(_label(case, size))
+            prepared = case.prepare(comm, size)
+            iters = iterations_for(prepared.nbytes, opts.iters)
+            warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
+            m = measure(prepared, iters, warmup, comm.group, comm.device)
+            worst = _worst(comm, [m.median("commlib"), m.median("torch")])
+            times.append((prepared.nbytes, prepared.count, iters, warmup, *worst))
+            del prepared, m  # free this size's buffers before the next one is made
+        if opts.memory:
+            steady_malloc()
+        for case, size in steps if opts.memory else []:
+            bar.step("peak memory: " + _label(case, size))
+            grown = probe_memory(case.prepare(comm, size), comm.group, comm.device)
+            rss.append(_worst(comm, [grown["commlib"], grown["torch"]]))
+    finally:
+        bar.close()
+    if comm.rank != 0:
+        return None
+    return [
+        _row(comm, case, t, rss[i] if rss else None)
+        for i, ((case, _), t) in enumerate(zip(steps, times))
+    ]
+
+
+def _label(case: Case, size: int) -> str:
+    return case.name if case.fixed_size else f"{case.name} {format_size(size)}"
+
+
+def _worst(comm: Communicator, mine: list[float]) -> list[float]:
+    """Each figure's maximum over the ranks: a collective is as slow as its slowest rank."""
+    t = torch.tensor(mine, dtype=torch.float64, device=comm.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.group)
+    return t.tolist()
+
+
+def _row(comm: Communicator, case: Case, timed: tuple, rss: list[float] | None) -> Row:
+    nbytes, count, iters, warmup, t_commlib, t_torch = timed
+    n = comm.world_size
+    row: Row = {
+        "case": case.name,
+        "op": case.op,
+        "payload": case.payload,
+        "kind": case.kind,
+        "backend": comm.backend,
+        "device": comm.device.type,
+        "world_size": n,
+        "size_bytes": nbytes,
+        "count": count,
+        "iters": iters,
+        "warmup": warmup,
+        "busbw_factor": bandwidth.busbw_factor(case.op, n),
+    }
+    for impl, secs, grown in (
+        ("commlib", t_commlib, rss[0] if rss else None),
+        ("torch", t_torch, rss[1] if rss else None),
+    ):
+        row[f"{impl}_time_us"] = secs * 1e6
+        row[f"{impl}_algbw_gbps"] = bandwidth.algbw(nbytes, secs)
+        row[f"{impl}_busbw_gbps"] = bandwidth.busbw(case.op, nbytes, secs, n)
+        row[f"{impl}_peak_rss_mib"] = None if grown is None else grown / (1 << 20)
+    row["ratio"] = t_commlib / t_torch
+    return row

@@ -1,0 +1,138 @@
+"""Timing one prepared case on this rank: commlib and torch, interleaved.
+
+Fairness rules:
+
+* the two implementations alternate call by call, and which goes first
+  alternates too, so drift in the machine (other load, CPU frequency, cache
+  state) hits both alike;
+* every timed call starts right after a barrier, so a rank that is late from
+  the previous call does not bill its lateness to the next one;
+* device work is waited for before the clock stops (accelerator backends);
+* the first warm-up call of each implementation is checked for a correct
+  result, so a broken case cannot post a good number.
+
+Peak memory is measured by :func:`probe_memory` in a separate pass after all
+timing (see :mod:`commlib.bench.memory`), so neither disturbs the other.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from commlib.bench.cases import IMPLS, Prepared
+from commlib.bench.memory import peak_growth
+
+
+@dataclass
+class Measurement:
+    """This rank's times for one case at one size: seconds per timed call, by implementation.
+
+    Examples:
+        >>> Measurement().times
+        {'commlib': [], 'torch': []}
+    """
+
+    times: dict[str, list[float]] = field(default_factory=lambda: {i: [] for i in IMPLS})
+
+    def median(self, impl: str) -> float:
+        """Median seconds of ``impl``'s timed calls.
+
+        Examples:
+            >>> Measurement(times={"commlib": [1.0, 3.0, 2.0], "torch": []}).median("commlib")
+            2.0
+        """
+        return statistics.median(self.times[impl])
+
+
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """A call that waits for ``device``'s queued work (nothing to wait for on CPU).
+
+    Examples:
+        >>> device_sync(torch.device("cpu"))()
+    """
+    if device.type == "cpu":
+        return lambda: None
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and hasattr(accel, "synchronize"):
+        return lambda: accel.synchronize(device)
+    module = getattr(torch, device.type)
+    return lambda: module.synchronize(device)
+
+
+def _order(i: int) -> tuple[str, ...]:
+    return IMPLS if i % 2 == 0 else IMPLS[::-1]
+
+
+def measure(
+    prepared: Prepared,
+    iters: int,
+    warmup: int,
+    group: object = None,
+    device: torch.device | None = None,
+) -> Measurement:
+    """Warm up, check, then time ``iters`` interleaved calls of each implementation.
+
+    Every rank of ``group`` must call it with the same arguments, as with any
+    collective. At least one warm-up call is made: its result is checked.
+
+    Examples:
+        >>> m = measure(cases.CASES[0].prepare(comm, 1 << 20), iters=10, warmup=2)
+        >>> m.median("commlib"), m.median("torch")
+        (0.00041, 0.00040)
+    """
+    sync = device_sync(device or torch.device("cpu"))
+    calls = prepared.calls
+    for i in range(max(1, warmup)):
+        for impl in _order(i):
+            result = calls[impl]()
+            sync()
+            if i == 0:
+                prepared.check(result)
+            del result
+    out = Measurement()
+    # a collection landing inside one timed call would bill it for garbage of
+    # both; like timeit, time with the collector off and collect in between
+    gc.disable()
+    try:
+        for i in range(iters):
+            for impl in _order(i):
+                dist.barrier(group=group)
+                start = time.perf_counter()
+                calls[impl]()
+                sync()
+                out.times[impl].append(time.perf_counter() - start)
+                gc.collect(0)
+    finally:
+        gc.enable()
+    return out
+
+
+def probe_memory(
+    prepared: Prepared, group: object = None, device: torch.device | None = None
+) -> dict[str, int]:
+    """Peak RSS growth in bytes of one steady-state call of each implementation.
+
+    One untimed call first, so one-time setup (connections, caches a
+    library keeps for the next call) is not counted. Every rank of
+    ``group`` must call it.
+
+    Examples:
+        >>> probe_memory(cases.CASES[0].prepare(comm, 16 << 20))
+        {'commlib': 0, 'torch': 0}
+    """
+    sync = device_sync(device or torch.device("cpu"))
+    grown = {}
+    for impl in IMPLS:
+        call = prepared.calls[impl]
+        call()
+        sync()
+        dist.barrier(group=group)
+        grown[impl], _ = peak_growth(lambda call=call: (call(), sync()))
+    return grown

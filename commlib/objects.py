@@ -11,33 +11,39 @@ and, when the serialized object fits, the object itself. So:
 * ranks that disagree on the collective, ``src``/``dst`` or list length find
   out before any payload moves.
 
-Round two runs only when some payload did not fit: its table of buffer sizes
-travels in the slot and the buffers follow through the backend's
-``large_payload_transport``: ``"p2p"`` (send/recv to exactly the ranks that
-need it, buffers sent straight from the object's memory) or ``"collective"``
-(one padded all_gather / gather / broadcast).
+Round two runs only when some payload did not fit: its table of segment sizes
+(header, then buffers) travels in the slot and the segments follow through the
+backend's ``large_payload_transport``: ``"p2p"`` (send/recv to exactly the
+ranks that need them; large buffers are sent straight from the object's memory
+and received into one blob per sender) or ``"collective"`` (one padded
+all_gather / gather / broadcast). A payload with too many buffers for its
+table to fit the slot ("packed") first sends the table, then the segments.
+
+Segments are laid out with every buffer at a 16-byte aligned offset, in the
+slot and in the blob alike, so the receiver can view any dtype over them
+without a copy.
 """
 
 from __future__ import annotations
 
 import struct
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from commlib import validation as check
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
-from commlib.serialization import Payload, Serializer
+from commlib.serialization import Payload, Serializer, uint8_view
 
 if TYPE_CHECKING:
     from commlib.communicator import Communicator
 
 # slot: status, collective, reserved, root (src/dst or -1), aux (list length), body length
 _SLOT = struct.Struct("<BBHiqQ")
-_META = struct.Struct("<QI")  # header length, number of buffers
+_META = struct.Struct("<QI")  # header length, number of buffers; then one u64 per buffer
+_PACKED = struct.Struct("<QQ")  # a packed payload's table length and blob length
+_ALIGN = 16  # the largest element size (complex128): any dtype can view an aligned buffer
 
 EMPTY, INLINE, TABLE, PACKED, FAILED, BAD_ARGUMENT = range(6)
 ALL_GATHER, GATHER, BROADCAST = 1, 2, 3
@@ -51,32 +57,31 @@ _OP_NAMES = {
 SMALL, CAP = 1 << 18, 1 << 20
 
 
-class _Slot:
-    """One rank's decoded slot."""
+def _layout(sizes: Sequence[int], start: int = 0) -> tuple[list[int], int]:
+    """Offsets of segments laid end to end from ``start`` (all but the first aligned), and the end.
 
-    __slots__ = ("aux", "body", "op", "root", "status")
+    Examples:
+        >>> _layout([5, 3, 8])
+        ([0, 16, 32], 40)
+    """
+    offsets, pos = [], start
+    for i, n in enumerate(sizes):
+        if i:
+            pos = (pos + _ALIGN - 1) & -_ALIGN
+        offsets.append(pos)
+        pos += n
+    return offsets, pos
 
-    def __init__(self, raw: np.ndarray):
-        self.status, self.op, _, self.root, self.aux, n = _SLOT.unpack_from(raw, 0)
-        self.body = raw[_SLOT.size : _SLOT.size + n]
 
-    def sizes(self) -> list[int]:
-        """Segment sizes (header, then buffers) of an INLINE or TABLE payload."""
-        header_len, count = _META.unpack_from(self.body, 0)
-        return [header_len, *struct.unpack_from(f"<{count}Q", self.body, _META.size)]
+def _meta(sizes: Sequence[int]) -> bytes:
+    count = len(sizes) - 1
+    return _META.pack(sizes[0], count) + struct.pack(f"<{count}Q", *sizes[1:])
 
-    def blob_size(self) -> int:
-        if self.status == TABLE:
-            return sum(self.sizes())
-        if self.status == PACKED:
-            return struct.unpack_from("<Q", self.body, 0)[0]
-        return 0
 
-    def messages(self) -> list[int]:
-        """Sizes of the round-two messages this payload is sent as."""
-        if self.status == PACKED:
-            return [self.blob_size()]
-        return [sum(self.sizes()[i] for i in g) for g in _coalesce(self.sizes())]
+def _sizes(data: Any, pos: int = 0) -> list[int]:
+    """Segment sizes (header, then buffers) from a table at ``pos`` of ``data``."""
+    header_len, count = _META.unpack_from(data, pos)
+    return [header_len, *struct.unpack_from(f"<{count}Q", data, pos + _META.size)]
 
 
 def _coalesce(sizes: Sequence[int]) -> list[list[int]]:
@@ -101,43 +106,47 @@ def _coalesce(sizes: Sequence[int]) -> list[list[int]]:
     return groups
 
 
-def _bytes_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:
-    if len(data) == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # read-only memory is only ever read here
-        return torch.frombuffer(data, dtype=torch.uint8)
+def _messages(sizes: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """Round-two messages of a payload: (blob start, blob end, segment indices), none empty."""
+    offsets, _ = _layout(sizes)
+    out = []
+    for group in _coalesce(sizes):
+        start, end = offsets[group[0]], offsets[group[-1]] + sizes[group[-1]]
+        if end > start:
+            out.append((start, end, group))
+    return out
+
+
+def _host(t: torch.Tensor) -> memoryview:
+    """The bytes of ``t`` (1-D uint8) in host memory."""
+    return memoryview((t if t.device.type == "cpu" else t.cpu()).contiguous().numpy())
 
 
 class _Outgoing:
-    """A rank's slot for round one and, if needed, its messages for round two."""
+    """A rank's slot for round one and, if needed, its segments for round two."""
 
     def __init__(self, slot_size: int, op: int, root: int, aux: int):
-        self.slot = torch.zeros(slot_size, dtype=torch.uint8)
-        self.op, self.root, self.aux = op, root, aux
-        self.segments: list[torch.Tensor] = []
-        self.status = EMPTY
-        self._write(EMPTY, b"")
+        self.slot = bytearray(slot_size)
+        self.head = (op, root, aux)
+        self.segments: list[torch.Tensor] = []  # header, then buffers
+        self.sizes: list[int] = []
+        self.meta = b""  # the table of a packed payload
+        self._seal(EMPTY, 0)
 
-    def _write(self, status: int, body: bytes | list[torch.Tensor]) -> None:
+    def _seal(self, status: int, body_len: int) -> None:
         self.status = status
-        view = self.slot.numpy()
-        if isinstance(body, (bytes, bytearray)):
-            n = len(body)
-            view[_SLOT.size : _SLOT.size + n] = np.frombuffer(body, dtype=np.uint8)
-        else:
-            n, pos = 0, _SLOT.size
-            for part in body:
-                k = part.numel()
-                self.slot[pos : pos + k].copy_(part)
-                pos += k
-                n += k
-        _SLOT.pack_into(view, 0, status, self.op, 0, self.root, self.aux, n)
+        op, root, aux = self.head
+        _SLOT.pack_into(self.slot, 0, status, op, 0, root, aux, body_len)
+
+    def _put(self, pos: int, data: Any) -> int:
+        end = pos + len(data)
+        self.slot[pos:end] = data
+        return end
 
     def fail(self, exc: BaseException, status: int = FAILED) -> None:
-        room = self.slot.numel() - _SLOT.size
-        text = f"{type(exc).__name__}: {exc}".encode(errors="replace")
-        self._write(status, text[:room])
+        room = len(self.slot) - _SLOT.size
+        text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:room]
+        self._seal(status, self._put(_SLOT.size, text) - _SLOT.size)
 
     def payload(self, payload: Payload) -> None:
         header, buffers = payload
@@ -145,169 +154,227 @@ class _Outgoing:
             if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1:
                 raise TypeError("a serializer's buffers must be 1-D uint8 tensors")
         sizes = [len(header), *(b.numel() for b in buffers)]
-        meta = _META.pack(len(header), len(buffers)) + struct.pack(f"<{len(buffers)}Q", *sizes[1:])
-        room = self.slot.numel() - _SLOT.size
-        segments = [_bytes_tensor(header), *buffers]
-        if len(meta) + sum(sizes) <= room:
-            self._write(INLINE, [_bytes_tensor(meta), *(s.cpu() for s in segments)])
-        elif len(meta) <= room:
-            self._write(TABLE, meta)
-            self.segments = segments
+        meta = _meta(sizes)
+        offsets, end = _layout(sizes, _SLOT.size + len(meta))
+        if end <= len(self.slot):
+            self._put(_SLOT.size, meta)
+            self._put(offsets[0], header)
+            for pos, b in zip(offsets[1:], buffers):
+                if b.numel():
+                    self._put(pos, _host(b))
+            self._seal(INLINE, end - _SLOT.size)
+            return
+        self.segments, self.sizes = [uint8_view(header), *buffers], sizes
+        if _SLOT.size + len(meta) <= len(self.slot):
+            self._seal(TABLE, self._put(_SLOT.size, meta) - _SLOT.size)
         else:
-            self._write(PACKED, struct.pack("<Q", len(meta) + sum(sizes)))
-            self.segments = [_bytes_tensor(meta), *segments]
-
-    def messages(self, comm: Communicator) -> list[torch.Tensor]:
-        """Round-two messages, on the backend's device."""
-        to = comm.plugin.to_device
-        if self.status == PACKED:
-            groups = [list(range(len(self.segments)))]
-        else:
-            groups = _coalesce([s.numel() for s in self.segments])
-        out = []
-        for g in groups:
-            parts = [to(self.segments[i]) for i in g]
-            msg = parts[0] if len(parts) == 1 else torch.cat(parts)
-            if msg.numel():
-                out.append(msg)
-        return out
-
-    def blob(self, comm: Communicator, size: int) -> torch.Tensor:
-        """All segments in one tensor of ``size`` bytes (zero padded)."""
-        dev = comm.plugin.device()
-        blob = torch.zeros(size, dtype=torch.uint8, device=dev)
-        pos = 0
-        for s in self.segments:
-            blob[pos : pos + s.numel()].copy_(s)
-            pos += s.numel()
-        return blob
+            self.meta = meta
+            body = _PACKED.pack(len(meta), _layout(sizes)[1])
+            self._seal(PACKED, self._put(_SLOT.size, body) - _SLOT.size)
 
 
-def _round_one(comm: Communicator, out: _Outgoing) -> list[_Slot]:
-    world, size = comm.world_size, comm.slot_size
-    mine = comm.plugin.to_device(out.slot)
+class _RoundOne:
+    """Every rank's slot, as gathered in round one (in host memory)."""
+
+    def __init__(self, gathered: torch.Tensor, slot_size: int, world: int):
+        self.host = gathered if gathered.device.type == "cpu" else gathered.cpu()
+        self.raw = memoryview(self.host.numpy())
+        self.slot_size = slot_size
+        self.heads = [_SLOT.unpack_from(self.raw, r * slot_size) for r in range(world)]
+
+    def status(self, r: int) -> int:
+        return self.heads[r][0]
+
+    def body(self, r: int) -> memoryview:
+        start = r * self.slot_size + _SLOT.size
+        return self.raw[start : start + self.heads[r][5]]
+
+    def sizes(self, r: int) -> list[int]:
+        """The segment sizes in a TABLE slot."""
+        return _sizes(self.raw, r * self.slot_size + _SLOT.size)
+
+    def inline(self, r: int) -> tuple[memoryview, list[torch.Tensor]]:
+        """Header and buffers of an INLINE payload: views of the gathered slots."""
+        base = r * self.slot_size
+        sizes = _sizes(self.raw, base + _SLOT.size)
+        offsets, _ = _layout(sizes, _SLOT.size + _META.size + 8 * (len(sizes) - 1))
+        header = self.raw[base + offsets[0] : base + offsets[0] + sizes[0]]
+        buffers = [self.host[base + o : base + o + n] for o, n in zip(offsets[1:], sizes[1:])]
+        return header, buffers
+
+
+def _round_one(comm: Communicator, out: _Outgoing, world: int) -> _RoundOne:
+    size = len(out.slot)
+    mine = comm.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
     comm.plugin.all_gather_into_tensor(gathered, mine, comm.group)
-    raw = gathered.cpu().numpy().reshape(world, size)
-    return [_Slot(raw[r]) for r in range(world)]
+    return _RoundOne(gathered, size, world)
 
 
-def _agree(slots: list[_Slot], op: int) -> None:
+def _agree(slots: _RoundOne, op: int) -> None:
     """Raise on every rank if any rank failed or the ranks disagree."""
+    heads = slots.heads
+    first = heads[0]
+    if all(h[0] < FAILED and h[1] == first[1] and h[3:5] == first[3:5] for h in heads):
+        return
     name = _OP_NAMES[op]
     failed = {
-        r: bytes(s.body).decode(errors="replace")
-        for r, s in enumerate(slots)
-        if s.status in (FAILED, BAD_ARGUMENT)
+        r: bytes(slots.body(r)).decode(errors="replace")
+        for r, h in enumerate(heads)
+        if h[0] in (FAILED, BAD_ARGUMENT)
     }
     if failed:
-        bad_args = any(s.status == BAD_ARGUMENT for s in slots)
+        bad_args = any(h[0] == BAD_ARGUMENT for h in heads)
         raise (RemoteArgumentError if bad_args else RemoteError)(name, failed)
-    for field, what in (("op", "collective"), ("root", "src/dst"), ("aux", "list length")):
-        values = [getattr(s, field) for s in slots]
+    for index, what in ((1, "collective"), (3, "src/dst"), (4, "list length")):
+        values = [h[index] for h in heads]
         if len(set(values)) > 1:
-            if field == "op":
+            if index == 1:
                 values = [_OP_NAMES.get(v, f"unknown({v})") for v in values]
             per_rank = {r: f"{what}={v}" for r, v in enumerate(values)}
             raise RemoteArgumentError(name, per_rank, f"ranks disagree on the {what}")
 
 
-def _split(comm: Communicator, slot: _Slot, blob: torch.Tensor | None) -> tuple[Any, list]:
-    """(header, buffers) of a payload, from its slot or its round-two blob."""
-    if slot.status == INLINE:
-        sizes = slot.sizes()
-        data = torch.from_numpy(slot.body)
-        start = _META.size + 8 * (len(sizes) - 1)
-        # the slot lives in host memory; buffers go to the backend's device
-        dev = comm.plugin.device()
-        blob = data[start:]
-        buffers_on = blob if blob.device == dev else comm.plugin.to_device(blob)
-        header = memoryview(slot.body[start : start + sizes[0]])
+# -- round two -------------------------------------------------------------------------
+def _outgoing_messages(comm: Communicator, segments: list[torch.Tensor], sizes) -> list:
+    """The messages :func:`_messages` describes, on the backend's device.
+
+    A segment that is a message of its own is sent from its own memory; small
+    ones are copied together (with their alignment padding).
+    """
+    to = comm.plugin.to_device
+    offsets, _ = _layout(sizes)
+    out = []
+    for start, end, group in _messages(sizes):
+        if len(group) == 1:
+            out.append(to(segments[group[0]]).contiguous())
+            continue
+        msg = torch.zeros(end - start, dtype=torch.uint8)
+        for i in group:
+            pos = offsets[i] - start
+            msg[pos : pos + sizes[i]].copy_(segments[i])
+        out.append(to(msg))
+    return out
+
+
+def _blob(comm: Communicator, segments: list[torch.Tensor], sizes, size: int) -> torch.Tensor:
+    """All segments at their offsets in one tensor of ``size`` bytes (zero padded)."""
+    blob = torch.zeros(size, dtype=torch.uint8, device=comm.plugin.device())
+    offsets, _ = _layout(sizes)
+    for pos, seg, n in zip(offsets, segments, sizes):
+        blob[pos : pos + n].copy_(seg)
+    return blob
+
+
+def _transfer(
+    comm: Communicator,
+    routes: list[tuple[int, int]],
+    sizes: dict[int, list[int]],
+    segments: list[torch.Tensor],
+) -> dict[int, torch.Tensor]:
+    """Move each sender's segments to its receivers; returns sender -> blob received here.
+
+    ``routes`` are (sender, receiver) pairs; ``sizes[s]`` are sender ``s``'s
+    segment sizes, known here for every sender that sends here (and for this
+    rank when it sends ``segments``).
+    """
+    if comm.plugin.large_payload_transport != "p2p":
+        return _transfer_collective(comm, routes, sizes, segments)
+    me, dev = comm.rank, comm.plugin.device()
+    blobs: dict[int, torch.Tensor] = {}
+    recvs = []
+    for sender, receiver in routes:
+        if receiver == me:
+            blob = torch.empty(_layout(sizes[sender])[1], dtype=torch.uint8, device=dev)
+            blobs[sender] = blob
+            recvs += [(blob[start:end], sender) for start, end, _ in _messages(sizes[sender])]
+    targets = [r for s, r in routes if s == me]
+    sends = []
+    if targets:
+        msgs = _outgoing_messages(comm, segments, sizes[me])
+        sends = [(m, r) for r in targets for m in msgs]
+    comm.plugin.exchange(sends, recvs, comm.group)
+    return blobs
+
+
+def _transfer_collective(comm: Communicator, routes, sizes, segments) -> dict:
+    me, world, dev = comm.rank, comm.world_size, comm.plugin.device()
+    senders = sorted({s for s, _ in routes})
+    receivers = {r for _, r in routes}
+    # every rank knows every sender's blob size only through round one's
+    # slots, which the caller turned into sizes for all senders
+    size = max(_layout(sizes[s])[1] for s in senders)
+
+    def mine() -> torch.Tensor:
+        if me in senders:
+            return _blob(comm, segments, sizes[me], size)
+        return torch.zeros(size, dtype=torch.uint8, device=dev)
+
+    if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
+        src = senders[0]
+        blob = mine() if me == src else torch.empty(size, dtype=torch.uint8, device=dev)
+        comm.plugin.broadcast(blob, src, comm.group)
+        return {} if me == src else {src: blob}
+    contribution = mine()
+    if len(receivers) > 1:
+        whole = torch.empty(world * size, dtype=torch.uint8, device=dev)
+        comm.plugin.all_gather_into_tensor(whole, contribution, comm.group)
+        parts: Any = whole.view(world, size)
     else:
-        assert blob is not None
-        if slot.status == PACKED:
-            header_len, count = _META.unpack_from(blob[: _META.size].cpu().numpy(), 0)
-            meta_len = _META.size + 8 * count
-            meta = blob[:meta_len].cpu().numpy()
-            sizes = [header_len, *struct.unpack_from(f"<{count}Q", meta, _META.size)]
-            blob = blob[meta_len:]
-        else:
-            sizes = slot.sizes()
-        header = memoryview(blob[: sizes[0]].cpu().numpy())
-        buffers_on = blob
-    buffers, pos = [], sizes[0]
-    for n in sizes[1:]:
-        buffers.append(buffers_on[pos : pos + n])
-        pos += n
-    return header, buffers
+        (dst,) = receivers
+        parts = [torch.empty_like(contribution) for _ in range(world)] if me == dst else None
+        comm.plugin.gather(contribution, parts, dst, comm.group)
+        if me != dst:
+            return {}
+    return {s: parts[s] for s in senders if (s, me) in routes}
 
 
-def _load(ser: Serializer, comm: Communicator, slot: _Slot, blob, sender: int) -> Any:
+def _round_two(
+    comm: Communicator, out: _Outgoing, slots: _RoundOne, routes: list[tuple[int, int]]
+) -> dict[int, tuple[Any, list[torch.Tensor]]]:
+    """Move the payloads that did not fit; returns sender -> (header, buffers) here."""
+    me = comm.rank
+    senders = {s for s, _ in routes}
+    sizes = {s: slots.sizes(s) for s in senders if slots.status(s) == TABLE}
+    packed = sorted(s for s in senders if slots.status(s) == PACKED)
+    if packed:
+        # the tables that did not fit the slots go first, then the segments
+        meta_routes = [(s, r) for s, r in routes if s in packed]
+        meta_sizes = {s: [_PACKED.unpack_from(slots.body(s))[0]] for s in packed}
+        mine = [uint8_view(out.meta)] if me in packed else []
+        tables = _transfer(comm, meta_routes, meta_sizes, mine)
+        for s, blob in tables.items():
+            sizes[s] = _sizes(_host(blob))
+        if me in packed:
+            sizes[me] = out.sizes
+        if comm.plugin.large_payload_transport != "p2p":
+            # the collective transport pads to the largest blob: every rank needs it
+            for s in packed:
+                sizes.setdefault(s, [0, _PACKED.unpack_from(slots.body(s))[1]])
+    blobs = _transfer(comm, routes, sizes, out.segments)
+    received = {}
+    for s, blob in blobs.items():
+        offsets, _ = _layout(sizes[s])
+        header = _host(blob[offsets[0] : offsets[0] + sizes[s][0]])
+        buffers = [blob[o : o + n] for o, n in zip(offsets[1:], sizes[s][1:])]
+        received[s] = (header, buffers)
+    return received
+
+
+def _load(
+    ser: Serializer, comm: Communicator, slots: _RoundOne, received: dict, sender: int
+) -> Any:
     try:
-        header, buffers = _split(comm, slot, blob)
+        if slots.status(sender) == INLINE:
+            header, buffers = slots.inline(sender)
+        else:
+            header, buffers = received[sender]
         return ser.loads(header, buffers)
     except Exception as exc:
         raise DeserializationError(
             f"rank {comm.rank} could not load the object sent by rank {sender}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-
-
-def _exchange(comm: Communicator, out: _Outgoing, slots: list[_Slot], routes) -> dict:
-    """Round two over ``routes`` (sender, receiver); returns sender -> blob here."""
-    me = comm.rank
-    dev = comm.plugin.device()
-    if comm.plugin.large_payload_transport == "p2p":
-        blobs: dict[int, torch.Tensor] = {}
-        recvs, sends = [], []
-        for sender, receiver in routes:
-            if receiver == me:
-                blob = torch.empty(slots[sender].blob_size(), dtype=torch.uint8, device=dev)
-                blobs[sender] = blob
-                pos = 0
-                for n in slots[sender].messages():
-                    if n:
-                        recvs.append((blob[pos : pos + n], sender))
-                    pos += n
-        mine = [r for s, r in routes if s == me]
-        if mine:
-            msgs = out.messages(comm)
-            sends = [(m, r) for r in mine for m in msgs]
-        comm.plugin.exchange(sends, recvs, comm.group)
-        return blobs
-    return _exchange_collective(comm, out, slots, routes)
-
-
-def _exchange_collective(comm: Communicator, out: _Outgoing, slots, routes) -> dict:
-    me, world = comm.rank, comm.world_size
-    senders = sorted({s for s, _ in routes})
-    size = max(slots[s].blob_size() for s in senders)
-    receivers = {r for _, r in routes}
-    if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
-        src = senders[0]
-        blob = (
-            out.blob(comm, size)
-            if me == src
-            else torch.empty(size, dtype=torch.uint8, device=comm.plugin.device())
-        )
-        comm.plugin.broadcast(blob, src, comm.group)
-        return {} if me == src else {src: blob}
-    mine = (
-        out.blob(comm, size)
-        if me in senders
-        else torch.zeros(size, dtype=torch.uint8, device=comm.plugin.device())
-    )
-    if receivers == set(range(world)) or len(receivers) > 1:
-        whole = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-        comm.plugin.all_gather_into_tensor(whole, mine, comm.group)
-        parts = whole.view(world, size)
-    else:
-        (dst,) = receivers
-        parts = [torch.empty_like(mine) for _ in range(world)] if me == dst else None
-        comm.plugin.gather(mine, parts, dst, comm.group)
-        if me != dst:
-            return {}
-    return {s: parts[s] for s in senders if (s, me) in routes}
 
 
 def _prepare(
@@ -335,43 +402,42 @@ def _prepare(
     return out
 
 
+def _large(slots: _RoundOne, world: int) -> list[int]:
+    """Ranks whose payload needs round two."""
+    return [r for r in range(world) if slots.heads[r][0] in (TABLE, PACKED)]
+
+
 def all_gather_object(comm: Communicator, obj: Any, ser: Serializer) -> list[Any]:
-    """See :meth:`commlib.Communicator.all_gather_object`."""
+    """See :meth:`commlib.Communicator.all_gather_object`.
+
+    This rank's own entry is ``obj`` itself, not a copy.
+    """
+    world, me = comm.world_size, comm.rank
     out = _prepare(comm, ALL_GATHER, -1, 0, obj, ser, True)
-    slots = _round_one(comm, out)
+    slots = _round_one(comm, out, world)
     _agree(slots, ALL_GATHER)
-    me = comm.rank
-    routes = [
-        (s, r)
-        for s, slot in enumerate(slots)
-        if slot.status in (TABLE, PACKED)
-        for r in range(len(slots))
-        if r != s
-    ]
-    blobs = _exchange(comm, out, slots, routes) if routes else {}
-    return [
-        obj if r == me else _load(ser, comm, slot, blobs.get(r), r) for r, slot in enumerate(slots)
-    ]
+    routes = [(s, r) for s in _large(slots, world) for r in range(world) if r != s]
+    received = _round_two(comm, out, slots, routes) if routes else {}
+    return [obj if r == me else _load(ser, comm, slots, received, r) for r in range(world)]
 
 
 def gather_object(comm: Communicator, obj: Any, dst: int, ser: Serializer) -> list[Any] | None:
-    """See :meth:`commlib.Communicator.gather_object`."""
+    """See :meth:`commlib.Communicator.gather_object`.
+
+    On ``dst``, its own entry is ``obj`` itself, not a copy.
+    """
     world, me = comm.world_size, comm.rank
     root = dst if isinstance(dst, int) and not isinstance(dst, bool) else -2
     out = _prepare(
         comm, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
     )
-    slots = _round_one(comm, out)
+    slots = _round_one(comm, out, world)
     _agree(slots, GATHER)
-    routes = [
-        (s, dst) for s, slot in enumerate(slots) if s != dst and slot.status in (TABLE, PACKED)
-    ]
-    blobs = _exchange(comm, out, slots, routes) if routes else {}
+    routes = [(s, dst) for s in _large(slots, world) if s != dst]
+    received = _round_two(comm, out, slots, routes) if routes else {}
     if me != dst:
         return None
-    return [
-        obj if r == me else _load(ser, comm, slot, blobs.get(r), r) for r, slot in enumerate(slots)
-    ]
+    return [obj if r == me else _load(ser, comm, slots, received, r) for r in range(world)]
 
 
 def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: Serializer) -> None:
@@ -389,12 +455,12 @@ def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: S
 
     aux = len(object_list) if is_list else -1
     out = _prepare(comm, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
-    slots = _round_one(comm, out)
+    slots = _round_one(comm, out, world)
     _agree(slots, BROADCAST)
-    routes = [(src, r) for r in range(world) if r != src and slots[src].status in (TABLE, PACKED)]
-    blobs = _exchange(comm, out, slots, routes) if routes else {}
+    routes = [(src, r) for r in range(world) if r != src] if _large(slots, world) else []
+    received = _round_two(comm, out, slots, routes) if routes else {}
     if me != src:
-        object_list[:] = _load(ser, comm, slots[src], blobs.get(src), src)
+        object_list[:] = _load(ser, comm, slots, received, src)
 
 
 _SHAPE_SLOTS = 34  # status, dtype, ndim, up to 31 dims

@@ -141,6 +141,19 @@ class Backend:
             return tensor
         return tensor.to(dev)
 
+    def for_group(self, torch_backend: str) -> Backend:
+        """The instance that serves a group started with ``torch_backend``.
+
+        ``torch_backend`` may name several devices (``"cpu:gloo,cuda:nccl"``);
+        a plugin can return a variant that handles such a group differently.
+        The default serves every group the same way.
+
+        Examples:
+            >>> gloo.for_group("gloo") is gloo
+            True
+        """
+        return self
+
     # -- object serialization ------------------------------------------------------
     def serializer(self) -> Serializer:
         """The object-serialization strategy this backend uses by default.

@@ -70,17 +70,8 @@ def _torch_backend_name(group: Any) -> str:
 
 
 def _pick_plugin(torch_backend: str) -> Backend:
-    """Plugin for a group's torch backend; ``"cpu:gloo,cuda:nccl"`` prefers the accelerator."""
-    if "," not in torch_backend and ":" not in torch_backend:
-        return plugins.backend_for_torch(torch_backend)
-    pairs = [part.split(":", 1) for part in torch_backend.split(",")]
-    ordered = [b for d, b in pairs if d != "cpu"] + [b for d, b in pairs if d == "cpu"]
-    for name in ordered:
-        try:
-            return plugins.backend_for_torch(name)
-        except ValueError:
-            continue
-    return plugins.backend_for_torch(ordered[0])
+    """Plugin for a group's torch backend; ``"cpu:gloo,cuda:nccl"`` goes to the accelerator's."""
+    return plugins.backend_for_group(torch_backend)
 
 
 class Communicator:

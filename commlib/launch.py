@@ -59,9 +59,11 @@ def init_dist(
     ``launcher`` is ``"pytorch"`` (torchrun: ``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``), ``"slurm"`` or ``"mpi"`` (their rank
     variables are mapped onto torchrun's; ``MASTER_ADDR``/``MASTER_PORT`` must be
-    set). ``backend`` is a commlib plugin name or a torch backend name; by
-    default the one torch picks for this machine's accelerator. The plugin
-    selects the device from ``LOCAL_RANK`` before the group starts.
+    set). ``backend`` is a commlib plugin name, a torch backend name (also
+    multi-device, ``"cpu:gloo,cuda:nccl"``) or a device type (``"npu"``: the
+    backend torch registers for it); by default the one torch picks for this
+    machine's accelerator. The plugin selects the device from ``LOCAL_RANK``
+    before the group starts.
 
     Examples:
         >>> # torchrun --nproc-per-node 2 train.py
@@ -118,8 +120,5 @@ def _destroy_at_exit() -> None:
 def _plugin(backend: str | Backend | None) -> Backend:
     if isinstance(backend, Backend):
         return backend
-    name = backend or default_torch_backend()
-    try:
-        return plugins.get_backend_plugin(name)
-    except ValueError:
-        return plugins.backend_for_torch(name)
+    # a plugin name, a torch backend ("nccl", "cpu:gloo,cuda:nccl") or a device ("npu")
+    return plugins.resolve_backend(backend or default_torch_backend())

@@ -176,6 +176,91 @@ def backend_for_torch(torch_backend: str) -> Backend:
     )
 
 
+def backend_for_group(torch_backend: str) -> Backend:
+    """The plugin serving a process group started with ``torch_backend``.
+
+    A multi-device spec (``"cpu:gloo,cuda:nccl"``) is served by the plugin of
+    its accelerator part, which decides through :meth:`Backend.for_group` how
+    to use the CPU part.
+
+    Examples:
+        >>> backend_for_group("cpu:gloo,cuda:nccl").name
+        'nccl'
+    """
+    if "," not in torch_backend and ":" not in torch_backend:
+        return backend_for_torch(torch_backend).for_group(torch_backend)
+    pairs = [part.split(":", 1) for part in torch_backend.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"not a device:backend list: {torch_backend!r}")
+    ordered = [b for d, b in pairs if d != "cpu"] + [b for d, b in pairs if d == "cpu"]
+    for name in ordered:
+        try:
+            return backend_for_torch(name).for_group(torch_backend)
+        except ValueError:
+            continue
+    raise ValueError(
+        f"no commlib backend drives any part of {torch_backend!r}; "
+        f"registered: {sorted(_backends())}"
+    )
+
+
+def backend_for_device(device: Any) -> Backend:
+    """The plugin for ``device`` (``"cuda"``, ``torch.device("npu", 1)``, ...).
+
+    torch's own choice (``torch.distributed.get_default_backend_for_device``)
+    decides; without it, an available plugin whose ``device_type`` matches.
+
+    Examples:
+        >>> backend_for_device("cpu").name
+        'gloo'
+    """
+    import torch
+    import torch.distributed as dist
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"not a device: {device!r}") from None
+    getter = getattr(dist, "get_default_backend_for_device", None)
+    if getter is not None:
+        try:
+            return backend_for_group(getter(kind))
+        except (ValueError, RuntimeError):
+            pass
+    matches = [b for b in _backends().values() if b.torch_backend and b.device_type == kind]
+    for backend in matches:
+        if backend.is_available():
+            return backend
+    if matches:
+        return matches[0]
+    raise ValueError(f"no commlib backend serves device type {kind!r}")
+
+
+def resolve_backend(name: str) -> Backend:
+    """A plugin from a plugin name, a torch backend (or multi-device spec) or a device type.
+
+    Examples:
+        >>> resolve_backend("gloo").name, resolve_backend("cpu").name
+        ('gloo', 'gloo')
+        >>> resolve_backend("cpu:gloo,cuda:nccl").torch_backend
+        'cpu:gloo,cuda:nccl'
+    """
+    backends = _backends()
+    if name in backends:
+        return backends[name]
+    try:
+        return backend_for_group(name)
+    except ValueError:
+        pass
+    try:
+        return backend_for_device(name)
+    except ValueError:
+        raise ValueError(
+            f"{name!r} names no commlib backend, torch.distributed backend or device; "
+            f"registered: {sorted(backends)}"
+        ) from None
+
+
 def list_backends() -> list[BackendInfo]:
     """Every registered backend with its availability.
 

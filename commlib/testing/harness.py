@@ -73,7 +73,7 @@ def _worker(
         if setup is not None:
             setup(rank, size)
         import commlib
-        from commlib.plugins import get_backend_plugin
+        from commlib.plugins import resolve_backend
 
         os.environ.update(
             RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size)
@@ -81,7 +81,7 @@ def _worker(
         store = dist.TCPStore(
             "127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=pg_timeout)
         )
-        plugin = get_backend_plugin(backend)
+        plugin = resolve_backend(backend)
         plugin.setup_device(rank)
         plugin.init_process_group(
             store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=pg_timeout)
@@ -136,7 +136,8 @@ class World:
 
     Args:
         size: number of ranks.
-        backend: commlib backend plugin name (``"gloo"`` by default).
+        backend: commlib backend plugin name (``"gloo"`` by default), or a
+            torch backend / multi-device spec (``"cpu:gloo,cuda:nccl"``).
         timeout: default seconds a :meth:`run` may take.
         setup: importable ``setup(rank, size)`` run in each rank before the
             process group starts (e.g. to install a simulated device).

@@ -1,0 +1,409 @@
+"""What the accelerator plugins (``nccl``, ``hccl``, ``cncl``) share.
+
+Each vendor plugin states facts about its library (which reduce ops and dtypes
+it handles, whether it has ``gather``) and :class:`AcceleratorBackend` turns
+them into behaviour:
+
+* the device runtime: ``torch.accelerator`` when the installed torch has it and
+  it serves this device type, the vendor module (``torch.cuda``, ``torch.npu``,
+  ``torch.mlu``) otherwise;
+* device selection: the current device, set from ``LOCAL_RANK`` at init when
+  the user has not chosen one;
+* what the library lacks is supplied here: reductions it cannot do run as an
+  all_gather plus a local reduction (exact, in rank order); dtypes it cannot
+  move travel as raw bytes; ``gather`` without a native one is an all_gather
+  kept on ``dst``; ``barrier`` is an all_reduce of one element on this
+  process's own device (never a device guessed from the rank).
+
+A vendor module that marks itself ``__commlib_simulated__`` (see
+:mod:`commlib.testing.simulated`) keeps its "device memory" in host memory:
+tensors stay on the CPU while everything else goes through the vendor module.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import warnings
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from commlib.backend import Backend, global_rank
+from commlib.errors import BackendUnavailableError
+
+# the reductions commlib needs, computed locally on gathered tensors; torch.add
+# and torch.mul on bool are logical or / and, as gloo does them
+_LOCAL_REDUCE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add,
+    "product": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "band": torch.bitwise_and,
+    "bor": torch.bitwise_or,
+    "bxor": torch.bitwise_xor,
+}
+
+_REAL_OF_COMPLEX = {
+    torch.complex32: torch.float16,
+    torch.complex64: torch.float32,
+    torch.complex128: torch.float64,
+}
+
+
+def reduce_locally(parts: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+    """Reduce equally shaped tensors with one of commlib's engine op names.
+
+    Examples:
+        >>> reduce_locally([torch.tensor([1, 2]), torch.tensor([3, 4])], "max")
+        tensor([3, 4])
+    """
+    if op == "avg":
+        return functools.reduce(torch.add, parts) / len(parts)
+    return functools.reduce(_LOCAL_REDUCE[op], parts)
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat ``uint8`` view of a contiguous tensor (writes land in ``tensor``).
+
+    Examples:
+        >>> as_bytes(torch.zeros(2, dtype=torch.float64)).shape
+        torch.Size([16])
+    """
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+class DeviceRuntime:
+    """The few runtime calls a plugin needs: count, current index, set index.
+
+    Built over ``torch.accelerator`` or over a vendor module; both expose the
+    same four answers here.
+
+    Examples:
+        >>> rt = DeviceRuntime("cuda", torch.cuda, via_accelerator=False)
+        >>> rt.device_count()
+        8
+    """
+
+    def __init__(self, device_type: str, vendor: ModuleType, via_accelerator: bool):
+        self.device_type = device_type
+        self.vendor = vendor
+        self.via_accelerator = via_accelerator
+        self.host_memory = bool(getattr(vendor, "__commlib_simulated__", False))
+
+    def device_count(self) -> int:
+        if self.via_accelerator:
+            return int(torch.accelerator.device_count())
+        return int(self.vendor.device_count())
+
+    def current_index(self) -> int:
+        if self.via_accelerator:
+            accel = torch.accelerator
+            get = getattr(accel, "current_device_index", None) or accel.current_device_idx
+            return int(get())
+        return int(self.vendor.current_device())
+
+    def set_index(self, index: int) -> None:
+        if self.via_accelerator:
+            accel = torch.accelerator
+            set_ = getattr(accel, "set_device_index", None) or accel.set_device_idx
+            set_(index)
+        else:
+            self.vendor.set_device(index)
+
+    def __repr__(self) -> str:
+        via = "torch.accelerator" if self.via_accelerator else self.vendor.__name__
+        return f"<DeviceRuntime {self.device_type} via {via}>"
+
+
+def _accelerator_serves(device_type: str) -> bool:
+    accel = getattr(torch, "accelerator", None)
+    if accel is None:
+        return False
+    try:
+        current = accel.current_accelerator()
+        return current is not None and current.type == device_type and accel.is_available()
+    except Exception:  # a half-registered privateuse1 device must not break selection
+        return False
+
+
+class AcceleratorBackend(Backend):
+    """Base of the vendor plugins; a subclass states its library's facts.
+
+    Class attributes (besides :class:`~commlib.Backend`'s):
+
+    * ``vendor_package``: the package that adds the device to torch
+      (``"torch_npu"``), or ``None`` when torch has it built in (CUDA);
+    * ``vendor_attr``: the device module's attribute on ``torch`` (``"npu"``);
+    * ``device_label``: how messages name the device (``"NPU"``);
+    * ``reduce_ops`` / ``reduce_dtypes``: what the library reduces itself;
+    * ``wire_dtypes``: what it moves at all (others travel as bytes);
+    * ``native_gather``: whether its ``gather`` may be called.
+
+    Examples:
+        >>> class Xccl(AcceleratorBackend):
+        ...     name = torch_backend = "xccl"
+        ...     device_type = vendor_attr = "xpu"
+        ...     device_label = "XPU"
+    """
+
+    vendor_package: ClassVar[str | None] = None
+    vendor_attr: ClassVar[str] = ""
+    device_label: ClassVar[str] = ""
+    reduce_ops: ClassVar[frozenset[str]] = frozenset({"sum", "product", "min", "max"})
+    reduce_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
+    wire_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
+    native_gather: ClassVar[bool] = True
+    native_avg = False  # sum-and-divide: the same result on every vendor and version
+    large_payload_transport = "collective"
+    # the CPU backend of a multi-device group ("gloo" in "cpu:gloo,cuda:nccl")
+    cpu_part: str | None = None
+
+    # -- availability --------------------------------------------------------------
+    def vendor_module(self) -> ModuleType:
+        """The device module (``torch.cuda``, ``torch.npu``, ...), importing its package.
+
+        Examples:
+            >>> get_backend_plugin("hccl").vendor_module()
+            <module 'torch_npu.npu' ...>
+        """
+        if self.vendor_package is not None:
+            importlib.import_module(self.vendor_package)
+        module = getattr(torch, self.vendor_attr, None)
+        if module is None:
+            raise BackendUnavailableError(
+                f"{self.vendor_package or 'torch'} did not register torch.{self.vendor_attr}"
+            )
+        return module
+
+    def unavailable_reason(self) -> str | None:
+        if self.vendor_package is not None:
+            try:
+                importlib.import_module(self.vendor_package)
+            except ModuleNotFoundError as exc:
+                if exc.name == self.vendor_package:
+                    return f"{self.vendor_package} is not installed"
+                return f"{self.vendor_package} failed to import: {exc}"
+            except Exception as exc:  # a broken vendor install must not break `commlib info`
+                return f"{self.vendor_package} failed to import: {type(exc).__name__}: {exc}"
+        if not dist.is_available():
+            return "torch was built without torch.distributed"
+        engine = type(self).torch_backend or ""
+        if not dist.is_backend_available(engine):
+            if self.vendor_package is None:
+                return f"torch was built without {engine.upper()}"
+            return (
+                f"{self.vendor_package} did not register the {engine!r} backend "
+                "with torch.distributed"
+            )
+        try:
+            count = self.runtime().device_count()
+        except Exception as exc:
+            return f"{self.device_label} runtime failed: {type(exc).__name__}: {exc}"
+        if count < 1:
+            return f"no {self.device_label} device visible"
+        return None
+
+    # -- devices -------------------------------------------------------------------
+    def runtime(self) -> DeviceRuntime:
+        """The runtime this plugin selects devices through.
+
+        ``torch.accelerator`` where the installed torch has it and it serves
+        this device type; the vendor module otherwise.
+
+        Examples:
+            >>> get_backend_plugin("nccl").runtime()
+            <DeviceRuntime cuda via torch.accelerator>
+        """
+        vendor = self.vendor_module()
+        cached = self.__dict__.get("_runtime")
+        if cached is None or cached.vendor is not vendor:
+            cached = DeviceRuntime(self.device_type, vendor, _accelerator_serves(self.device_type))
+            self.__dict__["_runtime"] = cached
+        return cached
+
+    def accelerator_device(self) -> torch.device:
+        """This process's current accelerator device (e.g. ``cuda:1``).
+
+        Examples:
+            >>> get_backend_plugin("nccl").accelerator_device()
+            device(type='cuda', index=1)
+        """
+        runtime = self.runtime()
+        if runtime.host_memory:
+            return torch.device("cpu")
+        return torch.device(self.device_type, runtime.current_index())
+
+    def device(self) -> torch.device:
+        """Where commlib's own buffers live: the accelerator, or the CPU on a
+        multi-device group (see :meth:`for_group`)."""
+        if self.cpu_part is not None:
+            return torch.device("cpu")
+        return self.accelerator_device()
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.cpu_part is not None and (
+            tensor.device.type == "cpu" or tensor.device == self.accelerator_device()
+        ):
+            return tensor  # torch routes it to the group's backend for its device
+        return super().to_device(tensor)
+
+    def accelerator_index(self) -> int:
+        """Index of the device this process's collectives use.
+
+        Examples:
+            >>> get_backend_plugin("nccl").accelerator_index()
+            1
+        """
+        return self.runtime().current_index()
+
+    def setup_device(self, local_rank: int) -> None:
+        """Make device ``local_rank`` (modulo the device count) current.
+
+        A device the user already made current (any but 0) is kept.
+
+        Examples:
+            >>> plugin.setup_device(int(os.environ["LOCAL_RANK"]))
+        """
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {self.name!r} cannot run here: {reason}")
+        runtime = self.runtime()
+        count = runtime.device_count()
+        if runtime.current_index() != 0:
+            return  # the user chose one; index 0 is what an untouched runtime reports
+        if local_rank >= count:
+            warnings.warn(
+                f"local rank {local_rank} shares {self.device_label} {local_rank % count} with "
+                f"another rank: only {count} device(s) are visible",
+                stacklevel=2,
+            )
+        runtime.set_index(local_rank % count)
+
+    # -- what the library handles itself ---------------------------------------------
+    def _wire_ok(self, dtype: torch.dtype) -> bool:
+        return _REAL_OF_COMPLEX.get(dtype, dtype) in self.wire_dtypes
+
+    def reduces_natively(self, op: str, dtype: torch.dtype) -> bool:
+        """Whether the library reduces ``dtype`` with ``op`` (an engine op name).
+
+        Examples:
+            >>> get_backend_plugin("nccl").reduces_natively("band", torch.int64)
+            False
+        """
+        if dtype.is_complex:
+            # torch reduces complex tensors as pairs of reals, for sums only
+            return (
+                op in ("sum", "avg")
+                and "sum" in self.reduce_ops
+                and (_REAL_OF_COMPLEX[dtype] in self.reduce_dtypes)
+            )
+        return (op in self.reduce_ops or (op == "avg" and self.native_avg)) and (
+            dtype in self.reduce_dtypes
+        )
+
+    # -- tensor collectives ------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str, group: Any, async_op: bool = False):
+        if self.reduces_natively(op, tensor.dtype):
+            return super().all_reduce(tensor, op, group, async_op)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
+        self.all_gather(parts, tensor, group)
+        tensor.copy_(reduce_locally(parts, op))
+        return None
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: str,
+        group: Any,
+        async_op: bool = False,
+    ):
+        if self.reduces_natively(op, input.dtype):
+            return super().reduce_scatter(output, input, op, group, async_op)
+        whole = input.clone()
+        self.all_reduce(whole, op, group)
+        output.copy_(whole.view(self.world_size(group), -1)[self.rank(group)].view_as(output))
+        return None
+
+    def all_gather(self, tensor_list, tensor, group, async_op=False):
+        if self._wire_ok(tensor.dtype):
+            return super().all_gather(tensor_list, tensor, group, async_op)
+        raw = [as_bytes(t) for t in tensor_list]
+        return super().all_gather(raw, as_bytes(tensor), group, async_op)
+
+    def all_gather_into_tensor(self, output, tensor, group, async_op=False):
+        if self._wire_ok(tensor.dtype):
+            return super().all_gather_into_tensor(output, tensor, group, async_op)
+        return super().all_gather_into_tensor(as_bytes(output), as_bytes(tensor), group, async_op)
+
+    def broadcast(self, tensor, src, group, async_op=False):
+        if self._wire_ok(tensor.dtype):
+            return super().broadcast(tensor, src, group, async_op)
+        return super().broadcast(as_bytes(tensor), src, group, async_op)
+
+    def gather(self, tensor, gather_list, dst, group, async_op=False):
+        if self.native_gather:
+            if self._wire_ok(tensor.dtype):
+                return super().gather(tensor, gather_list, dst, group, async_op)
+            raw = None if gather_list is None else [as_bytes(t) for t in gather_list]
+            return super().gather(as_bytes(tensor), raw, dst, group, async_op)
+        # every rank receives; only dst keeps the result
+        out = gather_list
+        if out is None:
+            out = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
+        self.all_gather(out, tensor, group)
+        return None
+
+    def barrier(self, group: Any, timeout: datetime.timedelta | None = None) -> None:
+        token = torch.ones(1, dtype=torch.float32, device=self.device())
+        work = super().all_reduce(token, "sum", group, async_op=True)
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout)
+
+    def exchange(self, sends, recvs, group) -> None:
+        # NCCL-style libraries deadlock on unbatched two-way send/recv: post all
+        # of them as one group
+        ops = [
+            dist.P2POp(dist.irecv, self._wire(t), global_rank(group, peer), group)
+            for t, peer in recvs
+        ] + [
+            dist.P2POp(dist.isend, self._wire(t), global_rank(group, peer), group)
+            for t, peer in sends
+        ]
+        if not ops:
+            return
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self._wire_ok(tensor.dtype) else as_bytes(tensor)
+
+    # -- multi-device process groups ----------------------------------------------------
+    def for_group(self, torch_backend: str) -> Backend:
+        """This plugin for a group started with ``torch_backend`` (e.g. ``"cpu:gloo,cuda:nccl"``).
+
+        On such a group commlib moves no user tensor: torch sends CPU tensors
+        over the CPU backend and accelerator tensors over this one. commlib's
+        own traffic (object collectives, argument checks, barrier) uses the
+        CPU backend, as detectron2 does with its gloo group: it costs no
+        device memory and no device synchronisation.
+
+        Examples:
+            >>> get_backend_plugin("nccl").for_group("cpu:gloo,cuda:nccl").device()
+            device(type='cpu')
+        """
+        parts = dict(part.split(":", 1) for part in torch_backend.split(",") if ":" in part)
+        if torch_backend == self.torch_backend or "cpu" not in parts:
+            return self
+        variant = object.__new__(type(self))
+        variant.__dict__.update(self.__dict__)
+        variant.torch_backend = torch_backend  # type: ignore[misc]
+        variant.cpu_part = parts["cpu"]
+        return variant

@@ -1,0 +1,161 @@
+"""Simulated accelerators, so the nccl, hccl and cncl plugins run in CI without hardware.
+
+What is simulated is what sits *below* a plugin: the vendor package
+(``torch_npu``, ``torch_mlu`` or torch's own CUDA runtime), its device
+runtime (device count, current device, ``set_device``) and its
+torch.distributed engine, which gloo plays (see
+:mod:`~commlib.testing.simulated.engines`). Everything above, the plugin's
+availability check, device selection, ``torch.accelerator`` or vendor-module
+choice, backend selection and all of its collectives, is the real code path.
+
+The one liberty: "device memory" is host memory. Simulated vendor modules are
+marked ``__commlib_simulated__`` and the plugins then keep tensors on the CPU.
+
+Install it in each rank before the process group starts, through the
+:class:`~commlib.testing.World` ``setup=`` hook:
+
+Examples:
+    >>> from commlib.testing import World, simulated
+    >>> with World(3, backend="hccl", setup=simulated.setup("hccl", devices=4)) as world:
+    ...     world.run(fn)
+
+Installing changes torch process-wide for good (a private device can be
+renamed only once per process), so install it in worker processes, not in a
+test session's main process.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from commlib.testing.simulated.devices import (
+    SimulatedDevices,
+    patch_accelerator,
+    patch_module,
+    vendor_package,
+)
+from commlib.testing.simulated.engines import register_vendor_engine, stand_in_for_nccl
+
+__all__ = [
+    "KINDS",
+    "SimulatedDevices",
+    "install",
+    "installed",
+    "setup",
+    "setup_cncl",
+    "setup_hccl",
+    "setup_nccl",
+]
+
+# backend -> (device type, vendor package or None when torch has the device built in)
+KINDS: dict[str, tuple[str, str | None]] = {
+    "nccl": ("cuda", None),
+    "hccl": ("npu", "torch_npu"),
+    "cncl": ("mlu", "torch_mlu"),
+}
+
+_installed: dict[str, SimulatedDevices] = {}
+
+
+def install(
+    kind: str,
+    devices: int = 4,
+    current: int = 0,
+    accelerator_api: bool = False,
+) -> SimulatedDevices:
+    """Simulate the accelerator behind backend ``kind`` in this process.
+
+    Args:
+        kind: ``"nccl"``, ``"hccl"`` or ``"cncl"``.
+        devices: how many devices are visible (0: none, as on a machine
+            without the accelerator).
+        current: the device made current before commlib runs, as a user's
+            own ``set_device`` call would.
+        accelerator_api: for ``nccl``, also make ``torch.accelerator`` serve
+            CUDA (npu and mlu always go through it, as with the real
+            packages on a torch that has it).
+
+    Returns:
+        The device state, for assertions (``history`` of ``set_device`` calls).
+
+    Examples:
+        >>> devs = install("cncl", devices=2)
+        >>> import torch_mlu
+        >>> torch.mlu.device_count(), dist.get_default_backend_for_device("mlu")
+        (2, 'cncl')
+    """
+    if kind not in KINDS:
+        raise ValueError(f"cannot simulate {kind!r}; simulated backends: {sorted(KINDS)}")
+    if kind in _installed:
+        return _installed[kind]
+    device_type, package = KINDS[kind]
+    state = SimulatedDevices(device_type, devices, current)
+    if package is None:
+        patch_module(torch.cuda, state)
+        stand_in_for_nccl()
+        if accelerator_api:
+            patch_accelerator(state, whole=True)
+    else:
+        # what `import torch_npu` / `import torch_mlu` does to torch
+        pkg = vendor_package(package, device_type, state)
+        torch.utils.rename_privateuse1_backend(device_type)
+        torch._register_device_module(device_type, getattr(pkg, device_type))
+        patch_accelerator(state, whole=False)
+        register_vendor_engine(kind, device_type)
+    assert dist.is_backend_available(kind)
+    _installed[kind] = state
+    return state
+
+
+def installed(kind: str) -> SimulatedDevices | None:
+    """The device state :func:`install` created for ``kind`` in this process.
+
+    Examples:
+        >>> installed("hccl").history
+        [1]
+    """
+    return _installed.get(kind)
+
+
+def _setup_rank(kind: str, options: dict, rank: int, size: int) -> None:
+    install(kind, **options)
+
+
+def setup(kind: str, **options: object) -> Callable[[int, int], None]:
+    """A picklable ``setup(rank, size)`` for :class:`~commlib.testing.World`: installs ``kind``.
+
+    Examples:
+        >>> World(2, backend="nccl", setup=setup("nccl", devices=2))
+    """
+    return functools.partial(_setup_rank, kind, dict(options))
+
+
+def setup_nccl(rank: int, size: int) -> None:
+    """Install simulated CUDA + NCCL (for ``--commlib-setup``).
+
+    Examples:
+        $ pytest --commlib-backend nccl --commlib-setup commlib.testing.simulated:setup_nccl
+    """
+    install("nccl", devices=max(size, 1))
+
+
+def setup_hccl(rank: int, size: int) -> None:
+    """Install simulated torch_npu + HCCL (for ``--commlib-setup``).
+
+    Examples:
+        $ pytest --commlib-backend hccl --commlib-setup commlib.testing.simulated:setup_hccl
+    """
+    install("hccl", devices=max(size, 1))
+
+
+def setup_cncl(rank: int, size: int) -> None:
+    """Install simulated torch_mlu + CNCL (for ``--commlib-setup``).
+
+    Examples:
+        $ pytest --commlib-backend cncl --commlib-setup commlib.testing.simulated:setup_cncl
+    """
+    install("cncl", devices=max(size, 1))

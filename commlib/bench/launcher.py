@@ -11,12 +11,14 @@ and :class:`RankFailure` carries the failed rank's error to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -87,14 +89,41 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, timeout: float 
             local_addr="127.0.0.1",
             max_restarts=0,
             monitor_interval=0.1,
+            # how long a rank may ignore SIGTERM once another failed (e.g. one
+            # stuck in native code) before it is killed
+            shutdown_timeout=5,
             start_method="spawn",
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:
-            results = elastic_launch(config, fn)(*args)
+            with _quiet_torch_launcher():
+                results = elastic_launch(config, fn)(*args)
         except ChildFailedError as exc:
             raise _rank_failure(exc) from None
     return results[0]
+
+
+@contextlib.contextmanager
+def _quiet_torch_launcher() -> Iterator[None]:
+    """Mute the launcher's own logs: a failure is reported once, by :class:`RankFailure`.
+
+    torch's elastic modules each set their logger's level, so the parent
+    logger's level would not reach them; each is set and restored.
+    """
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith(prefixes)
+    ]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _rank_failure(exc: Any) -> RankFailure:

@@ -6,11 +6,13 @@ before it is what the call needed at its worst. Where that reset is not
 allowed, ``ru_maxrss`` can only grow, so its delta is a lower bound (it shows
 only what goes beyond every earlier peak). :func:`method` says which is in use.
 
-glibc hands large blocks back and forth between the heap and ``mmap`` by a
-threshold it adjusts as the program runs, so the same call may or may not
-fault in fresh pages. :func:`steady_malloc` pins the threshold, which makes
-every large temporary buffer show; call it only once timing is over, since
-it changes how fast large allocations are.
+glibc can hide a call's temporary buffers from that measurement: it serves
+large blocks from the heap or by ``mmap`` depending on a threshold it adjusts
+as the program runs, and ``malloc_trim`` cannot hand back the free top of a
+thread's own arena (collective engines allocate in their worker threads). So
+:func:`single_arena` (before any threads start) puts every thread in the
+main arena, and :func:`steady_malloc` (once timing is over: it makes large
+allocations slower) pins the threshold; then every temporary buffer shows.
 """
 
 from __future__ import annotations
@@ -48,7 +50,27 @@ def _libc_trim() -> Callable[[int], int] | None:
     return getattr(_libc(), "malloc_trim", None)
 
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
+# mallopt parameters, from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+
+def _mallopt(param: int, value: int) -> bool:
+    mallopt = getattr(_libc(), "mallopt", None)
+    return bool(mallopt is not None and mallopt(param, value))
+
+
+def single_arena() -> bool:
+    """Let every thread allocate from glibc's main arena (glibc only).
+
+    Call it before the threads that matter start; returns whether it took
+    effect.
+
+    Examples:
+        >>> single_arena()
+        True
+    """
+    return _mallopt(_M_ARENA_MAX, 1)
 
 
 def steady_malloc(threshold: int = 128 << 10) -> bool:
@@ -62,8 +84,7 @@ def steady_malloc(threshold: int = 128 << 10) -> bool:
         >>> steady_malloc()
         True
     """
-    mallopt = getattr(_libc(), "mallopt", None)
-    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, threshold))
+    return _mallopt(_M_MMAP_THRESHOLD, threshold)
 
 
 @cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ import torch.distributed as dist
 import commlib
 from commlib.bench import bandwidth
 from commlib.bench.cases import Case, select_cases
-from commlib.bench.memory import steady_malloc
+from commlib.bench.memory import single_arena, steady_malloc
 from commlib.bench.options import BenchOptions
 from commlib.bench.progress import Progress
 from commlib.bench.timing import measure, probe_memory
@@ -34,6 +35,8 @@ def run_rank(opts: BenchOptions) -> list[Row] | None:
         >>> rows = run_rank(BenchOptions(ops="all_reduce", max_bytes=4096))
     """
     started = not dist.is_initialized()
+    if opts.memory:
+        single_arena()  # before the engine's threads start: see commlib.bench.memory
     if started:
         commlib.init_dist("pytorch", backend=opts.backend, timeout=opts.timeout)
     try:
@@ -73,7 +76,9 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
     bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
     times, rss = [], []
     try:
-        for case, size in steps:
+        for i, (case, size) in enumerate(steps):
+            if i == len(steps) - 1:
+                _injected_failure(comm.rank)
             bar.step(_label(case, size))
             prepared = case.prepare(comm, size)
             iters = iterations_for(prepared.nbytes, opts.iters)
@@ -96,6 +101,16 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
         _row(comm, case, t, rss[i] if rss else None)
         for i, ((case, _), t) in enumerate(zip(steps, times))
     ]
+
+
+def _injected_failure(rank: int) -> None:
+    """Fail this rank if ``COMMLIB_BENCH_FAIL_RANK`` names it.
+
+    For checking that one failed rank ends the whole run with its error (the
+    others are inside collectives by then) instead of hanging it.
+    """
+    if os.environ.get("COMMLIB_BENCH_FAIL_RANK") == str(rank):
+        raise RuntimeError(f"injected failure on rank {rank} (COMMLIB_BENCH_FAIL_RANK)")
 
 
 def _label(case: Case, size: int) -> str:

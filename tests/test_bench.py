@@ -1,0 +1,294 @@
+"""``commlib bench``: size parsing, bandwidth formulas, case selection, reports, end to end.
+
+The end-to-end tests run the real console script as a subprocess (2 local
+ranks, a tiny sweep) with a timeout; they check shape, never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from commlib.bench import bandwidth, report
+from commlib.bench.cases import CASES, select_cases
+from commlib.bench.options import BenchOptions
+from commlib.bench.units import format_size, iterations_for, parse_size, size_sweep
+
+IMPL_COLUMNS = ("time_us", "algbw_gbps", "busbw_gbps", "peak_rss_mib")
+ROW_COLUMNS = {
+    "case",
+    "op",
+    "payload",
+    "kind",
+    "backend",
+    "device",
+    "world_size",
+    "size_bytes",
+    "count",
+    "iters",
+    "warmup",
+    "busbw_factor",
+    "ratio",
+    *(f"{impl}_{col}" for impl in ("commlib", "torch") for col in IMPL_COLUMNS),
+}
+
+
+# -- sizes -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("0", 0),
+        ("512", 512),
+        ("1K", 1024),
+        ("1k", 1024),
+        ("8M", 8 << 20),
+        ("8MB", 8 << 20),
+        ("8MiB", 8 << 20),
+        ("1G", 1 << 30),
+        ("1.5K", 1536),
+        (" 2 M ", 2 << 20),
+        (64, 64),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "K", "1X", "-1K", "1KK", "one"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+def test_format_size_round_trips():
+    for size in (1, 100, 1024, 1536, 4 << 20, 3 << 30):
+        assert parse_size(format_size(size)) == size
+    assert format_size(16 << 20) == "16M"
+
+
+def test_size_sweep():
+    assert size_sweep(1024, 16 << 20, 4) == [1 << k for k in range(10, 25, 2)]
+    assert size_sweep(1024, 1024, 2) == [1024]
+    assert size_sweep(1000, 9000, 3) == [1000, 3000, 9000]
+    for bad in ((0, 1024, 2), (2048, 1024, 2), (1024, 4096, 1)):
+        with pytest.raises(ValueError):
+            size_sweep(*bad)
+
+
+def test_iterations_shrink_with_size_but_not_below_floor():
+    assert iterations_for(1 << 10, 20) == 20
+    assert iterations_for(1 << 20, 20) == 20
+    assert iterations_for(4 << 20, 20) == 5
+    assert iterations_for(1 << 30, 20) == 3
+    assert iterations_for(1 << 30, 2) == 2  # never more than asked for
+    assert iterations_for(16 << 20, 3, floor=1) == 1
+
+
+# -- bandwidth ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_busbw_factors_follow_nccl_tests(n):
+    assert bandwidth.busbw_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert bandwidth.busbw_factor("all_reduce_params", n) == pytest.approx(2 * (n - 1) / n)
+    for op in ("all_gather", "all_gather_into_tensor", "reduce_scatter"):
+        assert bandwidth.busbw_factor(op, n) == pytest.approx((n - 1) / n)
+    for op in ("all_gather_object", "gather_object"):
+        assert bandwidth.busbw_factor(op, n) == pytest.approx((n - 1) / n)
+    assert bandwidth.busbw_factor("broadcast", n) == 1.0
+    assert bandwidth.busbw_factor("broadcast_object_list", n) == 1.0
+
+
+def test_algbw_and_busbw():
+    assert bandwidth.algbw(10**9, 0.5) == pytest.approx(2.0)
+    assert bandwidth.busbw("all_reduce", 10**9, 1.0, 4) == pytest.approx(1.5)
+    assert bandwidth.busbw("all_gather", 10**9, 1.0, 4) == pytest.approx(0.75)
+    assert math.isnan(bandwidth.algbw(1, 0.0))
+    with pytest.raises(ValueError):
+        bandwidth.busbw_factor("all_to_all", 2)
+
+
+def test_every_case_has_a_busbw_factor():
+    for case in CASES:
+        assert bandwidth.factor_text(case.op)
+
+
+# -- case selection ----------------------------------------------------------------------
+def test_select_cases():
+    assert select_cases(None) == CASES
+    assert select_cases("all") == CASES
+    assert [c.name for c in select_cases("all_reduce")] == ["all_reduce"]
+    names = [c.name for c in select_cases("broadcast_object_list")]
+    assert names == [
+        "broadcast_object_list[numpy]",
+        "broadcast_object_list[tensor]",
+        "broadcast_object_list[small]",
+    ]
+    assert {c.kind for c in select_cases("tensor")} == {"tensor"}
+    assert len(select_cases("tensor")) == 5
+    both = select_cases(["gather_object[numpy]", "all_reduce"])
+    assert [c.name for c in both] == ["all_reduce", "gather_object[numpy]"]  # standard order
+    with pytest.raises(ValueError, match="unknown --ops"):
+        select_cases("all_reduce,nope")
+
+
+def test_cases_cover_every_collective():
+    ops = {c.op for c in CASES}
+    assert ops == set(bandwidth.BUSBW_FACTORS)
+    payloads = {c.payload for c in CASES if c.kind == "object"}
+    assert payloads == {"numpy", "tensor"}
+
+
+def test_options_reject_a_bad_sweep_before_starting_ranks():
+    from commlib.cli import main
+
+    assert main(["bench", "--min-bytes", "8M", "--max-bytes", "1M"]) == 2
+    assert main(["bench", "--ops", "nope"]) == 2
+    with pytest.raises(SystemExit):
+        main(["bench", "--max-bytes", "lots"])
+
+
+# -- reports -----------------------------------------------------------------------------
+def _fake_rows() -> list[dict]:
+    rows = []
+    for case in select_cases("all_reduce,all_gather_object[numpy],all_gather_object[small]"):
+        for size in [0] if case.fixed_size else [1024, 4096]:
+            row = {
+                "case": case.name,
+                "op": case.op,
+                "payload": case.payload,
+                "kind": case.kind,
+                "backend": "gloo",
+                "device": "cpu",
+                "world_size": 2,
+                "size_bytes": size or 100,
+                "count": 1,
+                "iters": 3,
+                "warmup": 1,
+                "busbw_factor": 1.0,
+                "ratio": 0.5,
+            }
+            for impl, t in (("commlib", 100.0), ("torch", 200.0)):
+                row.update(
+                    {
+                        f"{impl}_time_us": t,
+                        f"{impl}_algbw_gbps": 0.01,
+                        f"{impl}_busbw_gbps": 0.01,
+                        f"{impl}_peak_rss_mib": 0.5,
+                    }
+                )
+            rows.append(row)
+    return rows
+
+
+def test_text_and_markdown_tables():
+    rows = _fake_rows()
+    text = report.format_table(rows)
+    assert "commlib" in text and "torch.distributed" in text
+    assert text.count("all_reduce ") == 2 and "0.50" in text
+    md = report.format_markdown(rows).splitlines()
+    assert len(md) == 2 + len(rows)
+    assert all(line.startswith("|") and line.endswith("|") for line in md)
+    assert "`all_gather_object[small]`" in md[-1]
+    lines = report.summary(rows)
+    assert [line.split()[0] for line in lines] == ["tensor", "object", "small"]
+    assert all("0.50" in line for line in lines)
+
+
+def test_missing_rss_shows_as_dash():
+    rows = _fake_rows()
+    for row in rows:
+        row["commlib_peak_rss_mib"] = row["torch_peak_rss_mib"] = None
+    assert " - " in report.format_table(rows)
+
+
+def test_geomean():
+    assert report.geomean([0.5, 2.0]) == pytest.approx(1.0)
+    assert math.isnan(report.geomean([]))
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "bench.png"
+    report.plot(str(out), _fake_rows())
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from commlib.cli import main\n"
+        f"sys.exit(main(['bench', '--plot', {str(tmp_path / 'x.png')!r}]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "pip install 'commlib[plot]'" in proc.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+# -- end to end --------------------------------------------------------------------------
+def _commlib() -> list[str]:
+    exe = shutil.which("commlib")
+    return [exe] if exe else [sys.executable, "-m", "commlib.cli"]
+
+
+def _bench_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)  # a test run under torchrun must still start its own ranks
+    env.pop("COMMLIB_BENCH_FAIL_RANK", None)
+    return env
+
+
+@pytest.mark.multirank
+def test_bench_end_to_end(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "4K"]
+    args += ["--iters", "2", "--warmup", "1", "--json", str(out), "--no-progress"]
+    plot = report.have_matplotlib()
+    if plot:
+        args += ["--plot", str(tmp_path / "bench.png")]
+    proc = subprocess.run(
+        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for case in CASES:
+        assert case.name in proc.stdout
+    assert "ratio" in proc.stdout and "geometric mean" in proc.stdout
+
+    data = json.loads(out.read_text())
+    assert data["meta"]["command"].startswith("commlib bench")
+    rows = data["rows"]
+    assert {r["case"] for r in rows} == {c.name for c in CASES}
+    swept = [c for c in CASES if not c.fixed_size]
+    assert len(rows) == 2 * len(swept) + (len(CASES) - len(swept))
+    for row in rows:
+        assert set(row) == ROW_COLUMNS, row["case"]
+        assert row["world_size"] == 2 and row["backend"] == "gloo"
+        assert row["commlib_time_us"] > 0 and row["torch_time_us"] > 0
+        assert row["ratio"] == pytest.approx(row["commlib_time_us"] / row["torch_time_us"])
+        assert row["commlib_peak_rss_mib"] >= 0 and row["torch_peak_rss_mib"] >= 0
+    if plot:
+        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.multirank
+def test_a_failed_rank_ends_the_run_with_its_error():
+    env = _bench_env()
+    env["COMMLIB_BENCH_FAIL_RANK"] = "1"
+    args = ["bench", "--ops", "all_reduce", "--max-bytes", "2K", "--iters", "1", "--no-memory"]
+    proc = subprocess.run(_commlib() + args, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    assert "rank 1 failed: RuntimeError: injected failure on rank 1" in proc.stderr
+    assert "ratio" not in proc.stdout
+
+
+def test_options_are_picklable_for_the_ranks():
+    import pickle
+
+    opts = BenchOptions(ops="tensor", max_bytes=4096)
+    assert pickle.loads(pickle.dumps(opts)) == opts

@@ -176,9 +176,9 @@ class _Outgoing:
 class _RoundOne:
     """Every rank's slot, as gathered in round one (in host memory)."""
 
-    def __init__(self, gathered: torch.Tensor, slot_size: int, world: int):
-        self.host = gathered if gathered.device.type == "cpu" else gathered.cpu()
-        self.raw = memoryview(self.host.numpy())
+    def __init__(self, host: torch.Tensor, raw: Any, slot_size: int, world: int):
+        self.host = host  # a CPU uint8 tensor over ``raw``
+        self.raw = memoryview(raw)
         self.slot_size = slot_size
         self.heads = [_SLOT.unpack_from(self.raw, r * slot_size) for r in range(world)]
 
@@ -206,9 +206,16 @@ class _RoundOne:
 def _round_one(comm: Communicator, out: _Outgoing, world: int) -> _RoundOne:
     size = len(out.slot)
     mine = comm.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
+    if mine.device.type == "cpu":
+        # host memory Python can parse without going through numpy
+        raw: Any = bytearray(world * size)
+        gathered = torch.frombuffer(raw, dtype=torch.uint8)
+        comm.plugin.all_gather_into_tensor(gathered, mine, comm.group)
+        return _RoundOne(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
     comm.plugin.all_gather_into_tensor(gathered, mine, comm.group)
-    return _RoundOne(gathered, size, world)
+    host = gathered.cpu()
+    return _RoundOne(host, host.numpy(), size, world)
 
 
 def _agree(slots: _RoundOne, op: int) -> None:

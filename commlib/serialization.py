@@ -119,8 +119,11 @@ _FOOTER = struct.Struct("<II")  # number of out-of-band buffers, number of splic
 HOST, DEVICE = 0, 1
 SPLICE_BYTES = 1 << 18  # chunks of the pickle stream at least this big travel apart
 
+# every dtype whose values are plain bytes (quantized ones carry a quantizer)
 _TORCH_DTYPES = {
-    str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)
+    str(d).removeprefix("torch."): d
+    for d in vars(torch).values()
+    if isinstance(d, torch.dtype) and not str(d).startswith("torch.q")
 }
 _DTYPE_NAMES = {d: n for n, d in _TORCH_DTYPES.items()}
 # numpy dtype kinds whose items are plain bytes (no Python object pointers)
@@ -330,7 +333,11 @@ class _Pickler(pickle.Pickler):
         else:  # a view with gaps: send only its own elements
             flat = data.contiguous().reshape(-1)
         kind = HOST if data.device.type == "cpu" else DEVICE
-        buf = self._placeholder(flat.view(torch.uint8), kind)
+        if flat.numel():
+            raw = flat.view(torch.uint8)
+        else:  # an empty tensor may carry any stride, which view() refuses
+            raw = torch.empty(0, dtype=torch.uint8, device=data.device)
+        buf = self._placeholder(raw, kind)
         state = t.__dict__ or None
         return _rebuild_tensor, (
             buf,

@@ -8,6 +8,7 @@ written for ``mmengine.dist`` runs after ``import commlib as dist``.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import threading
@@ -46,7 +47,30 @@ def get_communicator(group: Any = None) -> Communicator:
         comm = _cache.get(key)
         if comm is None:
             comm = _cache[key] = Communicator(group)
+            _forget_at_exit()
         return comm
+
+
+@functools.lru_cache(maxsize=1)
+def _forget_at_exit() -> None:
+    # groups kept alive by this cache past interpreter shutdown abort the
+    # process from gloo's threads; free them while Python still runs
+    atexit.register(forget_communicators)
+
+
+def forget_communicators() -> None:
+    """Drop the cached communicators (and with them their process groups).
+
+    Call it before ``torch.distributed.destroy_process_group()`` so the groups
+    are freed then, not during interpreter shutdown.
+
+    Examples:
+        >>> forget_communicators()
+        >>> torch.distributed.destroy_process_group()
+    """
+    with _lock:
+        _cache.clear()
+        _cache_world[0] = None
 
 
 def set_default_communicator(comm: Communicator) -> None:

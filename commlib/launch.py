@@ -110,6 +110,11 @@ def init_dist(
 
 
 def _destroy_at_exit() -> None:
+    from commlib.functional import forget_communicators
+
+    # a ProcessGroup still referenced here would be destroyed during C++ static
+    # teardown, where gloo's worker threads abort the process
+    forget_communicators()
     if dist.is_available() and dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -117,6 +117,8 @@ def _worker(
                     time.perf_counter() - start,
                 )
             )
+    del comm
+    commlib.forget_communicators()
     try:
         dist.destroy_process_group()
     except Exception:

@@ -148,6 +148,8 @@ def test_options_reject_a_bad_sweep_before_starting_ranks():
 
     assert main(["bench", "--min-bytes", "8M", "--max-bytes", "1M"]) == 2
     assert main(["bench", "--ops", "nope"]) == 2
+    assert main(["bench", "--backend", "single"]) == 2  # no process group: nothing to compare
+    assert main(["bench", "--backend", "no-such-backend"]) == 2
     with pytest.raises(SystemExit):
         main(["bench", "--max-bytes", "lots"])
 

@@ -46,7 +46,9 @@ class Prepared:
     ``nbytes`` is the size bandwidth is computed from (see
     :mod:`commlib.bench.bandwidth`), ``count`` the elements each rank
     contributes. ``calls`` maps ``"commlib"`` / ``"torch"`` to a no-argument
-    call; ``check`` raises ``AssertionError`` if a call's result is wrong.
+    call; ``check`` raises ``AssertionError`` if the result of an
+    implementation's *first* call is wrong (in-place collectives change their
+    input, so later results differ by design).
     """
 
     nbytes: int

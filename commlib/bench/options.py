@@ -153,4 +153,29 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     # fail here, before any rank starts, on a sweep or case list that makes no sense
     opts.sizes()
     select_cases(opts.ops)
+    if opts.backend is not None:
+        check_backend(opts.backend)
     return opts
+
+
+def check_backend(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is a backend that can run the benchmark here.
+
+    ``name`` is a commlib plugin name or the torch.distributed backend one drives.
+
+    Examples:
+        >>> check_backend("gloo")
+        >>> check_backend("nccl")        # on a machine without CUDA
+        ValueError: backend 'nccl' cannot run here: ...
+    """
+    from commlib import plugins
+
+    try:
+        plugin = plugins.get_backend_plugin(name)
+    except ValueError:
+        plugin = plugins.backend_for_torch(name)  # its ValueError lists what is registered
+    if plugin.torch_backend is None:
+        raise ValueError(f"backend {name!r} runs without a process group: nothing to compare")
+    reason = plugin.unavailable_reason()
+    if reason:
+        raise ValueError(f"backend {name!r} cannot run here: {reason}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ import torch.distributed as dist
 
 import commlib
 from commlib.bench import bandwidth
-from commlib.bench.cases import Case, select_cases
+from commlib.bench.cases import IMPLS, Case, select_cases
 from commlib.bench.memory import single_arena, steady_malloc
 from commlib.bench.options import BenchOptions
 from commlib.bench.progress import Progress
@@ -22,16 +23,30 @@ from commlib.communicator import Communicator
 Row = dict[str, Any]
 
 
+@dataclass
+class _Result:
+    """One (case, size) as the ranks agreed on it: the slowest rank's figures."""
+
+    case: Case
+    nbytes: int
+    count: int
+    iters: int
+    warmup: int
+    seconds: dict[str, float]
+    rss: dict[str, float] | None = None
+
+
 def run_rank(opts: BenchOptions) -> list[Row] | None:
     """Run the benchmark on this rank; rank 0 returns the rows, the others ``None``.
 
     Starts the process group from the launcher's environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ...) unless one is already running, with
     ``opts.timeout`` as its timeout so a lost peer fails the run instead of
-    hanging it.
+    hanging it. Meant for a process of its own: with ``opts.memory`` it
+    changes how glibc allocates for the rest of the process.
 
     Examples:
-        >>> # torchrun --nproc-per-node 2 -m commlib.bench.runner   (or `commlib bench`)
+        >>> # each rank of: torchrun --nproc-per-node 2 --no-python commlib bench
         >>> rows = run_rank(BenchOptions(ops="all_reduce", max_bytes=4096))
     """
     started = not dist.is_initialized()
@@ -68,39 +83,38 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
         ('all_reduce', 1.02)
     """
     steps = plan(select_cases(opts.ops), opts.sizes())
+    bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
+    results: list[_Result] = []
     # torch's import leaves ~10^6 objects: a full collection costs tens of ms.
     # Frozen, they are never scanned again, so collections during the sweep
     # (and the one before each memory probe) stay cheap.
     gc.collect()
     gc.freeze()
-    bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
-    times, rss = [], []
     try:
         for i, (case, size) in enumerate(steps):
             if i == len(steps) - 1:
                 _injected_failure(comm.rank)
             bar.step(_label(case, size))
-            prepared = case.prepare(comm, size)
-            iters = iterations_for(prepared.nbytes, opts.iters)
-            warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
-            m = measure(prepared, iters, warmup, comm.group, comm.device)
-            worst = _worst(comm, [m.median("commlib"), m.median("torch")])
-            times.append((prepared.nbytes, prepared.count, iters, warmup, *worst))
-            del prepared, m  # free this size's buffers before the next one is made
+            results.append(_time_one(comm, case, size, opts))
         if opts.memory:
             steady_malloc()
-        for case, size in steps if opts.memory else []:
-            bar.step("peak memory: " + _label(case, size))
-            grown = probe_memory(case.prepare(comm, size), comm.group, comm.device)
-            rss.append(_worst(comm, [grown["commlib"], grown["torch"]]))
+            for result, (case, size) in zip(results, steps):
+                bar.step("peak memory: " + _label(case, size))
+                grown = probe_memory(case.prepare(comm, size), comm.group, comm.device)
+                result.rss = _worst(comm, grown)
     finally:
         bar.close()
-    if comm.rank != 0:
-        return None
-    return [
-        _row(comm, case, t, rss[i] if rss else None)
-        for i, ((case, _), t) in enumerate(zip(steps, times))
-    ]
+        gc.unfreeze()
+    return [_row(comm, r) for r in results] if comm.rank == 0 else None
+
+
+def _time_one(comm: Communicator, case: Case, size: int, opts: BenchOptions) -> _Result:
+    prepared = case.prepare(comm, size)
+    iters = iterations_for(prepared.nbytes, opts.iters)
+    warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
+    m = measure(prepared, iters, warmup, comm.group, comm.device)
+    seconds = _worst(comm, {impl: m.median(impl) for impl in IMPLS})
+    return _Result(case, prepared.nbytes, prepared.count, iters, warmup, seconds)
 
 
 def _injected_failure(rank: int) -> None:
@@ -117,37 +131,35 @@ def _label(case: Case, size: int) -> str:
     return case.name if case.fixed_size else f"{case.name} {format_size(size)}"
 
 
-def _worst(comm: Communicator, mine: list[float]) -> list[float]:
+def _worst(comm: Communicator, mine: dict[str, float]) -> dict[str, float]:
     """Each figure's maximum over the ranks: a collective is as slow as its slowest rank."""
-    t = torch.tensor(mine, dtype=torch.float64, device=comm.device)
+    t = torch.tensor(list(mine.values()), dtype=torch.float64, device=comm.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.group)
-    return t.tolist()
+    return dict(zip(mine, t.tolist()))
 
 
-def _row(comm: Communicator, case: Case, timed: tuple, rss: list[float] | None) -> Row:
-    nbytes, count, iters, warmup, t_commlib, t_torch = timed
+def _row(comm: Communicator, r: _Result) -> Row:
     n = comm.world_size
     row: Row = {
-        "case": case.name,
-        "op": case.op,
-        "payload": case.payload,
-        "kind": case.kind,
+        "case": r.case.name,
+        "op": r.case.op,
+        "payload": r.case.payload,
+        "kind": r.case.kind,
         "backend": comm.backend,
         "device": comm.device.type,
         "world_size": n,
-        "size_bytes": nbytes,
-        "count": count,
-        "iters": iters,
-        "warmup": warmup,
-        "busbw_factor": bandwidth.busbw_factor(case.op, n),
+        "size_bytes": r.nbytes,
+        "count": r.count,
+        "iters": r.iters,
+        "warmup": r.warmup,
+        "busbw_factor": bandwidth.busbw_factor(r.case.op, n),
     }
-    for impl, secs, grown in (
-        ("commlib", t_commlib, rss[0] if rss else None),
-        ("torch", t_torch, rss[1] if rss else None),
-    ):
+    for impl in IMPLS:
+        secs = r.seconds[impl]
         row[f"{impl}_time_us"] = secs * 1e6
-        row[f"{impl}_algbw_gbps"] = bandwidth.algbw(nbytes, secs)
-        row[f"{impl}_busbw_gbps"] = bandwidth.busbw(case.op, nbytes, secs, n)
-        row[f"{impl}_peak_rss_mib"] = None if grown is None else grown / (1 << 20)
-    row["ratio"] = t_commlib / t_torch
+        row[f"{impl}_algbw_gbps"] = bandwidth.algbw(r.nbytes, secs)
+        row[f"{impl}_busbw_gbps"] = bandwidth.busbw(r.case.op, r.nbytes, secs, n)
+        # None: run with --no-memory
+        row[f"{impl}_peak_rss_mib"] = None if r.rss is None else r.rss[impl] / (1 << 20)
+    row["ratio"] = r.seconds["commlib"] / r.seconds["torch"]
     return row

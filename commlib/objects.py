@@ -225,6 +225,8 @@ def _agree(slots: _RoundOne, op: int) -> None:
     if all(h[0] < FAILED and h[1] == first[1] and h[3:5] == first[3:5] for h in heads):
         return
     name = _OP_NAMES[op]
+    if len({h[1] for h in heads}) > 1:  # name every collective called, the same on every rank
+        name = "/".join(sorted({_OP_NAMES.get(h[1], f"unknown({h[1]})") for h in heads}))
     failed = {
         r: bytes(slots.body(r)).decode(errors="replace")
         for r, h in enumerate(heads)

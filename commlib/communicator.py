@@ -18,13 +18,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commlib import objects, plugins
+from commlib import agreement, objects, plugins
 from commlib import validation as check
+from commlib.agreement import as_timedelta
 from commlib.backend import Backend
-from commlib.errors import NotInGroupError
+from commlib.errors import CommError, CommTimeoutError, NotInGroupError
 from commlib.serialization import Serializer
 
+# as torch.distributed's own default; COMMLIB_TIMEOUT (seconds) overrides it
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _default_timeout() -> datetime.timedelta:
+    env = os.environ.get("COMMLIB_TIMEOUT")
+    return as_timedelta(float(env)) if env else DEFAULT_TIMEOUT
+
+
+def _env_strict() -> bool:
+    return os.environ.get("COMMLIB_STRICT", "").lower() in ("1", "true", "yes", "on")
 
 
 class Handle:
@@ -32,7 +43,7 @@ class Handle:
 
     ``wait()`` also finishes commlib's own part of the call (the division of
     ``mean``, the copy back to the caller's device), so read the tensor only
-    after it.
+    after it. It waits at most the communicator's timeout (or ``timeout``).
 
     Examples:
         >>> h = comm.all_reduce(x, async_op=True)
@@ -40,18 +51,21 @@ class Handle:
         True
     """
 
-    def __init__(self, work: Any = None, finish: Callable[[], None] | None = None):
-        self._work = work
+    def __init__(
+        self,
+        wait: Callable[[datetime.timedelta | None], None] | None = None,
+        finish: Callable[[], None] | None = None,
+        work: Any = None,
+    ):
+        self._wait = wait
         self._finish = finish
+        self._work = work
         self._done = False
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+    def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
         if not self._done:
-            if self._work is not None:
-                if timeout is None:
-                    self._work.wait()
-                else:
-                    self._work.wait(timeout)
+            if self._wait is not None:
+                self._wait(as_timedelta(timeout))
             if self._finish is not None:
                 self._finish()
             self._done = True
@@ -84,9 +98,16 @@ class Communicator:
         backend: the plugin (name or instance) to use; by default the one that
             drives the group's torch.distributed backend.
         serializer: object-serialization strategy; the backend's by default.
-        timeout: how long a collective may wait for its peers.
+        timeout: seconds (or a timedelta) a collective may wait for its peers
+            before every waiting rank raises :class:`~commlib.errors.CommTimeoutError`;
+            30 minutes by default (``COMMLIB_TIMEOUT`` overrides). Blocking
+            calls also take a per-call ``timeout=``.
         slot_size: bytes each rank contributes to the first round of an object
             collective; objects that fit complete in that one round.
+        strict: before each collective the ranks agree on a fingerprint of
+            what they pass (collective, dtypes, shapes, op, src/dst); a
+            mismatch raises on every rank with what each rank passed. Costs
+            one 8-byte all_gather per call. ``COMMLIB_STRICT=1`` turns it on.
 
     ``src`` and ``dst`` arguments are ranks *within* the group.
 
@@ -107,13 +128,14 @@ class Communicator:
         serializer: Serializer | None = None,
         timeout: datetime.timedelta | float | None = None,
         slot_size: int = 4096,
+        strict: bool | None = None,
     ):
         if slot_size < 64:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
-        if isinstance(timeout, (int, float)):
-            timeout = datetime.timedelta(seconds=timeout)
-        self.timeout: datetime.timedelta = timeout or DEFAULT_TIMEOUT
+        self.timeout: datetime.timedelta = as_timedelta(timeout) or _default_timeout()
         self.slot_size = slot_size
+        self.strict = _env_strict() if strict is None else bool(strict)
+        self._seq = 0
         self._distributed = group is not None or _dist_ready()
         if group is not None and not _dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -201,9 +223,7 @@ class Communicator:
                 check.rank_in_range(r, size, "rank")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"new_group got duplicate ranks: {ranks}")
-        if isinstance(timeout, (int, float)):
-            timeout = datetime.timedelta(seconds=timeout)
-        timeout = timeout or self.timeout
+        timeout = as_timedelta(timeout) or self.timeout
         if not self._distributed:
             self.plugin.new_group(ranks, timeout)
             return Communicator(backend=self.plugin, serializer=self.serializer, timeout=timeout)
@@ -230,18 +250,89 @@ class Communicator:
         moved = self.plugin.to_device(tensor)
         return moved if moved.is_contiguous() else moved.contiguous()
 
-    def _run(self, work: Any, async_op: bool, finish: Callable[[], None] | None) -> Handle | None:
-        handle = Handle(work if async_op else None, finish)
+    def _wait(
+        self, work: Any, what: str, seq: int, timeout: datetime.timedelta | None = None
+    ) -> None:
+        """Wait for ``work`` at most ``timeout``; failures become commlib errors."""
+        if work is None or not hasattr(work, "wait"):
+            return
+        limit = timeout or self.timeout
+        try:
+            work.wait(limit)
+        except RuntimeError as exc:
+            raise self._failure(what, seq, limit, exc) from exc
+
+    def _failure(
+        self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException
+    ) -> CommError:
+        """The commlib error for an engine failure: a timeout names who is missing."""
+        text = str(exc)
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            missing = agreement.missing_ranks(self, seq, what)
+            detail = "; ".join(f"rank {r}: {w}" for r, w in sorted(missing.items()))
+            return CommTimeoutError(
+                f"{what} did not complete within {limit.total_seconds():g}s on rank "
+                f"{self.rank} of {self.world_size}" + (f" ({detail})" if detail else "")
+            )
+        return CommError(f"{what} failed on rank {self.rank}: {text}")
+
+    def _collective(
+        self,
+        what: str,
+        method: str,
+        *args: Any,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``plugin.<method>`` asynchronously; wait for it unless ``async_op``.
+
+        Returns ``(work, seq)`` when ``async_op``; the sequence number names the
+        collective in the store if it times out.
+        """
+        self._seq += 1
+        seq = self._seq
+        try:
+            work = getattr(self.plugin, method)(*args, group=self.group, async_op=True, **kwargs)
+        except RuntimeError as exc:
+            raise CommError(f"{what} failed on rank {self.rank}: {exc}") from exc
         if async_op:
-            return handle
-        if work is not None and hasattr(work, "wait"):
-            work.wait()
-        handle.wait()
+            return work, seq
+        self._wait(work, what, seq, timeout)
         return None
+
+    def _run(
+        self,
+        what: str,
+        method: str,
+        *args: Any,
+        async_op: bool,
+        finish: Callable[[], None] | None,
+        timeout: Any = None,
+        **kwargs: Any,
+    ) -> Handle | None:
+        """A tensor collective: the engine call, then commlib's ``finish`` step."""
+        limit = as_timedelta(timeout)
+        if not async_op:
+            self._collective(what, method, *args, timeout=limit, **kwargs)
+            if finish is not None:
+                finish()
+            return None
+        work, seq = self._collective(what, method, *args, async_op=True, **kwargs)
+        return Handle(lambda t: self._wait(work, what, seq, t or limit), finish, work)
+
+    def _strict(self, what: str, description: str) -> None:
+        if self.strict and self._distributed:
+            agreement.agree(self, what, f"{what}({description})")
 
     # -- tensor collectives -------------------------------------------------------
     def all_reduce(
-        self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False
+        self,
+        tensor: torch.Tensor,
+        op: str = "sum",
+        *,
+        async_op: bool = False,
+        timeout: datetime.timedelta | float | None = None,
     ) -> Handle | None:
         """Reduce ``tensor`` across the group, in place.
 
@@ -256,6 +347,7 @@ class Communicator:
         self._require_member("all_reduce")
         check.tensor(tensor, "tensor")
         op = check.reduce_op(op, tensor)
+        self._strict("all_reduce", f"op={op}, {tensor.dtype}, {tuple(tensor.shape)}")
         native = op != "mean" or (
             self.plugin.native_avg and (tensor.is_floating_point() or tensor.is_complex())
         )
@@ -273,10 +365,19 @@ class Communicator:
                 tensor.copy_(work_t)
 
         engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
-        work = self.plugin.all_reduce(work_t, engine_op, self.group, async_op=async_op)
-        return self._run(work, async_op, finish)
+        return self._run(
+            "all_reduce",
+            "all_reduce",
+            work_t,
+            engine_op,
+            async_op=async_op,
+            finish=finish,
+            timeout=timeout,
+        )
 
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+    def all_gather(
+        self, tensor: torch.Tensor, *, timeout: datetime.timedelta | float | None = None
+    ) -> list[torch.Tensor]:
         """Every rank's ``tensor``, as a list indexed by rank.
 
         Ranks may pass tensors of different shapes (same number of dims, same
@@ -290,22 +391,29 @@ class Communicator:
         self._require_member("all_gather")
         check.tensor(tensor, "tensor")
         world = self.world_size
+        self._strict("all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
         work_t = self._on_device(tensor)
+        limit = as_timedelta(timeout)
         shapes = objects.agree_on_shapes(self, work_t, "all_gather")
         if all(s == shapes[0] for s in shapes):
             out = [torch.empty_like(work_t) for _ in range(world)]
-            self.plugin.all_gather(out, work_t, self.group)
+            self._collective("all_gather", "all_gather", out, work_t, timeout=limit)
         else:
             max_shape = [max(dims) for dims in zip(*shapes)]
             padded = work_t.new_zeros(max_shape)
             padded[tuple(slice(0, d) for d in work_t.shape)] = work_t
             buf = [torch.empty_like(padded) for _ in range(world)]
-            self.plugin.all_gather(buf, padded, self.group)
+            self._collective("all_gather", "all_gather", buf, padded, timeout=limit)
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
         return [t.to(tensor.device) for t in out]
 
     def all_gather_into_tensor(
-        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = False
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        *,
+        async_op: bool = False,
+        timeout: datetime.timedelta | float | None = None,
     ) -> Handle | None:
         """Concatenate every rank's ``tensor`` along dim 0 into ``output``.
 
@@ -327,17 +435,31 @@ class Communicator:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
+        self._strict("all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}")
         out_t = self._on_device(output)
         in_t = self._on_device(tensor)
-        work = self.plugin.all_gather_into_tensor(out_t, in_t, self.group, async_op=async_op)
 
         def finish() -> None:
             if out_t is not output:
                 output.copy_(out_t)
 
-        return self._run(work, async_op, finish)
+        return self._run(
+            "all_gather_into_tensor",
+            "all_gather_into_tensor",
+            out_t,
+            in_t,
+            async_op=async_op,
+            finish=finish,
+            timeout=timeout,
+        )
 
-    def gather(self, tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor]:
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        dst: int = 0,
+        *,
+        timeout: datetime.timedelta | float | None = None,
+    ) -> list[torch.Tensor]:
         """Every rank's ``tensor`` on ``dst`` (a list); other ranks get ``[]``.
 
         All ranks must pass tensors of the same shape and dtype.
@@ -350,14 +472,20 @@ class Communicator:
         self._require_member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, self.world_size, "dst")
+        self._strict("gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = self._on_device(tensor)
         is_dst = self.rank == dst
         out = [torch.empty_like(work_t) for _ in range(self.world_size)] if is_dst else None
-        self.plugin.gather(work_t, out, dst, self.group)
+        self._collective("gather", "gather", work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if is_dst else []
 
     def broadcast(
-        self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False
+        self,
+        tensor: torch.Tensor,
+        src: int = 0,
+        *,
+        async_op: bool = False,
+        timeout: datetime.timedelta | float | None = None,
     ) -> Handle | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank, in place.
 
@@ -368,14 +496,22 @@ class Communicator:
         self._require_member("broadcast")
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, self.world_size, "src")
+        self._strict("broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = self._on_device(tensor)
-        work = self.plugin.broadcast(work_t, src, self.group, async_op=async_op)
 
         def finish() -> None:
             if work_t is not tensor:
                 tensor.copy_(work_t)
 
-        return self._run(work, async_op, finish)
+        return self._run(
+            "broadcast",
+            "broadcast",
+            work_t,
+            src,
+            async_op=async_op,
+            finish=finish,
+            timeout=timeout,
+        )
 
     def reduce_scatter(
         self,
@@ -384,6 +520,7 @@ class Communicator:
         op: str = "sum",
         *,
         async_op: bool = False,
+        timeout: datetime.timedelta | float | None = None,
     ) -> Handle | None:
         """Reduce ``input`` across ranks and leave chunk ``rank`` in ``output``.
 
@@ -420,11 +557,11 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         op = check.reduce_op(op, output)
+        self._strict("reduce_scatter", f"op={op}, {output.dtype}, {tuple(output.shape)}")
         native = op != "mean" or (self.plugin.native_avg and output.is_floating_point())
         engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
         out_t = self._on_device(output).view(-1)  # contiguous, so a view
         in_t = self._on_device(flat)
-        work = self.plugin.reduce_scatter(out_t, in_t, engine_op, self.group, async_op=async_op)
 
         def finish() -> None:
             if not native:
@@ -436,16 +573,31 @@ class Communicator:
             if out_t.data_ptr() != output.data_ptr() or out_t.device != output.device:
                 output.copy_(out_t.view(output.shape))
 
-        return self._run(work, async_op, finish)
+        return self._run(
+            "reduce_scatter",
+            "reduce_scatter",
+            out_t,
+            in_t,
+            engine_op,
+            async_op=async_op,
+            finish=finish,
+            timeout=timeout,
+        )
 
-    def barrier(self) -> None:
-        """Block until every rank of the group has arrived.
+    def barrier(self, *, timeout: datetime.timedelta | float | None = None) -> None:
+        """Block until every rank of the group has arrived (at most ``timeout``).
 
         Examples:
-            >>> comm.barrier()
+            >>> comm.barrier(timeout=60)
         """
         self._require_member("barrier")
-        self.plugin.barrier(self.group, timeout=self.timeout)
+        self._strict("barrier", "")
+        limit = as_timedelta(timeout) or self.timeout
+        self._seq += 1
+        try:
+            self.plugin.barrier(self.group, timeout=limit)
+        except RuntimeError as exc:
+            raise self._failure("barrier", self._seq, limit, exc) from exc
 
     # -- object collectives -------------------------------------------------------
     def all_gather_object(self, obj: Any, *, serializer: Serializer | None = None) -> list[Any]:

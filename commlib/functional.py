@@ -224,13 +224,14 @@ obj2tensor = helpers.obj2tensor
 tensor2obj = helpers.tensor2obj
 
 
-def barrier(group: Any = None) -> None:
-    """Block until every process of ``group`` has arrived.
+def barrier(group: Any = None, timeout: datetime.timedelta | float | None = None) -> None:
+    """Block until every process of ``group`` has arrived (at most ``timeout`` seconds).
 
     Examples:
         >>> barrier()
+        >>> barrier(timeout=60)     # CommTimeoutError naming the missing ranks after 60 s
     """
-    get_communicator(group).barrier()
+    get_communicator(group).barrier(timeout=timeout)
 
 
 # -- tensor collectives ----------------------------------------------------------

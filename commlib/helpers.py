@@ -7,7 +7,6 @@ exposes them under mmengine's and vis4d's names with ``group=`` arguments.
 from __future__ import annotations
 
 import functools
-import hashlib
 import pickle
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -17,30 +16,11 @@ import numpy as np
 import torch
 
 from commlib import validation as check
+from commlib.agreement import agree
 from commlib.communicator import Communicator
 from commlib.errors import RemoteArgumentError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def agree(comm: Communicator, what: str, description: str) -> None:
-    """Raise on every rank unless all ranks pass the same ``description``.
-
-    One 8-byte all_gather when the ranks agree; when they do not, a second
-    round fetches every rank's description for the error message.
-
-    Examples:
-        >>> agree(comm, "all_reduce_dict", "keys=['a', 'b']")
-    """
-    digest = hashlib.blake2b(description.encode(), digest_size=8).digest()
-    mine = comm.plugin.to_device(
-        torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
-    )
-    every = torch.empty(comm.world_size, dtype=torch.int64, device=mine.device)
-    comm.plugin.all_gather_into_tensor(every, mine, comm.group)
-    if len(set(every.tolist())) > 1:
-        texts = comm.all_gather_object(description)
-        raise RemoteArgumentError(what, dict(enumerate(texts)), "ranks passed different arguments")
 
 
 def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:

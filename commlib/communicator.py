@@ -323,7 +323,8 @@ class Communicator:
 
     def _strict(self, what: str, description: str) -> None:
         if self.strict and self._distributed:
-            agreement.agree(self, what, f"{what}({description})")
+            # the title must not be this rank's own view: every rank raises alike
+            agreement.agree(self, "strict mode", f"{what}({description})")
 
     # -- tensor collectives -------------------------------------------------------
     def all_reduce(

@@ -5,6 +5,6 @@
   holding arrays and tensors (needs ``hypothesis``).
 """
 
-from commlib.testing.harness import Outcome, RankFailed, World, WorldTimeout
+from commlib.testing.harness import Outcome, RankDied, RankFailed, World, WorldTimeout
 
-__all__ = ["Outcome", "RankFailed", "World", "WorldTimeout"]
+__all__ = ["Outcome", "RankDied", "RankFailed", "World", "WorldTimeout"]

@@ -57,6 +57,10 @@ class Outcome:
         return self.error is None
 
 
+class RankDied(RuntimeError):
+    """A rank process ended (e.g. killed) before it answered."""
+
+
 class RankFailed(AssertionError):
     """Raised by :meth:`World.run` when any rank raised; shows each rank's traceback."""
 
@@ -161,9 +165,12 @@ class World:
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._store: Any = None
+        self._broken = False
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> World:
+        if self._broken:  # a rank died: the process group cannot be trusted
+            self.kill()
         if self._procs:
             return self
         ctx = mp.get_context("spawn")
@@ -211,6 +218,7 @@ class World:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns, self._store = [], [], None
+        self._broken = False
 
     def close(self) -> None:
         """Ask the ranks to leave, then make sure they are gone."""
@@ -282,19 +290,14 @@ class World:
                     continue
                 try:
                     status, value, tb, *rest = conn.recv()
-                except EOFError:
+                except (EOFError, OSError):
+                    self._procs[r].join(5)
                     code = self._procs[r].exitcode
-                    self.kill()
-                    raise RankFailed(
-                        [
-                            Outcome(
-                                r,
-                                error=RuntimeError(
-                                    f"rank {r} died (exit code {code}) during {what}"
-                                ),
-                            )
-                        ]
-                    ) from None
+                    self._broken = True
+                    results[r] = Outcome(
+                        r, error=RankDied(f"rank {r} died (exit code {code}) during {what}")
+                    )
+                    continue
                 secs = rest[0] if rest else 0.0
                 if status in ("ok", "ready"):
                     results[r] = Outcome(r, value=value, seconds=secs)

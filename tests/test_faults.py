@@ -1,0 +1,172 @@
+"""Injected faults: every surviving rank raises a clear error in time; nothing hangs.
+
+Each test starts its own world (a fault can leave a process group unusable)
+with a short communicator timeout. The seconds each rank took to raise are
+printed (``pytest -s``) for the reliability report; they are not asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import commlib as dist
+from commlib import Communicator
+from commlib.errors import CommError, CommTimeoutError, RemoteArgumentError
+from commlib.testing import RankDied, World
+
+TIMEOUT = 3.0
+
+
+@pytest.fixture(params=[2, 3, 4], ids=lambda n: f"world{n}")
+def fresh_world(request):
+    world = World(request.param, timeout=60, pg_timeout=20).start()
+    yield world
+    world.kill()
+
+
+def _report(name, outcomes):
+    times = ", ".join(
+        f"rank {o.rank}: {type(o.error).__name__ if o.error else 'ok'} after {o.seconds:.2f}s"
+        for o in outcomes
+    )
+    print(f"\n[fault] {name} world={len(outcomes)}: {times}")
+
+
+def _on_raise_before(comm):
+    c = Communicator(timeout=TIMEOUT)
+    if c.rank == c.world_size - 1:
+        raise KeyError("user code failed before the collective")
+    c.all_reduce(torch.ones(4))
+
+
+def test_one_rank_raises_before_a_collective(fresh_world):
+    outcomes = fresh_world.outcomes(_on_raise_before)
+    _report("raise-before", outcomes)
+    last = fresh_world.size - 1
+    assert isinstance(outcomes[last].error, KeyError)
+    for o in outcomes[:last]:
+        assert isinstance(o.error, CommTimeoutError), o.traceback
+        msg = str(o.error)
+        assert "all_reduce did not complete within 3s" in msg
+        assert f"rank {last}: did not arrive" in msg
+
+
+def _on_skip(comm):
+    c = Communicator(timeout=TIMEOUT)
+    if c.rank != 0:
+        c.barrier()
+    return "done"
+
+
+def test_one_rank_skips_a_collective(fresh_world):
+    outcomes = fresh_world.outcomes(_on_skip)
+    _report("skip", outcomes)
+    assert outcomes[0].value == "done"
+    for o in outcomes[1:]:
+        assert isinstance(o.error, CommTimeoutError)
+        assert "barrier" in str(o.error) and "rank 0: did not arrive" in str(o.error)
+
+
+def _on_different_collective(comm):
+    c = Communicator(timeout=TIMEOUT, strict=True)
+    if c.rank == 1:
+        c.broadcast(torch.ones(4), src=0)
+    else:
+        c.all_reduce(torch.ones(4))
+
+
+def test_one_rank_calls_a_different_collective(fresh_world):
+    outcomes = fresh_world.outcomes(_on_different_collective)
+    _report("different-collective", outcomes)
+    assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes)
+    msg = str(outcomes[0].error)
+    assert len({str(o.error) for o in outcomes}) == 1
+    assert "rank 1: broadcast(src=0" in msg and "rank 0: all_reduce(op=sum" in msg
+
+
+def _on_mismatch(comm, what):
+    c = Communicator(timeout=TIMEOUT, strict=True)
+    last = c.rank == c.world_size - 1
+    if what == "shape":
+        c.all_reduce(torch.ones(3 if last else 4))
+    elif what == "dtype":
+        c.all_reduce(torch.ones(4, dtype=torch.float64 if last else torch.float32))
+    elif what == "src":
+        c.broadcast(torch.ones(2), src=1 if last else 0)
+    elif what == "gather-dst":
+        c.gather_object(c.rank, dst=1 if last else 0)
+
+
+@pytest.mark.parametrize("what", ["shape", "dtype", "src", "gather-dst"])
+def test_strict_mode_catches_mismatched_arguments(fresh_world, what):
+    outcomes = fresh_world.outcomes(_on_mismatch, what)
+    _report(f"mismatch-{what}", outcomes)
+    assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes), outcomes
+    assert len({str(o.error) for o in outcomes}) == 1
+
+
+def _on_mismatch_not_strict(comm):
+    # even without strict mode the object collectives compare src/dst in round one
+    c = Communicator(timeout=TIMEOUT)
+    c.broadcast_object_list([c.rank], src=c.world_size - 1 if c.rank == 0 else 0)
+
+
+def test_object_collective_root_mismatch_without_strict(fresh_world):
+    outcomes = fresh_world.outcomes(_on_mismatch_not_strict)
+    assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes)
+    assert "disagree on the src/dst" in str(outcomes[0].error)
+
+
+def _on_dict_keys(comm):
+    c = Communicator(timeout=TIMEOUT)
+    d = {"a": torch.ones(1)} if c.rank else {"b": torch.ones(1)}
+    dist.all_reduce_dict(d, group=c)
+
+
+def test_dict_keys_differ(fresh_world):
+    outcomes = fresh_world.outcomes(_on_dict_keys)
+    _report("dict-keys", outcomes)
+    assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes)
+    assert len({str(o.error) for o in outcomes}) == 1
+
+
+def _on_killed_mid_transfer(comm, nbytes):
+    c = Communicator(timeout=15)
+    payload = {"rank": c.rank, "blob": np.ones(nbytes, dtype=np.uint8)}
+    if c.rank == c.world_size - 1:
+        # die while the payload is on the wire
+        threading.Timer(0.02, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    for _ in range(50):
+        c.all_gather_object(payload)
+    return "finished"
+
+
+def test_rank_killed_mid_large_object_collective(fresh_world):
+    outcomes = fresh_world.outcomes(_on_killed_mid_transfer, 32 << 20, timeout=90)
+    _report("sigkill", outcomes)
+    last = fresh_world.size - 1
+    assert isinstance(outcomes[last].error, RankDied)
+    for o in outcomes[:last]:
+        assert isinstance(o.error, (CommError, RuntimeError)), o
+        assert not isinstance(o.error, RankDied)
+
+
+def _on_timeout_then_teardown(comm):
+    c = Communicator(timeout=TIMEOUT)
+    if c.rank == 0:
+        try:
+            c.all_reduce(torch.ones(1), timeout=1.0)  # per-call timeout beats the default
+        except CommTimeoutError as exc:
+            return str(exc)
+    return "idle"
+
+
+def test_per_call_timeout(fresh_world):
+    results = fresh_world.run(_on_timeout_then_teardown)
+    assert "within 1s" in results[0]

@@ -17,6 +17,8 @@ import logging
 import os
 import socket
 import tempfile
+import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,9 +36,15 @@ class RankFailure(RuntimeError):
     def __init__(self, failures: dict[int, str], first: int, traceback: str = ""):
         self.failures, self.first, self.traceback = failures, first, traceback
         others = "".join(
-            f"\n  rank {r} also failed: {msg}" for r, msg in failures.items() if r != first
+            f"\n  rank {r} also failed: {_short(msg)}" for r, msg in failures.items() if r != first
         )
         super().__init__(f"rank {first} failed: {failures[first]}{others}")
+
+
+def _short(message: str, limit: int = 160) -> str:
+    """First line of ``message``, cut at ``limit``: the others' errors are mostly echoes."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def under_torchrun() -> bool:
@@ -78,6 +86,7 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, timeout: float 
     # like torchrun: ranks sharing a few cores must not each start a thread per core
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="commlib-bench-") as logs:
+        noted = _NoteFailures(fn, logs)
         config = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
@@ -97,9 +106,9 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, timeout: float 
         )
         try:
             with _quiet_torch_launcher():
-                results = elastic_launch(config, fn)(*args)
+                results = elastic_launch(config, noted)(*args)
         except ChildFailedError as exc:
-            raise _rank_failure(exc) from None
+            raise _rank_failure(exc, noted.notes()) from None
     return results[0]
 
 
@@ -126,15 +135,85 @@ def _quiet_torch_launcher() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _rank_failure(exc: Any) -> RankFailure:
-    """The ranks' own messages out of torch's ``ChildFailedError``."""
-    first, _ = exc.get_first_failure()
+_NOTES_ENV = "COMMLIB_BENCH_FAILURE_NOTES"
+
+
+def note_failure(exc: BaseException) -> None:
+    """Write down, to the microsecond, how this rank failed (when started by :func:`launch_local`).
+
+    Call it where the exception is caught, before any cleanup: tearing down
+    the process group wakes the peers with errors of their own, and torch's
+    error files carry whole seconds, so without the note the rank that only
+    lost its peer can pass for the cause. Does nothing under other launchers.
+
+    Examples:
+        >>> try:
+        ...     sweep(comm, opts)
+        ... except BaseException as exc:
+        ...     note_failure(exc)
+        ...     raise
+    """
+    folder = os.environ.get(_NOTES_ENV)
+    if not folder:
+        return
+    note = {
+        "time": time.time(),
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    rank = os.environ.get("RANK", "unknown")
+    with open(os.path.join(folder, f"failed-{rank}.json"), "w") as f:
+        json.dump(note, f)
+
+
+class _NoteFailures:
+    """``fn`` run with failure notes on (see :func:`note_failure`), in ``folder``.
+
+    Picklable, so it can be the spawned ranks' entry point.
+    """
+
+    def __init__(self, fn: Callable[..., Any], folder: str):
+        self.fn, self.folder = fn, folder
+        # the launcher names its entry point in logs and events
+        self.__name__ = getattr(fn, "__name__", "fn")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+
+    def __call__(self, *args: Any) -> Any:
+        os.environ[_NOTES_ENV] = self.folder
+        return self.fn(*args)
+
+    def notes(self) -> dict[int, dict[str, Any]]:
+        """Global rank -> its failure note, for the ranks that wrote one."""
+        out = {}
+        for name in os.listdir(self.folder):
+            rank = name.removeprefix("failed-").removesuffix(".json")
+            if name.startswith("failed-") and rank.isdigit():
+                with open(os.path.join(self.folder, name)) as f:
+                    out[int(rank)] = json.load(f)
+        return out
+
+
+def _rank_failure(exc: Any, notes: dict[int, dict[str, Any]]) -> RankFailure:
+    """Every failed rank's own message, the first failure first.
+
+    The notes decide which rank failed first and supply the messages of
+    ranks the launcher stopped before they could exit with their own error;
+    torch's ``ChildFailedError`` covers ranks that left no note (a crash).
+    """
     failures, tb = {}, ""
     for rank, failure in sorted(exc.failures.items()):
         message = failure.message
         if isinstance(message, dict):  # what torch's @record writes: text plus a traceback
-            if rank == first:
-                tb = message.get("extraInfo", {}).get("py_callstack", "")
             message = message.get("message", json.dumps(message))
         failures[rank] = str(message)
-    return RankFailure(failures, first, tb)
+    for rank, note in notes.items():
+        failures[rank] = note["error"]
+    if notes:
+        first = min(notes, key=lambda r: notes[r]["time"])
+        tb = notes[first]["traceback"]
+    else:
+        first = exc.get_first_failure()[0]
+        message = exc.failures[first].message
+        if isinstance(message, dict):
+            tb = message.get("extraInfo", {}).get("py_callstack", "")
+    return RankFailure(dict(sorted(failures.items())), first, tb)

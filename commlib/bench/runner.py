@@ -13,6 +13,7 @@ import torch.distributed as dist
 import commlib
 from commlib.bench import bandwidth
 from commlib.bench.cases import IMPLS, Case, select_cases
+from commlib.bench.launcher import note_failure
 from commlib.bench.memory import single_arena, steady_malloc
 from commlib.bench.options import BenchOptions
 from commlib.bench.progress import Progress
@@ -56,6 +57,9 @@ def run_rank(opts: BenchOptions) -> list[Row] | None:
         commlib.init_dist("pytorch", backend=opts.backend, timeout=opts.timeout)
     try:
         return sweep(commlib.get_communicator(), opts)
+    except BaseException as exc:
+        note_failure(exc)  # now, before the teardown below wakes the peers with errors
+        raise
     finally:
         if started:
             dist.destroy_process_group()

@@ -420,6 +420,10 @@ def all_gather_object(comm: Communicator, obj: Any, ser: Serializer) -> list[Any
     """See :meth:`commlib.Communicator.all_gather_object`.
 
     This rank's own entry is ``obj`` itself, not a copy.
+
+    Examples:
+        >>> all_gather_object(comm, {"rank": comm.rank}, comm.serializer)
+        [{'rank': 0}, {'rank': 1}]
     """
     world, me = comm.world_size, comm.rank
     out = _prepare(comm, ALL_GATHER, -1, 0, obj, ser, True)
@@ -434,6 +438,10 @@ def gather_object(comm: Communicator, obj: Any, dst: int, ser: Serializer) -> li
     """See :meth:`commlib.Communicator.gather_object`.
 
     On ``dst``, its own entry is ``obj`` itself, not a copy.
+
+    Examples:
+        >>> gather_object(comm, comm.rank, 0, comm.serializer)   # None on other ranks
+        [0, 1]
     """
     world, me = comm.world_size, comm.rank
     root = dst if isinstance(dst, int) and not isinstance(dst, bool) else -2
@@ -450,7 +458,14 @@ def gather_object(comm: Communicator, obj: Any, dst: int, ser: Serializer) -> li
 
 
 def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: Serializer) -> None:
-    """See :meth:`commlib.Communicator.broadcast_object_list`."""
+    """See :meth:`commlib.Communicator.broadcast_object_list`.
+
+    Examples:
+        >>> box = [{"lr": 0.1}] if comm.rank == 0 else [None]
+        >>> broadcast_object_list(comm, box, 0, comm.serializer)
+        >>> box
+        [{'lr': 0.1}]
+    """
     world, me = comm.world_size, comm.rank
     root = src if isinstance(src, int) and not isinstance(src, bool) else -2
     is_list = isinstance(object_list, list)

@@ -472,6 +472,13 @@ class RefusedClassError(pickle.UnpicklingError):
 
     Attributes:
         qualname (str): ``"module.QualName"`` of what was refused.
+
+    Examples:
+        >>> try:
+        ...     RestrictedSerializer().loads(*OutOfBandSerializer().dumps(Fraction(1, 3)))
+        ... except RefusedClassError as err:
+        ...     err.qualname
+        'fractions.Fraction'
     """
 
     def __init__(self, qualname: str):

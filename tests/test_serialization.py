@@ -216,8 +216,30 @@ def test_header_and_buffers_must_match():
         ser.loads(header, buffers[:1])
 
 
-def test_landing_device_is_the_current_device():
+def test_landing_device_is_the_receivers_current_device(monkeypatch):
     assert landing_device("cpu") == torch.device("cpu")
+    # a receiver whose current CUDA device is 3: a tensor sent from cuda:0 lands on cuda:3
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert landing_device("cuda") == torch.device("cuda", 3)
+
+
+def test_tensors_are_rebuilt_where_landing_device_says(monkeypatch):
+    import commlib.serialization as serialization
+
+    asked = []
+
+    def landing(device_type):
+        asked.append(device_type)
+        return torch.device("meta")  # stands in for "some other device than the buffer's"
+
+    ser = OutOfBandSerializer()
+    header, buffers = ser.dumps({"t": torch.ones(3, dtype=torch.bfloat16), "a": np.ones(2)})
+    monkeypatch.setattr(serialization, "landing_device", landing)
+    back = ser.loads(header, buffers)
+    assert asked == ["cpu"]
+    assert back["t"].device.type == "meta" and back["t"].dtype == torch.bfloat16
+    assert isinstance(back["a"], np.ndarray)  # numpy arrays always land in host memory
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

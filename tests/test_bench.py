@@ -250,7 +250,7 @@ def _bench_env() -> dict[str, str]:
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     args = ["bench", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "4K"]
-    args += ["--iters", "2", "--warmup", "1", "--json", str(out), "--no-progress"]
+    args += ["--iters", "1", "--warmup", "1", "--json", str(out), "--no-progress"]
     plot = report.have_matplotlib()
     if plot:
         args += ["--plot", str(tmp_path / "bench.png")]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from commlib.bench.launcher import RankFailure, launch_local, under_torchrun
 from commlib.bench.options import BenchOptions
@@ -56,7 +57,7 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
         return 0
     report.print_table(rows, opts.format)
     if opts.json:
-        report.write_json(opts.json, rows, report.metadata(argv))
+        report.write_json(opts.json, rows, {**report.metadata(argv), "options": asdict(opts)})
         print(f"wrote {opts.json}", file=sys.stderr)
     if opts.plot:
         report.plot(opts.plot, rows)

@@ -164,11 +164,10 @@ def header(rows: Sequence[Row]) -> list[str]:
     import commlib
 
     r0 = rows[0] if rows else {"world_size": "?", "backend": "?", "device": "?"}
-    factors = ", ".join(
-        f"{op} {bandwidth.factor_text(op)}"
-        for op in dict.fromkeys(r["op"] for r in rows)
-        if op in bandwidth.BUSBW_FACTORS
-    )
+    by_factor: dict[str, list[str]] = {}
+    for op in dict.fromkeys(r["op"] for r in rows):
+        by_factor.setdefault(bandwidth.factor_text(op), []).append(op)
+    factors = "; ".join(f"{f} for {', '.join(ops)}" for f, ops in by_factor.items())
     rss = "peak RSS growth of one call" + (
         "" if memory.method() == "vmhwm" else " (a lower bound: ru_maxrss delta)"
     )
@@ -177,7 +176,7 @@ def header(rows: Sequence[Row]) -> list[str]:
         f"torch {torch.__version__}, commlib {commlib.__version__}",
         "# time: median over the timed calls, slowest rank; algbw/busbw in GB/s; "
         f"rss(MiB): {rss}, largest rank",
-        f"# busbw = algbw x {factors}" if factors else "# busbw = algbw x factor",
+        f"# busbw = algbw x {factors}",
         "# ratio = commlib time / torch.distributed time (below 1: commlib is faster)",
     ]
 
@@ -260,7 +259,7 @@ def have_matplotlib() -> bool:
 def plot(path: str, rows: Sequence[Row]) -> None:
     """Draw bus bandwidth against size, commlib and torch, one panel per swept case.
 
-    Fixed-size cases (small-object latency) have one point and are left out.
+    Fixed-size cases (small-object latency) are left out: one point is no curve.
 
     Examples:
         >>> plot("docs/bench.png", rows)
@@ -273,12 +272,12 @@ def plot(path: str, rows: Sequence[Row]) -> None:
     except ImportError:
         raise RuntimeError(PLOT_HINT) from None
 
-    cases: dict[str, list[Row]] = {}
+    swept: dict[str, list[Row]] = {}
     for r in rows:
-        cases.setdefault(r["case"], []).append(r)
-    swept = {name: rs for name, rs in cases.items() if len(rs) > 1}
+        if r["kind"] != "latency":
+            swept.setdefault(r["case"], []).append(r)
     if not swept:
-        raise ValueError("nothing to plot: every case ran at one size")
+        raise ValueError("nothing to plot: only fixed-size (latency) cases ran")
     cols = min(4, len(swept))
     nrows = math.ceil(len(swept) / cols)
     fig, axes = plt.subplots(

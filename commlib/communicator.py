@@ -447,8 +447,10 @@ class Communicator:
         return self._run(
             "all_gather_into_tensor",
             "all_gather_into_tensor",
-            out_t,
-            in_t,
+            # flat views: engines such as gloo insist on matching shapes, and
+            # the contract is about element counts
+            out_t.reshape(-1),
+            in_t.reshape(-1),
             async_op=async_op,
             finish=finish,
             timeout=timeout,

@@ -1,9 +1,26 @@
-"""pytest plugin: ``pytest --commlib-backend NAME`` runs the conformance kit (in progress)."""
+"""pytest plugin: ``pytest --commlib-backend NAME`` runs the conformance kit against NAME.
+
+Registered through the ``pytest11`` entry point, so it is active wherever
+commlib is installed, and inert unless ``--commlib-backend`` is given. Each
+(check, world size) becomes one test item, marked ``commlib_conformance``:
+
+Examples:
+    $ pytest --commlib-backend gloo
+    $ pytest --commlib-backend mybackend --commlib-world-sizes 1,2 -m commlib_conformance
+    $ pytest --commlib-backend hccl --commlib-setup commlib.testing.simulated:setup_hccl
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
 
-def pytest_addoption(parser):
+import pytest
+
+MARKER = "commlib_conformance"
+
+
+def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("commlib", "commlib backend conformance kit")
     group.addoption(
         "--commlib-backend",
@@ -12,3 +29,112 @@ def pytest_addoption(parser):
         metavar="NAME",
         help="run commlib's conformance kit against backend NAME (repeatable)",
     )
+    group.addoption(
+        "--commlib-world-sizes",
+        default="1,2,3",
+        metavar="N,N,...",
+        help="world sizes the kit runs at (default 1,2,3)",
+    )
+    group.addoption(
+        "--commlib-setup",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="setup(rank, size) run in every rank first, e.g. "
+        "commlib.testing.simulated:setup_nccl",
+    )
+    group.addoption(
+        "--commlib-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long one check may take on all ranks (default 60)",
+    )
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", f"{MARKER}: a commlib backend conformance check")
+
+
+def _setup_function(spec: str | None) -> Any:
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    if not name:
+        raise pytest.UsageError(f"--commlib-setup wants MODULE:FUNCTION, got {spec!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+class ConformanceFailure(AssertionError):
+    """A conformance check failed; the message says on which rank and why."""
+
+
+class ConformanceItem(pytest.Item):
+    """One check at one world size against one backend."""
+
+    def __init__(self, *, backend: str, world_size: int, check: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.backend, self.world_size, self.check = backend, world_size, check
+        self.add_marker(MARKER)
+
+    def runtest(self) -> None:
+        kits = self.config.stash[_KITS]
+        kit = kits.get(self.backend)
+        if kit is None:
+            from commlib.testing.conformance import Kit
+
+            kit = kits[self.backend] = Kit(
+                self.backend,
+                setup=_setup_function(self.config.getoption("commlib_setup")),
+                timeout=self.config.getoption("commlib_timeout"),
+            )
+        result = kit.run(self.check, self.world_size)
+        if result.status == "skipped":
+            pytest.skip(result.detail)
+        if result.status == "failed":
+            raise ConformanceFailure(result.detail)
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return f"{self.name}\n{excinfo.value}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"commlib conformance: {self.name}"
+
+
+_KITS = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect
+def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> None:
+    backends = config.getoption("commlib_backend")
+    if not backends:
+        return
+    from commlib.testing.conformance import CHECKS
+
+    try:
+        sizes = [int(s) for s in config.getoption("commlib_world_sizes").split(",") if s]
+    except ValueError:
+        raise pytest.UsageError("--commlib-world-sizes wants numbers like 1,2,3") from None
+    config.stash[_KITS] = {}
+    # one world size after the other, so each backend keeps one world of ranks alive
+    for backend in backends:
+        for size in sizes:
+            for check in CHECKS.values():
+                if check.applies(size):
+                    items.append(
+                        ConformanceItem.from_parent(
+                            session,
+                            name=f"conformance[{backend}-world{size}-{check.name}]",
+                            backend=backend,
+                            world_size=size,
+                            check=check.name,
+                        )
+                    )
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    kits = session.config.stash.get(_KITS, {})
+    for kit in kits.values():
+        kit.close()
+    kits.clear()

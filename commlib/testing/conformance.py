@@ -1,0 +1,300 @@
+"""The conformance kit: commlib's backend contract, runnable against any backend plugin.
+
+One call runs every check at world sizes 1, 2 and 3:
+
+Examples:
+    >>> from commlib.testing.conformance import run_conformance
+    >>> report = run_conformance("gloo")
+    >>> print(report)
+    gloo: 99 passed, 3 skipped, 0 failed
+    >>> # a vendor backend, simulated on this machine
+    >>> from commlib.testing import simulated
+    >>> run_conformance("hccl", setup=simulated.setup("hccl"))
+
+or, through the pytest plugin, ``pytest --commlib-backend NAME``.
+
+The checks live in :mod:`commlib.testing.checks` (one registry, :data:`CHECKS`);
+ranks start once per world size (:class:`~commlib.testing.World`) and every
+check runs on all of them. A backend without a process group (``single``)
+runs in this process, at world size 1 only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from commlib.testing.checks import CHECKS, Check
+from commlib.testing.checks import errors as _errors  # noqa: F401  (registers checks)
+from commlib.testing.checks import helpers as _helpers  # noqa: F401
+from commlib.testing.checks import object_collectives as _objects  # noqa: F401
+from commlib.testing.checks import tensors as _tensors  # noqa: F401
+from commlib.testing.harness import RankFailed, World, WorldTimeout
+
+__all__ = [
+    "CHECKS",
+    "DEFAULT_WORLD_SIZES",
+    "CheckResult",
+    "ConformanceError",
+    "Kit",
+    "Report",
+    "run_conformance",
+]
+
+DEFAULT_WORLD_SIZES = (1, 2, 3)
+
+
+@dataclass
+class CheckResult:
+    """How one check went at one world size: ``passed``, ``failed`` or ``skipped``."""
+
+    backend: str
+    world_size: int
+    check: str
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}-world{self.world_size}-{self.check}"
+
+
+@dataclass
+class Report:
+    """Every result of a kit run; ``str(report)`` is a summary with the failures.
+
+    Examples:
+        >>> report = run_conformance("gloo", raise_on_failure=False)
+        >>> report.ok, len(report.failures)
+        (True, 0)
+    """
+
+    backend: str
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        counts = {s: sum(r.status == s for r in self.results) for s in ("passed", "skipped")}
+        lines = [
+            f"{self.backend}: {counts['passed']} passed, {counts['skipped']} skipped, "
+            f"{len(self.failures)} failed"
+        ]
+        lines += [f"  FAILED {r.id}: {r.detail}" for r in self.failures]
+        return "\n".join(lines)
+
+
+class ConformanceError(AssertionError):
+    """A backend broke the contract; ``report`` has the details."""
+
+    def __init__(self, report: Report):
+        self.report = report
+        super().__init__(str(report))
+
+
+class _LocalWorld:
+    """A world of one in this process, for backends without a process group."""
+
+    size = 1
+
+    def __init__(self, backend: str):
+        self.backend = backend
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list:
+        from commlib import Communicator
+
+        return [fn(Communicator(backend=self.backend), *args)]
+
+    def close(self) -> None:
+        pass
+
+
+def _summary(exc: BaseException) -> str:
+    if isinstance(exc, RankFailed):
+        failed = [o for o in exc.outcomes if not o.ok]
+        first = failed[0]
+        tail = "".join(first.traceback.strip().splitlines(keepends=True)[-6:])
+        ranks = ", ".join(str(o.rank) for o in failed)
+        return f"rank(s) {ranks} failed; rank {first.rank}: {first.error!r}\n{tail}"
+    tail = "".join(traceback.format_exception(exc)[-4:])
+    return f"{type(exc).__name__}: {exc}\n{tail}"
+
+
+class Kit:
+    """Runs checks against one backend, keeping one world of ranks alive at a time.
+
+    Args:
+        backend: plugin name, torch backend or multi-device spec (as
+            :class:`~commlib.testing.World` takes).
+        setup: importable ``setup(rank, size)`` run in each rank first (e.g.
+            :func:`commlib.testing.simulated.setup`).
+        timeout: seconds a check may take on all ranks.
+        drawn: how many hypothesis-drawn objects the serialization check adds.
+
+    Examples:
+        >>> with Kit("gloo") as kit:
+        ...     kit.run("all_reduce_ops", 2).status
+        'passed'
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        *,
+        setup: Callable[[int, int], None] | None = None,
+        timeout: float = 60.0,
+        drawn: int = 20,
+    ):
+        self.backend, self.setup, self.timeout, self.drawn = backend, setup, timeout, drawn
+        self._world: Any = None
+        self._world_error: str | None = None
+        self._failed_size = 0
+        self._tmpdir = tempfile.mkdtemp(prefix="commlib-kit-")
+        self._local, self._unavailable = self._inspect()
+
+    def _inspect(self) -> tuple[bool, str | None]:
+        """(runs in this process, why it cannot run here) as far as this process can tell."""
+        from commlib.plugins import resolve_backend
+
+        try:
+            plugin = resolve_backend(self.backend)
+        except ValueError:
+            return False, None  # registered only inside the ranks (by setup); let them say
+        reason = None if self.setup is not None else plugin.unavailable_reason()
+        return plugin.torch_backend is None, reason
+
+    def checks(self, world_size: int) -> list[Check]:
+        """The registered checks that apply at ``world_size``.
+
+        Examples:
+            >>> [c.name for c in Kit("gloo").checks(1)][:2]
+            ['bad_arguments', 'bad_arguments_agreed']
+        """
+        return [c for c in CHECKS.values() if c.applies(world_size)]
+
+    def _world_of(self, size: int) -> Any:
+        if self._world is not None and self._world.size == size:
+            return self._world
+        if self._world_error is not None and self._failed_size == size:
+            return None  # it failed to start once; do not pay for that per check
+        self.close_world()
+        if self._local:
+            if size != 1:
+                return None
+            self._world = _LocalWorld(self.backend)
+            return self._world
+        world = World(size, backend=self.backend, setup=self.setup, timeout=self.timeout)
+        try:
+            world.start()
+        except (RankFailed, WorldTimeout) as exc:
+            self._world_error = f"the world of {size} did not start: {_summary(exc)}"
+            self._failed_size = size
+            world.kill()
+            return None
+        self._world, self._world_error = world, None
+        return world
+
+    def run(self, name: str, world_size: int) -> CheckResult:
+        """Run check ``name`` on a world of ``world_size`` ranks.
+
+        Examples:
+            >>> Kit("single").run("gather", 2).status
+            'skipped'
+        """
+        check = CHECKS[name]
+        result = CheckResult(self.backend, world_size, name, "passed")
+        if not check.applies(world_size):
+            result.status, result.detail = "skipped", f"{name} does not apply at {world_size}"
+            return result
+        if self._unavailable is not None:
+            result.status = "skipped"
+            result.detail = f"backend {self.backend!r} cannot run here: {self._unavailable}"
+            return result
+        world = self._world_of(world_size)
+        if world is None:
+            if self._local:
+                result.status = "skipped"
+                result.detail = "a backend without a process group runs at world size 1 only"
+            else:
+                result.status, result.detail = "failed", self._world_error or "no world"
+            return result
+        ctx = {"world_size": world_size, "tmpdir": self._tmpdir, "drawn": self.drawn}
+        start = time.perf_counter()
+        try:
+            world.run(check.fn, ctx, timeout=self.timeout)
+        except Exception as exc:
+            result.status, result.detail = "failed", _summary(exc)
+            if isinstance(exc, WorldTimeout):
+                self._world = None  # it was killed; the next check starts a fresh one
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def run_all(
+        self, world_sizes: Iterable[int] = DEFAULT_WORLD_SIZES, names: Iterable[str] | None = None
+    ) -> Report:
+        """Run ``names`` (every registered check by default) at each world size.
+
+        Examples:
+            >>> print(Kit("gloo").run_all((1, 2)))
+            gloo: 66 passed, 2 skipped, 0 failed
+        """
+        report = Report(self.backend)
+        wanted = list(names) if names is not None else list(CHECKS)
+        for size in world_sizes:
+            for name in wanted:
+                report.results.append(self.run(name, size))
+        return report
+
+    def close_world(self) -> None:
+        if self._world is not None:
+            self._world.close()
+        self._world = None
+
+    def close(self) -> None:
+        """End the ranks (by pid) and remove the kit's temporary directory."""
+        self.close_world()
+        shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def __enter__(self) -> Kit:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def run_conformance(
+    backend: str,
+    world_sizes: Iterable[int] = DEFAULT_WORLD_SIZES,
+    *,
+    setup: Callable[[int, int], None] | None = None,
+    checks: Iterable[str] | None = None,
+    timeout: float = 60.0,
+    raise_on_failure: bool = True,
+) -> Report:
+    """Run the whole contract (or ``checks``) against ``backend`` at each world size.
+
+    Raises :class:`ConformanceError` listing every failure unless
+    ``raise_on_failure=False``.
+
+    Examples:
+        >>> run_conformance("gloo", world_sizes=(1, 2, 3)).ok
+        True
+        >>> run_conformance("mybackend", setup=my_package.testing.setup)
+    """
+    with Kit(backend, setup=setup, timeout=timeout) as kit:
+        report = kit.run_all(world_sizes, checks)
+    if raise_on_failure and not report.ok:
+        raise ConformanceError(report)
+    return report

@@ -232,6 +232,65 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+# -- launcher, progress, memory --------------------------------------------------------
+def test_under_torchrun(monkeypatch):
+    from commlib.bench.launcher import under_torchrun
+
+    for name in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert not under_torchrun()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert under_torchrun()
+
+
+def test_rank_failure_names_the_first_rank_and_shortens_the_echoes():
+    from commlib.bench.launcher import RankFailure
+
+    echo = "Connection closed by peer " + "x" * 500 + "\nsecond line"
+    err = RankFailure({0: echo, 1: "RuntimeError: boom"}, first=1)
+    text = str(err)
+    assert text.startswith("rank 1 failed: RuntimeError: boom")
+    assert "rank 0 also failed: Connection closed by peer" in text
+    assert "second line" not in text and len(text) < 300
+
+
+def test_progress_draws_only_on_a_terminal():
+    import io
+
+    from commlib.bench.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = Progress(2, stream=tty)
+    bar.step("all_reduce 1K")
+    bar.step("all_reduce 4K")
+    bar.close()
+    assert "0/2  all_reduce 1K" in tty.getvalue() and "1/2" in tty.getvalue()
+    assert tty.getvalue().endswith("\r")
+
+    pipe = io.StringIO()
+    bar = Progress(2, stream=pipe)
+    bar.step("x")
+    bar.close()
+    assert pipe.getvalue() == ""
+
+
+def test_peak_growth_sees_a_large_temporary():
+    from commlib.bench.memory import peak_growth
+
+    def temporary() -> int:
+        buf = b"\x01" * (96 << 20)  # written, so every page is resident
+        return len(buf)
+
+    grown, result = peak_growth(temporary)
+    assert result == 96 << 20
+    assert grown >= 64 << 20
+
+
 # -- end to end --------------------------------------------------------------------------
 def _commlib() -> list[str]:
     exe = shutil.which("commlib")

@@ -386,6 +386,16 @@ def _load(
         ) from exc
 
 
+def _root_field(rank: Any) -> int:
+    """``src``/``dst`` as the slot's int32 field; anything invalid becomes -2.
+
+    The invalid value is reported by the argument check, not by ``struct``.
+    """
+    if isinstance(rank, int) and not isinstance(rank, bool) and -(2**31) <= rank < 2**31:
+        return rank
+    return -2
+
+
 def _prepare(
     comm: Communicator,
     op: int,
@@ -444,7 +454,7 @@ def gather_object(comm: Communicator, obj: Any, dst: int, ser: Serializer) -> li
         [0, 1]
     """
     world, me = comm.world_size, comm.rank
-    root = dst if isinstance(dst, int) and not isinstance(dst, bool) else -2
+    root = _root_field(dst)
     out = _prepare(
         comm, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
     )
@@ -467,7 +477,7 @@ def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: S
         [{'lr': 0.1}]
     """
     world, me = comm.world_size, comm.rank
-    root = src if isinstance(src, int) and not isinstance(src, bool) else -2
+    root = _root_field(src)
     is_list = isinstance(object_list, list)
 
     def arg_check() -> None:

@@ -97,7 +97,7 @@ def collect_results_cpu(
             own_file = os.path.join(path, f"part_{rank}.pkl")
             with open(own_file, "wb") as f:
                 pickle.dump(result_part, f, protocol=pickle.HIGHEST_PROTOCOL)
-        except OSError as exc:
+        except Exception as exc:  # every failure goes through the status round
             status = f"{type(exc).__name__}: {exc}"
         statuses = comm.all_gather_object(status)
         failed = {r: s for r, s in enumerate(statuses) if s}

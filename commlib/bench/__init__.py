@@ -53,6 +53,9 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
             print(exc.traceback.rstrip(), file=sys.stderr)
         print(f"commlib bench: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ncommlib bench: interrupted", file=sys.stderr)
+        return 130
     if rows is None:  # a rank other than 0 under torchrun: rank 0 reports
         return 0
     report.print_table(rows, opts.format)

@@ -50,10 +50,17 @@ op = st.one_of(
 )
 rank = st.one_of(st.integers(-2, 5), st.sampled_from([2**63, True, 1.0, "0", None]))
 obj = st.recursive(
-    st.one_of(st.none(), st.integers(), st.text(max_size=5), st.binary(max_size=64),
-              st.tuples(st.just("unpicklable")), st.tuples(st.just("ndarray"), st.integers(0, 5))),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    st.one_of(
+        st.none(),
+        st.integers(),
+        st.text(max_size=5),
+        st.binary(max_size=64),
+        st.tuples(st.just("unpicklable")),
+        st.tuples(st.just("ndarray"), st.integers(0, 5)),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -128,8 +135,9 @@ def test_gloo_world(world3):
     # examples drawn once, then sent to every rank: ranks must make the same calls
     examples = []
 
-    @settings(max_examples=60, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(call=calls)
     def collect(call):
         examples.append(call)

@@ -50,14 +50,21 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(kind: type) -> object:
+def _at_least(kind: type, low: float, what: str) -> object:
     def parse(text: str) -> object:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return value
 
     return parse
+
+
+def _positive(kind: type) -> object:
+    return _at_least(kind, 1e-9, "positive")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--warmup",
-        type=int,
+        type=_at_least(int, 0, "0 or more"),
         default=d.warmup,
         help="untimed calls per size first; the first is checked (default %(default)s)",
     )

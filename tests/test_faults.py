@@ -167,6 +167,16 @@ def _on_timeout_then_teardown(comm):
     return "idle"
 
 
-def test_per_call_timeout(fresh_world):
+def _on_teardown(comm):
+    import torch.distributed as tdist
+
+    dist.forget_communicators()
+    tdist.destroy_process_group()
+    return tdist.is_initialized()
+
+
+def test_per_call_timeout_then_clean_teardown(fresh_world):
     results = fresh_world.run(_on_timeout_then_teardown)
     assert "within 1s" in results[0]
+    # after a timeout the group can still be torn down on every rank
+    assert fresh_world.run(_on_teardown, timeout=60) == [False] * fresh_world.size

@@ -50,42 +50,69 @@ def agree(comm: Communicator, what: str, description: str) -> None:
         raise RemoteArgumentError(what, dict(enumerate(texts)), "ranks passed different arguments")
 
 
-def _store_and_key(comm: Communicator, seq: int) -> tuple[Any, str] | tuple[None, None]:
+def _store_and_prefix(comm: Communicator) -> tuple[Any, str] | tuple[None, None]:
     try:
         store = dist.distributed_c10d._get_default_store()
         name = getattr(comm.group, "group_name", None) or "world"
     except Exception:  # private API; without it we just cannot name the ranks
         return None, None
-    return store, f"commlib/arrived/{name}/{seq}"
+    return store, f"commlib/state/{name}"
+
+
+def record_failure(comm: Communicator, seq: int, what: str, how: str) -> None:
+    """Note in the store that this rank's collective ``seq`` (``what``) ended in ``how``.
+
+    One key per rank, overwritten each time, so peers that time out later can
+    say where this rank was.
+
+    Examples:
+        >>> record_failure(comm, 17, "all_reduce", "failed")
+    """
+    store, prefix = _store_and_prefix(comm)
+    if store is None:
+        return
+    try:
+        store.set(f"{prefix}/{comm.rank}", f"{seq}|{what}|{how}")
+    except Exception:
+        pass
 
 
 def missing_ranks(comm: Communicator, seq: int, what: str, grace: float = 1.0) -> dict[int, str]:
-    """After a timeout: the ranks that did not reach collective ``seq`` (rank -> where).
+    """After a timeout: where the ranks that held up collective ``seq`` are (rank -> where).
 
-    A rank stuck in a different collective is reported with that collective's
-    name; a rank that never wrote is reported as ``"did not arrive"``.
+    Every rank that times out or fails records itself (:func:`record_failure`);
+    after a short grace for the others to do the same, a rank that recorded the
+    same collective is left out (it waited too), one that recorded another is
+    reported there ("failed in broadcast #12", "timed out in barrier #9"), and
+    one that recorded nothing "did not arrive".
 
     Examples:
         >>> missing_ranks(comm, 17, "all_reduce")
         {2: 'did not arrive'}
     """
-    store, key = _store_and_key(comm, seq)
+    record_failure(comm, seq, what, "timed out")
+    store, prefix = _store_and_prefix(comm)
     if store is None:
         return {}
     try:
-        store.set(f"{key}/{comm.rank}", what)
+        names = [f"{prefix}/{r}" for r in range(comm.world_size)]
         deadline = time.monotonic() + grace
-        names = [f"{key}/{r}" for r in range(comm.world_size)]
         while time.monotonic() < deadline and not store.check(names):
             time.sleep(0.05)
         out = {}
         for r, name in enumerate(names):
-            if store.check([name]):
-                where = store.get(name).decode()
-                if where != what:
-                    out[r] = f"waiting in {where}"
-            else:
+            if r == comm.rank:
+                continue
+            if not store.check([name]):
                 out[r] = "did not arrive"
+                continue
+            their_seq, their_what, how = store.get(name).decode().split("|", 2)
+            if int(their_seq) == seq and their_what == what and how == "timed out":
+                continue  # waiting alongside this rank
+            if int(their_seq) == seq and their_what == what:
+                out[r] = f"{how} in this {what}"
+            else:
+                out[r] = f"{how} in {their_what} #{their_seq}"
         return out
     except Exception:
         return {}

@@ -274,6 +274,7 @@ class Communicator:
                 f"{what} did not complete within {limit.total_seconds():g}s on rank "
                 f"{self.rank} of {self.world_size}" + (f" ({detail})" if detail else "")
             )
+        agreement.record_failure(self, seq, what, "failed")
         return CommError(f"{what} failed on rank {self.rank}: {text}")
 
     def _collective(

@@ -241,6 +241,20 @@ class Kit:
         result.seconds = time.perf_counter() - start
         return result
 
+    def call(self, world_size: int, fn: Callable[..., Any], *args: Any) -> list:
+        """Run any importable ``fn(comm, *args)`` on the kit's world; results by rank.
+
+        Lets a plugin's own tests reuse the ranks the kit started.
+
+        Examples:
+            >>> kit.call(3, my_checks.device_report)
+            [{'index': 0}, {'index': 1}, {'index': 2}]
+        """
+        world = self._world_of(world_size)
+        if world is None:
+            raise RuntimeError(self._world_error or f"no world of {world_size} for {self.backend}")
+        return world.run(fn, *args, timeout=self.timeout)
+
     def run_all(
         self, world_sizes: Iterable[int] = DEFAULT_WORLD_SIZES, names: Iterable[str] | None = None
     ) -> Report:

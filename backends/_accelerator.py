@@ -96,11 +96,13 @@ class DeviceRuntime:
         self.host_memory = bool(getattr(vendor, "__commlib_simulated__", False))
 
     def device_count(self) -> int:
+        """How many devices of this type the process sees."""
         if self.via_accelerator:
             return int(torch.accelerator.device_count())
         return int(self.vendor.device_count())
 
     def current_index(self) -> int:
+        """Index of the current device."""
         if self.via_accelerator:
             accel = torch.accelerator
             get = getattr(accel, "current_device_index", None) or accel.current_device_idx
@@ -108,6 +110,7 @@ class DeviceRuntime:
         return int(self.vendor.current_device())
 
     def set_index(self, index: int) -> None:
+        """Make device ``index`` current."""
         if self.via_accelerator:
             accel = torch.accelerator
             set_ = getattr(accel, "set_device_index", None) or accel.set_device_idx
@@ -121,6 +124,7 @@ class DeviceRuntime:
 
 
 def _accelerator_serves(device_type: str) -> bool:
+    """Whether ``torch.accelerator`` exists here and is ``device_type``'s runtime."""
     accel = getattr(torch, "accelerator", None)
     if accel is None:
         return False
@@ -159,6 +163,7 @@ class AcceleratorBackend(Backend):
     wire_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
     native_gather: ClassVar[bool] = True
     native_avg = False  # sum-and-divide: the same result on every vendor and version
+    # the vendor libraries' fast path; p2p would need a communicator per peer pair
     large_payload_transport = "collective"
     # the CPU backend of a multi-device group ("gloo" in "cpu:gloo,cuda:nccl")
     cpu_part: str | None = None
@@ -181,6 +186,12 @@ class AcceleratorBackend(Backend):
         return module
 
     def unavailable_reason(self) -> str | None:
+        """The first missing piece: vendor package, torch's engine, a visible device.
+
+        Examples:
+            >>> get_backend_plugin("cncl").unavailable_reason()
+            'torch_mlu is not installed'
+        """
         if self.vendor_package is not None:
             try:
                 importlib.import_module(self.vendor_package)
@@ -307,7 +318,10 @@ class AcceleratorBackend(Backend):
         )
 
     # -- tensor collectives ------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str, group: Any, async_op: bool = False):
+    # The supplied paths (local reductions, gather by all_gather) complete before
+    # they return, so they return None: a finished call, as the contract allows.
+    def all_reduce(self, tensor: torch.Tensor, op: str, group: Any, async_op: bool = False) -> Any:
+        """The library's all_reduce, or an all_gather and a local reduction in rank order."""
         if self.reduces_natively(op, tensor.dtype):
             return super().all_reduce(tensor, op, group, async_op)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
@@ -322,7 +336,8 @@ class AcceleratorBackend(Backend):
         op: str,
         group: Any,
         async_op: bool = False,
-    ):
+    ) -> Any:
+        """The library's reduce_scatter, or a supplied all_reduce keeping this rank's chunk."""
         if self.reduces_natively(op, input.dtype):
             return super().reduce_scatter(output, input, op, group, async_op)
         whole = input.clone()
@@ -330,29 +345,47 @@ class AcceleratorBackend(Backend):
         output.copy_(whole.view(self.world_size(group), -1)[self.rank(group)].view_as(output))
         return None
 
-    def all_gather(self, tensor_list, tensor, group, async_op=False):
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        group: Any,
+        async_op: bool = False,
+    ) -> Any:
+        """all_gather; dtypes the library cannot move travel as bytes."""
         if self._wire_ok(tensor.dtype):
             return super().all_gather(tensor_list, tensor, group, async_op)
         raw = [as_bytes(t) for t in tensor_list]
         return super().all_gather(raw, as_bytes(tensor), group, async_op)
 
-    def all_gather_into_tensor(self, output, tensor, group, async_op=False):
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool = False
+    ) -> Any:
+        """all_gather_into_tensor; dtypes the library cannot move travel as bytes."""
         if self._wire_ok(tensor.dtype):
             return super().all_gather_into_tensor(output, tensor, group, async_op)
         return super().all_gather_into_tensor(as_bytes(output), as_bytes(tensor), group, async_op)
 
-    def broadcast(self, tensor, src, group, async_op=False):
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Any, async_op: bool = False) -> Any:
+        """broadcast; dtypes the library cannot move travel as bytes."""
         if self._wire_ok(tensor.dtype):
             return super().broadcast(tensor, src, group, async_op)
         return super().broadcast(as_bytes(tensor), src, group, async_op)
 
-    def gather(self, tensor, gather_list, dst, group, async_op=False):
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        gather_list: list[torch.Tensor] | None,
+        dst: int,
+        group: Any,
+        async_op: bool = False,
+    ) -> Any:
+        """The library's gather, or an all_gather whose result only ``dst`` keeps."""
         if self.native_gather:
             if self._wire_ok(tensor.dtype):
                 return super().gather(tensor, gather_list, dst, group, async_op)
             raw = None if gather_list is None else [as_bytes(t) for t in gather_list]
             return super().gather(as_bytes(tensor), raw, dst, group, async_op)
-        # every rank receives; only dst keeps the result
         out = gather_list
         if out is None:
             out = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
@@ -360,6 +393,11 @@ class AcceleratorBackend(Backend):
         return None
 
     def barrier(self, group: Any, timeout: datetime.timedelta | None = None) -> None:
+        """One-element all_reduce on this process's own device.
+
+        torch's barrier on NCCL guesses the device from the rank when none is
+        bound, which hangs or warns when ranks do not map to devices 1:1.
+        """
         token = torch.ones(1, dtype=torch.float32, device=self.device())
         work = super().all_reduce(token, "sum", group, async_op=True)
         if timeout is None:
@@ -367,9 +405,18 @@ class AcceleratorBackend(Backend):
         else:
             work.wait(timeout)
 
-    def exchange(self, sends, recvs, group) -> None:
-        # NCCL-style libraries deadlock on unbatched two-way send/recv: post all
-        # of them as one group
+    def exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        group: Any,
+    ) -> None:
+        """Post every send and receive as one batch, then wait for all of them.
+
+        NCCL-style libraries deadlock on unbatched two-way send/recv. (The
+        object collectives use collectives on these backends anyway: each
+        peer pair would need a communicator of its own.)
+        """
         ops = [
             dist.P2POp(dist.irecv, self._wire(t), global_rank(group, peer), group)
             for t, peer in recvs

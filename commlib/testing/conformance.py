@@ -62,6 +62,7 @@ class CheckResult:
 
     @property
     def id(self) -> str:
+        """``backend-worldN-check``, as the pytest plugin names the item."""
         return f"{self.backend}-world{self.world_size}-{self.check}"
 
 
@@ -272,6 +273,11 @@ class Kit:
         return report
 
     def close_world(self) -> None:
+        """End the current world's ranks; the next check starts a fresh one.
+
+        Examples:
+            >>> kit.close_world()   # before starting another kit's ranks
+        """
         if self._world is not None:
             self._world.close()
         self._world = None

@@ -199,3 +199,16 @@ def _count_all_reduce(comm):
     x = torch.tensor([1.0 + comm.rank])
     comm.all_reduce(x)
     return comm.backend, x.item(), type(comm.plugin).calls
+
+
+def test_every_package_is_installed_by_pyproject():
+    # a package missing from the explicit list installs a `commlib` that breaks
+    import tomllib
+
+    root = HERE.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(root).parts)
+             for p in (root / "commlib").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
+    assert "commlib_backends" in listed and (root / "backends" / "__init__.py").exists()

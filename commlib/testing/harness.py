@@ -74,6 +74,11 @@ def _worker(
     rank: int, size: int, port: int, backend: str, setup: Any, conn: Any, pg_timeout: float
 ) -> None:
     try:
+        # as torchrun does: N ranks on few cores must not each spin up a thread pool
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         if setup is not None:
             setup(rank, size)
         import commlib

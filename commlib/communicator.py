@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commlib import agreement, objects, plugins
+from commlib import agreement, objects, plugins, ragged
 from commlib import validation as check
 from commlib.agreement import as_timedelta
 from commlib.backend import Backend
@@ -384,7 +384,8 @@ class Communicator:
 
         Ranks may pass tensors of different shapes (same number of dims, same
         dtype); each rank receives every rank's true tensor. Results are on the
-        caller's device.
+        caller's device. Tensors that fit the communicator's ``slot_size`` travel
+        with their shapes in one round; larger ones take a second round.
 
         Examples:
             >>> comm.all_gather(torch.arange(comm.rank + 1))   # 2 ranks
@@ -396,8 +397,10 @@ class Communicator:
         self._strict("all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
         work_t = self._on_device(tensor)
         limit = as_timedelta(timeout)
-        shapes = objects.agree_on_shapes(self, work_t, "all_gather")
-        if all(s == shapes[0] for s in shapes):
+        shapes, out = ragged.exchange(self, work_t, "all_gather", timeout=limit)
+        if out is not None:  # small: the data came with the shapes, one round
+            pass
+        elif all(s == shapes[0] for s in shapes):
             out = [torch.empty_like(work_t) for _ in range(world)]
             self._collective("all_gather", "all_gather", out, work_t, timeout=limit)
         else:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from commlib import ragged
 from commlib import validation as check
 from commlib.agreement import agree
 from commlib.communicator import Communicator
@@ -171,12 +172,12 @@ def pad_to_largest_tensor(
         >>> sizes, padded.shape                    # 2 ranks, on rank 0
         ([1, 2], torch.Size([2]))
     """
-    from commlib.objects import agree_on_shapes
-
     check.tensor(tensor, "tensor")
     if tensor.dim() == 0:
         raise ValueError("pad_to_largest_tensor needs a tensor with at least one dim")
-    shapes = agree_on_shapes(comm, tensor, "pad_to_largest_tensor")
+    shapes, _ = ragged.exchange(
+        comm, comm.plugin.to_device(tensor).contiguous(), "pad_to_largest_tensor", inline=False
+    )
     if len({tuple(s[1:]) for s in shapes}) > 1:
         raise RemoteArgumentError(
             "pad_to_largest_tensor",

@@ -471,3 +471,31 @@ def test_harness_reports_rank_failures(world2):
     with pytest.raises(RankFailed, match="boom"):
         world2.run(_on_raise)
     assert world2.run(_on_identity)[1][0] == 1  # the world is still usable
+
+
+def _on_all_gather_sizes(comm):
+    r = comm.rank
+    out = {}
+    for dtype in (torch.bool, torch.bfloat16, torch.complex64, torch.int8, torch.float64):
+        t = (torch.arange(r + 2) % 2).to(dtype)
+        out[str(dtype)] = [(g.dtype, g.tolist()) for g in dist.all_gather(t)]
+    big_same = torch.full((3000,), float(r))  # 12 KB: past the first round's slot
+    big_ragged = torch.full((2000 + 500 * r, 2), r, dtype=torch.int32)
+    out["big_same"] = [g.sum().item() for g in dist.all_gather(big_same)]
+    out["big_ragged"] = [tuple(g.shape) for g in dist.all_gather(big_ragged)]
+    out["scalar"] = [g.item() for g in dist.all_gather(torch.tensor(r * 1.5))]
+    out["empty"] = [tuple(g.shape) for g in dist.all_gather(torch.empty(0, r + 1))]
+    return out
+
+
+def test_all_gather_dtypes_and_sizes(world):
+    n = world.size
+    for got in world.run(_on_all_gather_sizes):
+        for dtype in (torch.bool, torch.bfloat16, torch.complex64, torch.int8, torch.float64):
+            assert got[str(dtype)] == [
+                (dtype, (torch.arange(r + 2) % 2).to(dtype).tolist()) for r in range(n)
+            ]
+        assert got["big_same"] == [3000.0 * r for r in range(n)]
+        assert got["big_ragged"] == [(2000 + 500 * r, 2) for r in range(n)]
+        assert got["scalar"] == [r * 1.5 for r in range(n)]
+        assert got["empty"] == [(0, r + 1) for r in range(n)]

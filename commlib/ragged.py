@@ -1,0 +1,82 @@
+"""Gathering tensors whose shapes may differ across ranks.
+
+Ranks cannot know each other's shapes without asking, so the first round is a
+fixed-size slot per rank: a header (status, dtype, shape, byte count) and, when
+the tensor is small enough, the tensor's bytes too. Small tensors therefore
+complete in that one round; larger ones follow in a second, padded all_gather.
+A dtype or ndim that differs across ranks raises the same error everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from commlib.dtypes import dtype_code, dtype_from_code
+from commlib.errors import RemoteArgumentError
+
+if TYPE_CHECKING:
+    import datetime
+
+    from commlib.communicator import Communicator
+
+MAX_DIMS = 31
+_HEADER = 36  # int64 fields: ok, dtype, ndim, nbytes, dims...; 288 bytes keeps data aligned
+_HEADER_BYTES = _HEADER * 8
+
+
+def _inline_room(comm: Communicator) -> int:
+    return max(0, comm.slot_size - _HEADER_BYTES) // 16 * 16
+
+
+def exchange(
+    comm: Communicator,
+    tensor: torch.Tensor,
+    what: str,
+    *,
+    inline: bool = True,
+    timeout: datetime.timedelta | None = None,
+) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+    """Every rank's shape, and every rank's tensor if all were small enough.
+
+    ``tensor`` must be contiguous and on the backend's device. With
+    ``inline=False`` only shapes travel (a 288-byte slot per rank).
+
+    Examples:
+        >>> shapes, tensors = exchange(comm, torch.ones(2), "all_gather")
+        >>> shapes
+        [[2], [3]]
+    """
+    ok = tensor.dim() <= MAX_DIMS
+    nbytes = tensor.numel() * tensor.element_size()
+    room = _inline_room(comm) if inline else 0
+    head = torch.zeros(_HEADER, dtype=torch.int64)
+    fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
+    fields += list(tensor.shape) if ok else []
+    head[: len(fields)] = torch.tensor(fields, dtype=torch.int64)
+    size = _HEADER_BYTES + room
+    slot = torch.empty(size, dtype=torch.uint8, device=tensor.device)
+    slot[:_HEADER_BYTES].copy_(head.view(torch.uint8))
+    if ok and 0 < nbytes <= room:
+        slot[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+    world = comm.world_size
+    gathered = torch.empty(world * size, dtype=torch.uint8, device=tensor.device)
+    comm._collective(what, "all_gather_into_tensor", gathered, slot, timeout=timeout)
+    rows = gathered.view(world, size)
+    heads = rows[:, :_HEADER_BYTES].cpu().contiguous().view(torch.int64).tolist()
+
+    if not all(h[0] for h in heads):
+        bad = {r: f"tensor has more than {MAX_DIMS} dims" for r, h in enumerate(heads) if not h[0]}
+        raise RemoteArgumentError(what, bad)
+    if len({(h[1], h[2]) for h in heads}) > 1:
+        per_rank = {r: f"dtype={dtype_from_code(h[1])}, ndim={h[2]}" for r, h in enumerate(heads)}
+        raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
+    shapes = [h[4 : 4 + h[2]] for h in heads]
+    if not inline or any(h[3] > room for h in heads):
+        return shapes, None
+    tensors = [
+        rows[r, _HEADER_BYTES : _HEADER_BYTES + h[3]].view(tensor.dtype).reshape(shapes[r])
+        for r, h in enumerate(heads)
+    ]
+    return shapes, tensors

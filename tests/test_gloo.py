@@ -42,7 +42,7 @@ def test_identity(world):
 
 
 def _on_all_reduce(comm):
-    r, n = comm.rank, comm.world_size
+    r = comm.rank
     out = {}
     for op in ("sum", "product", "min", "max", "mean"):
         x = torch.tensor([1.0 + r, -2.0 * r])

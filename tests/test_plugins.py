@@ -89,7 +89,7 @@ def test_register_rejects_non_backends():
 
 
 def test_unknown_backend_lists_known_ones():
-    with pytest.raises(ValueError, match="registered: .*gloo"):
+    with pytest.raises(ValueError, match=r"registered: .*gloo"):
         plugins.get_backend_plugin("nope")
     with pytest.raises(ValueError, match="drives"):
         plugins.backend_for_torch("nope")

@@ -95,8 +95,9 @@ class Communicator:
         group: a ``torch.distributed.ProcessGroup``, or ``None`` for the world.
             With torch.distributed not initialised, the communicator is the
             ``single`` backend's world of one.
-        backend: the plugin (name or instance) to use; by default the one that
-            drives the group's torch.distributed backend.
+        backend: the plugin to use: an instance, a plugin name, a torch backend
+            (also ``"cpu:gloo,cuda:nccl"``) or a device type (``"npu"``); by
+            default the one that drives the group's torch.distributed backend.
         serializer: object-serialization strategy; the backend's by default.
         timeout: seconds (or a timedelta) a collective may wait for its peers
             before every waiting rank raises :class:`~commlib.errors.CommTimeoutError`;
@@ -147,7 +148,8 @@ class Communicator:
         if isinstance(backend, Backend):
             self.plugin = backend
         elif backend is not None:
-            self.plugin = plugins.get_backend_plugin(backend)
+            # a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device ("npu")
+            self.plugin = plugins.resolve_backend(backend)
         elif not self._distributed:
             self.plugin = plugins.get_backend_plugin("single")
         else:

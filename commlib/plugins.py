@@ -256,8 +256,8 @@ def resolve_backend(name: str) -> Backend:
         return backend_for_device(name)
     except ValueError:
         raise ValueError(
-            f"{name!r} names no commlib backend, torch.distributed backend or device; "
-            f"registered: {sorted(backends)}"
+            f"unknown commlib backend {name!r}: not a plugin, torch.distributed backend "
+            f"or device; registered: {sorted(backends)}"
         ) from None
 
 

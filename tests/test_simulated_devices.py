@@ -69,7 +69,7 @@ def test_multi_device_spec_picks_the_accelerator_plugin():
     assert plugins.get_backend_plugin("nccl").torch_backend == "nccl"  # the original is intact
     assert plugins.backend_for_group("gloo").name == "gloo"
     assert plugins.resolve_backend("cpu").name == "gloo"
-    with pytest.raises(ValueError, match="names no commlib backend"):
+    with pytest.raises(ValueError, match="unknown commlib backend 'nope': not a plugin"):
         plugins.resolve_backend("nope")
 
 

@@ -116,28 +116,37 @@ def _check(result: Any, case: str, rank: int, world: int) -> None:
 
 
 def _measure(comm: Any, case: str, reps: int, warmup: int, nbytes: int) -> dict:
-    """Time ``case`` both ways on this rank; per implementation: seconds and RSS growth."""
+    """Time ``case`` both ways on this rank, then measure its peak RSS growth.
+
+    Timing and memory are measured in separate passes: resetting the
+    high-water mark and reading ``/proc`` between calls would disturb the
+    timing of sub-millisecond calls.
+    """
     warnings.simplefilter("ignore")  # torch 2.13's deprecation notices
     obj = _payload(case, comm.rank, nbytes)
-    can_reset = _reset_peak()
     out: dict[str, dict[str, list]] = {impl: {"seconds": [], "rss": []} for impl in IMPLS}
+    for impl in IMPLS:
+        _check(_call(comm, case, impl, obj), case, comm.rank, comm.world_size)
     for i in range(warmup + reps):
-        order = IMPLS if i % 2 == 0 else IMPLS[::-1]
-        for impl in order:
+        for impl in IMPLS if i % 2 == 0 else IMPLS[::-1]:
+            dist.barrier()
+            start = time.perf_counter()
+            result = _call(comm, case, impl, obj)
+            seconds = time.perf_counter() - start
+            del result
+            if i >= warmup:
+                out[impl]["seconds"].append(seconds)
+    can_reset = _reset_peak()
+    for i in range(2):
+        for impl in IMPLS if i % 2 == 0 else IMPLS[::-1]:
             gc.collect()
             dist.barrier()
             _reset_peak()
             before = _status_kib("VmRSS:")
-            start = time.perf_counter()
             result = _call(comm, case, impl, obj)
-            seconds = time.perf_counter() - start
             peak = _status_kib("VmHWM:")
-            if i == 0:
-                _check(result, case, comm.rank, comm.world_size)
             del result
-            if i >= warmup:
-                out[impl]["seconds"].append(seconds)
-                out[impl]["rss"].append((peak - before) * 1024 if can_reset else -1)
+            out[impl]["rss"].append((peak - before) * 1024 if can_reset else -1)
     return out
 
 

@@ -375,6 +375,10 @@ class _Reader:
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = sum(len(p) for p in self._pieces[self._i :]) - self._pos
+        if self._i < len(self._pieces) and self._pos + n < len(self._pieces[self._i]):
+            # within one piece (every frame of the stream is): one copy
+            start, self._pos = self._pos, self._pos + n
+            return bytes(self._pieces[self._i][start : self._pos])
         out = bytearray(n)
         return bytes(out[: self.readinto(out)])
 

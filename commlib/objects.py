@@ -310,8 +310,8 @@ def _transfer_collective(comm: Communicator, routes, sizes, segments) -> dict:
     me, world, dev = comm.rank, comm.world_size, comm.plugin.device()
     senders = sorted({s for s, _ in routes})
     receivers = {r for _, r in routes}
-    # every rank knows every sender's blob size only through round one's
-    # slots, which the caller turned into sizes for all senders
+    # every rank pads to the same size, so the caller gives every rank every
+    # sender's sizes (not only those of the senders it receives from)
     size = max(_layout(sizes[s])[1] for s in senders)
 
     def mine() -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from commlib.backend import Backend, global_rank
+from commlib.backend import Backend, WorkList, global_rank
 from commlib.errors import BackendUnavailableError
 
 # the reductions commlib needs, computed locally on gathered tensors; torch.add
@@ -410,7 +410,8 @@ class AcceleratorBackend(Backend):
         sends: Sequence[tuple[torch.Tensor, int]],
         recvs: Sequence[tuple[torch.Tensor, int]],
         group: Any,
-    ) -> None:
+        async_op: bool = False,
+    ) -> WorkList | None:
         """Post every send and receive as one batch, then wait for all of them.
 
         NCCL-style libraries deadlock on unbatched two-way send/recv. (The
@@ -424,10 +425,7 @@ class AcceleratorBackend(Backend):
             dist.P2POp(dist.isend, self._wire(t), global_rank(group, peer), group)
             for t, peer in sends
         ]
-        if not ops:
-            return
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        return WorkList(dist.batch_isend_irecv(ops) if ops else []).result(async_op)
 
     def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self._wire_ok(tensor.dtype) else as_bytes(tensor)

@@ -71,7 +71,7 @@ class SingleBackend(Backend):
     def barrier(self, group, timeout=None) -> None:
         return None
 
-    def exchange(self, sends, recvs, group) -> None:
+    def exchange(self, sends, recvs, group, async_op=False) -> None:
         if sends or recvs:
             raise ValueError("a single-process world has no peers to exchange with")
 

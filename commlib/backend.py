@@ -17,6 +17,7 @@ guarantees them before it calls in:
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,6 +55,38 @@ def global_rank(group: Any, group_rank: int) -> int:
     if group is None or group is dist.GroupMember.WORLD:
         return group_rank
     return dist.get_global_rank(group, group_rank)
+
+
+class WorkList:
+    """Several engine works waited for as one (what ``exchange`` returns).
+
+    Examples:
+        >>> WorkList([dist.isend(t, 1), dist.irecv(u, 1)]).wait(timedelta(seconds=5))
+        True
+    """
+
+    def __init__(self, works: Sequence[Any]):
+        self.works = [w for w in works if w is not None]
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+        for work in self.works:
+            if deadline is None:
+                work.wait()
+            else:
+                left = max(deadline - time.monotonic(), 0.001)
+                work.wait(datetime.timedelta(seconds=left))
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def result(self, async_op: bool) -> WorkList | None:
+        """``self`` for an async call; otherwise wait now and return ``None``."""
+        if async_op:
+            return self
+        self.wait()
+        return None
 
 
 class Backend:
@@ -159,8 +192,8 @@ class Backend:
         """The object-serialization strategy this backend uses by default.
 
         Examples:
-            >>> commlib.plugins.get_backend("gloo").serializer()
-            <commlib.serialization.PickleSerializer ...>
+            >>> commlib.plugins.get_backend_plugin("gloo").serializer()
+            <OutOfBandSerializer 'pickle5'>
         """
         from commlib.serialization import default_serializer
 
@@ -255,18 +288,18 @@ class Backend:
         sends: Sequence[tuple[torch.Tensor, int]],
         recvs: Sequence[tuple[torch.Tensor, int]],
         group: Any,
-    ) -> None:
+        async_op: bool = False,
+    ) -> WorkList | None:
         """Point-to-point: send each ``(tensor, peer)`` and receive into each.
 
-        Blocks until all complete. Both sides must agree on sizes; the object
-        collectives guarantee that through their first round.
+        With ``async_op`` it returns one :class:`WorkList` to ``wait(timeout)``
+        on; otherwise it blocks until all complete. Both sides must agree on
+        sizes; the object collectives guarantee that through their first round.
         """
         works = [dist.irecv(t, src=global_rank(group, peer), group=group) for t, peer in recvs] + [
             dist.isend(t, dst=global_rank(group, peer), group=group) for t, peer in sends
         ]
-        for work in works:
-            if work is not None:
-                work.wait()
+        return WorkList(works).result(async_op)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"

@@ -210,10 +210,10 @@ def _round_one(comm: Communicator, out: _Outgoing, world: int) -> _RoundOne:
         # host memory Python can parse without going through numpy
         raw: Any = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
-        comm.plugin.all_gather_into_tensor(gathered, mine, comm.group)
+        comm._collective(_OP_NAMES[out.head[0]], "all_gather_into_tensor", gathered, mine)
         return _RoundOne(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-    comm.plugin.all_gather_into_tensor(gathered, mine, comm.group)
+    comm._collective(_OP_NAMES[out.head[0]], "all_gather_into_tensor", gathered, mine)
     host = gathered.cpu()
     return _RoundOne(host, host.numpy(), size, world)
 
@@ -280,6 +280,7 @@ def _transfer(
     routes: list[tuple[int, int]],
     sizes: dict[int, list[int]],
     segments: list[torch.Tensor],
+    what: str,
 ) -> dict[int, torch.Tensor]:
     """Move each sender's segments to its receivers; returns sender -> blob received here.
 
@@ -288,7 +289,7 @@ def _transfer(
     rank when it sends ``segments``).
     """
     if comm.plugin.large_payload_transport != "p2p":
-        return _transfer_collective(comm, routes, sizes, segments)
+        return _transfer_collective(comm, routes, sizes, segments, what)
     me, dev = comm.rank, comm.plugin.device()
     blobs: dict[int, torch.Tensor] = {}
     recvs = []
@@ -302,11 +303,11 @@ def _transfer(
     if targets:
         msgs = _outgoing_messages(comm, segments, sizes[me])
         sends = [(m, r) for r in targets for m in msgs]
-    comm.plugin.exchange(sends, recvs, comm.group)
+    comm._collective(what, "exchange", sends, recvs)
     return blobs
 
 
-def _transfer_collective(comm: Communicator, routes, sizes, segments) -> dict:
+def _transfer_collective(comm: Communicator, routes, sizes, segments, what: str) -> dict:
     me, world, dev = comm.rank, comm.world_size, comm.plugin.device()
     senders = sorted({s for s, _ in routes})
     receivers = {r for _, r in routes}
@@ -322,17 +323,17 @@ def _transfer_collective(comm: Communicator, routes, sizes, segments) -> dict:
     if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
         src = senders[0]
         blob = mine() if me == src else torch.empty(size, dtype=torch.uint8, device=dev)
-        comm.plugin.broadcast(blob, src, comm.group)
+        comm._collective(what, "broadcast", blob, src)
         return {} if me == src else {src: blob}
     contribution = mine()
     if len(receivers) > 1:
         whole = torch.empty(world * size, dtype=torch.uint8, device=dev)
-        comm.plugin.all_gather_into_tensor(whole, contribution, comm.group)
+        comm._collective(what, "all_gather_into_tensor", whole, contribution)
         parts: Any = whole.view(world, size)
     else:
         (dst,) = receivers
         parts = [torch.empty_like(contribution) for _ in range(world)] if me == dst else None
-        comm.plugin.gather(contribution, parts, dst, comm.group)
+        comm._collective(what, "gather", contribution, parts, dst)
         if me != dst:
             return {}
     return {s: parts[s] for s in senders if (s, me) in routes}
@@ -343,6 +344,7 @@ def _round_two(
 ) -> dict[int, tuple[Any, list[torch.Tensor]]]:
     """Move the payloads that did not fit; returns sender -> (header, buffers) here."""
     me = comm.rank
+    what = _OP_NAMES[out.head[0]]
     senders = {s for s, _ in routes}
     sizes = {s: slots.sizes(s) for s in senders if slots.status(s) == TABLE}
     packed = sorted(s for s in senders if slots.status(s) == PACKED)
@@ -351,7 +353,7 @@ def _round_two(
         meta_routes = [(s, r) for s, r in routes if s in packed]
         meta_sizes = {s: [_PACKED.unpack_from(slots.body(s))[0]] for s in packed}
         mine = [uint8_view(out.meta)] if me in packed else []
-        tables = _transfer(comm, meta_routes, meta_sizes, mine)
+        tables = _transfer(comm, meta_routes, meta_sizes, mine, what)
         for s, blob in tables.items():
             sizes[s] = _sizes(_host(blob))
         if me in packed:
@@ -360,7 +362,7 @@ def _round_two(
             # the collective transport pads to the largest blob: every rank needs it
             for s in packed:
                 sizes.setdefault(s, [0, _PACKED.unpack_from(slots.body(s))[1]])
-    blobs = _transfer(comm, routes, sizes, out.segments)
+    blobs = _transfer(comm, routes, sizes, out.segments, what)
     received = {}
     for s, blob in blobs.items():
         offsets, _ = _layout(sizes[s])
@@ -495,40 +497,3 @@ def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: S
     received = _round_two(comm, out, slots, routes) if routes else {}
     if me != src:
         object_list[:] = _load(ser, comm, slots, received, src)
-
-
-_SHAPE_SLOTS = 34  # status, dtype, ndim, up to 31 dims
-
-
-def agree_on_shapes(comm: Communicator, tensor: torch.Tensor, what: str) -> list[list[int]]:
-    """Every rank's shape (one small all_gather); raise everywhere on dtype/ndim mismatch.
-
-    Examples:
-        >>> agree_on_shapes(comm, torch.ones(2, 3), "all_gather")
-        [[2, 3], [1, 3]]
-    """
-    from commlib.dtypes import dtype_code, dtype_from_code
-
-    ok = tensor.dim() <= _SHAPE_SLOTS - 3
-    head = [int(ok), dtype_code(tensor.dtype), tensor.dim()]
-    head += list(tensor.shape)[: _SHAPE_SLOTS - 3] if ok else []
-    mine = torch.zeros(_SHAPE_SLOTS, dtype=torch.int64)
-    mine[: len(head)] = torch.tensor(head, dtype=torch.int64)
-    world = comm.world_size
-    mine = comm.plugin.to_device(mine)
-    whole = torch.empty(world * _SHAPE_SLOTS, dtype=torch.int64, device=mine.device)
-    comm.plugin.all_gather_into_tensor(whole, mine, comm.group)
-    rows = whole.view(world, _SHAPE_SLOTS).cpu().tolist()
-    if not all(row[0] for row in rows):
-        bad = {
-            r: f"tensor has more than {_SHAPE_SLOTS - 3} dims"
-            for r, row in enumerate(rows)
-            if not row[0]
-        }
-        raise RemoteArgumentError(what, bad)
-    if len({(row[1], row[2]) for row in rows}) > 1:
-        per_rank = {
-            r: f"dtype={dtype_from_code(row[1])}, ndim={row[2]}" for r, row in enumerate(rows)
-        }
-        raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
-    return [row[3 : 3 + row[2]] for row in rows]

@@ -65,9 +65,9 @@ class CountingGloo(GlooBackend):
         self.calls.append("all_gather")
         return super().all_gather_into_tensor(output, tensor, group, async_op)
 
-    def exchange(self, sends, recvs, group):
+    def exchange(self, sends, recvs, group, async_op=False):
         self.calls.append("exchange")
-        return super().exchange(sends, recvs, group)
+        return super().exchange(sends, recvs, group, async_op)
 
     def broadcast(self, tensor, src, group, async_op=False):
         self.calls.append("broadcast")

@@ -183,9 +183,13 @@ class TracedBackend(Backend):
     def barrier(self, group, timeout=None):
         return self._traced("barrier", [], group, lambda: self.inner.barrier(group, timeout))
 
-    def exchange(self, sends, recvs, group):
+    def exchange(self, sends, recvs, group, async_op=False):
         tensors = [t for t, _ in sends] + [t for t, _ in recvs]
         detail = f"sends={len(sends)} recvs={len(recvs)}"
         return self._traced(
-            "exchange", tensors, group, lambda: self.inner.exchange(sends, recvs, group), detail
+            "exchange",
+            tensors,
+            group,
+            lambda: self.inner.exchange(sends, recvs, group, async_op),
+            detail,
         )

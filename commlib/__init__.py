@@ -62,7 +62,14 @@ from commlib.functional import (
 from commlib.hookspecs import hookimpl
 from commlib.launch import init_dist
 from commlib.plugins import list_backends, register_backend, unregister_backend
-from commlib.serialization import Payload, PickleSerializer, Serializer
+from commlib.serialization import (
+    OutOfBandSerializer,
+    Payload,
+    PickleSerializer,
+    RefusedClassError,
+    RestrictedSerializer,
+    Serializer,
+)
 
 __version__ = "0.1.0"
 
@@ -75,10 +82,13 @@ __all__ = [
     "DeserializationError",
     "Handle",
     "NotInGroupError",
+    "OutOfBandSerializer",
     "Payload",
     "PickleSerializer",
+    "RefusedClassError",
     "RemoteArgumentError",
     "RemoteError",
+    "RestrictedSerializer",
     "Serializer",
     "__version__",
     "all_gather",
@@ -93,7 +103,8 @@ __all__ = [
     "broadcast_object_list",
     "collect_results",
     "collect_results_cpu",
-    "collect_results_gpu", "forget_communicators",
+    "collect_results_gpu",
+    "forget_communicators",
     "gather",
     "gather_object",
     "get_backend",

@@ -10,6 +10,7 @@ plugin owns the device and the engine calls.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -164,14 +165,14 @@ class Communicator:
         """Name of the backend plugin serving this communicator (``"gloo"``, ...)."""
         return self.plugin.name
 
-    @property
+    @functools.cached_property
     def rank(self) -> int:
-        """This process's rank in the group; -1 when it is not a member."""
+        """This process's rank in the group; -1 when it is not a member (fixed per group)."""
         return self.plugin.rank(self.group) if self.is_member else -1
 
-    @property
+    @functools.cached_property
     def world_size(self) -> int:
-        """Number of ranks in the group; -1 when this process is not a member."""
+        """Number of ranks in the group; -1 when this process is not a member (fixed per group)."""
         return self.plugin.world_size(self.group) if self.is_member else -1
 
     @property

@@ -9,6 +9,7 @@ A dtype or ndim that differs across ranks raises the same error everywhere.
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,20 +52,30 @@ def exchange(
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()
     room = _inline_room(comm) if inline else 0
-    head = torch.zeros(_HEADER, dtype=torch.int64)
+    size = _HEADER_BYTES + room
     fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
-    head[: len(fields)] = torch.tensor(fields, dtype=torch.int64)
-    size = _HEADER_BYTES + room
-    slot = torch.empty(size, dtype=torch.uint8, device=tensor.device)
-    slot[:_HEADER_BYTES].copy_(head.view(torch.uint8))
+    # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
+    slot = bytearray(size)
+    struct.pack_into(f"<{len(fields)}q", slot, 0, *fields)
+    mine = torch.frombuffer(slot, dtype=torch.uint8)
     if ok and 0 < nbytes <= room:
-        slot[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+        mine[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
     world = comm.world_size
-    gathered = torch.empty(world * size, dtype=torch.uint8, device=tensor.device)
-    comm._collective(what, "all_gather_into_tensor", gathered, slot, timeout=timeout)
+    mine = comm.plugin.to_device(mine)
+    if mine.device.type == "cpu":
+        raw: bytearray | bytes = bytearray(world * size)
+        gathered = torch.frombuffer(raw, dtype=torch.uint8)
+    else:
+        gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
+    comm._collective(what, "all_gather_into_tensor", gathered, mine, timeout=timeout)
+    if mine.device.type != "cpu":
+        raw = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
+        stride = _HEADER_BYTES
+    else:
+        stride = size
+    heads = [struct.unpack_from(f"<{_HEADER}q", raw, r * stride) for r in range(world)]
     rows = gathered.view(world, size)
-    heads = rows[:, :_HEADER_BYTES].cpu().contiguous().view(torch.int64).tolist()
 
     if not all(h[0] for h in heads):
         bad = {r: f"tensor has more than {MAX_DIMS} dims" for r, h in enumerate(heads) if not h[0]}
@@ -72,7 +83,7 @@ def exchange(
     if len({(h[1], h[2]) for h in heads}) > 1:
         per_rank = {r: f"dtype={dtype_from_code(h[1])}, ndim={h[2]}" for r, h in enumerate(heads)}
         raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
-    shapes = [h[4 : 4 + h[2]] for h in heads]
+    shapes = [list(h[4 : 4 + h[2]]) for h in heads]
     if not inline or any(h[3] > room for h in heads):
         return shapes, None
     tensors = [

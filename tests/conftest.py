@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from commlib.testing import World
@@ -37,6 +42,36 @@ def world2() -> World:
 @pytest.fixture(scope="session")
 def world3() -> World:
     return get_world(3)
+
+
+def pip_install_into(project: Path, tmp_path_factory) -> Path:
+    """Really install the distribution at ``project`` (no deps, offline) into a new directory.
+
+    It is built from a copy, so no ``build/`` appears in the repository. Put the
+    returned directory on ``PYTHONPATH`` (or ``sys.path``) to use it.
+    """
+    source = tmp_path_factory.mktemp("src") / project.name
+    shutil.copytree(project, source)
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        timeout=180,
+        cwd=source,
+    )
+    return target
 
 
 def pytest_sessionfinish(session, exitstatus):

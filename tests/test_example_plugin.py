@@ -8,7 +8,6 @@ test session's own plugin registry stays as it is.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES
+from tests.conftest import pip_install_into
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "commlib-traced"
 
@@ -23,27 +23,7 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "commlib-traced"
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """commlib-traced, pip-installed into a fresh directory."""
-    source = tmp_path_factory.mktemp("src") / "commlib-traced"
-    shutil.copytree(EXAMPLE, source)  # build in a copy: no build/ in the repository
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-        timeout=180,
-        cwd=source,
-    )
+    target = pip_install_into(EXAMPLE, tmp_path_factory)
     assert list(target.glob("commlib_traced-0.1.0.dist-info"))
     return target
 

@@ -15,6 +15,7 @@ import torch
 import commlib
 from commlib import Backend, plugins
 from commlib.cli import main as cli_main
+from tests.conftest import pip_install_into
 
 HERE = Path(__file__).parent
 
@@ -132,25 +133,7 @@ def test_commlib_info(capsys):
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory):
     """tests/plugin_dist, really installed (pip, no deps) into a temporary directory."""
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(HERE / "plugin_dist"),
-        ],
-        check=True,
-        timeout=180,
-        cwd=tmp_path_factory.mktemp("build"),
-    )
+    target = pip_install_into(HERE / "plugin_dist", tmp_path_factory)
     assert list(target.glob("commlib_test_plugin-*.dist-info"))
     return target
 
@@ -206,9 +189,11 @@ def test_every_package_is_installed_by_pyproject():
     import tomllib
 
     root = HERE.parent
-    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
-    found = {".".join(p.parent.relative_to(root).parts)
-             for p in (root / "commlib").rglob("__init__.py")}
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(root).parts) for p in (root / "commlib").rglob("__init__.py")
+    }
     assert found <= listed, sorted(found - listed)
     assert "commlib_backends" in listed and (root / "backends" / "__init__.py").exists()

@@ -1,16 +1,35 @@
 """``gloo``: CPU collectives through torch.distributed's gloo.
 
 Data on an accelerator is copied to the CPU for the collective and the result
-is copied back to where it came from.
+is copied back to where it came from. Dtypes gloo cannot move (int16, the
+unsigned types wider than a byte, float8) travel as bytes and are reduced on
+each rank.
 """
 
 from __future__ import annotations
 
-from commlib.backend import Backend
+import torch
+from commlib_backends._gaps import EngineGaps
+
 from commlib.hookspecs import hookimpl
 
+# gloo in torch 2.13 rejects int16, uint16/32/64 and float8 ("Invalid scalar type")
+_MOVES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    }
+)
 
-class GlooBackend(Backend):
+
+class GlooBackend(EngineGaps):
     """gloo on the CPU; large object payloads go point to point.
 
     On gloo, send/recv moved 64 MiB about 8x faster than all_gather did, so
@@ -24,6 +43,8 @@ class GlooBackend(Backend):
     description = "CPU collectives over TCP (torch.distributed gloo)"
     native_avg = False
     large_payload_transport = "p2p"
+    wire_dtypes = _MOVES
+    reduce_dtypes = _MOVES
 
 
 @hookimpl

@@ -23,3 +23,20 @@ def dtype_code(dtype: torch.dtype) -> int:
 def dtype_from_code(code: int) -> torch.dtype | str:
     """The dtype :func:`dtype_code` numbered ``code`` (a string when unknown)."""
     return _DTYPES[code] if 0 <= code < len(_DTYPES) else f"unknown dtype #{code}"
+
+
+def byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat ``uint8`` view of a contiguous tensor's memory (writes land in ``tensor``).
+
+    ``reshape(-1).view(torch.uint8)`` is not enough: a tensor whose size-1 dims
+    carry any stride counts as contiguous, yet ``view`` refuses it.
+
+    Examples:
+        >>> byte_view(torch.zeros(4, dtype=torch.bfloat16)[::2][:1]).shape
+        torch.Size([2])
+    """
+    if not tensor.is_contiguous():
+        raise ValueError("byte_view needs a contiguous tensor")
+    if tensor.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    return tensor.as_strided((tensor.numel(),), (1,)).view(torch.uint8)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from commlib.dtypes import dtype_code, dtype_from_code
+from commlib.dtypes import byte_view, dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def exchange(
     struct.pack_into(f"<{len(fields)}q", slot, 0, *fields)
     mine = torch.frombuffer(slot, dtype=torch.uint8)
     if ok and 0 < nbytes <= room:
-        mine[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+        mine[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(byte_view(tensor))
     world = comm.world_size
     mine = comm.plugin.to_device(mine)
     if mine.device.type == "cpu":

@@ -325,7 +325,7 @@ class _Pickler(pickle.Pickler):
             data = data.resolve_neg()
         stride = None
         if data.is_contiguous():
-            flat = data.reshape(-1)
+            flat = data.as_strided((data.numel(),), (1,))  # size-1 dims may carry any stride
         elif _dense_strides(data.shape, data.stride()):
             # e.g. a transpose or channels_last: its own block of memory, sent as is
             flat = data.as_strided((data.numel(),), (1,))

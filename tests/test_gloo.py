@@ -499,3 +499,39 @@ def test_all_gather_dtypes_and_sizes(world):
         assert got["big_ragged"] == [(2000 + 500 * r, 2) for r in range(n)]
         assert got["scalar"] == [r * 1.5 for r in range(n)]
         assert got["empty"] == [(0, r + 1) for r in range(n)]
+
+
+_ODD_DTYPES = ("int16", "uint16", "uint32", "uint64", "float8_e4m3fn")
+
+
+def _on_dtypes_gloo_lacks(comm):
+    r, n = comm.rank, comm.world_size
+    out = {}
+    for name in _ODD_DTYPES:
+        dtype = getattr(torch, name)
+        x = torch.tensor([r + 1, 2], dtype=torch.float32).to(dtype)
+        s = x.clone()
+        dist.all_reduce(s, "sum")
+        m = x.clone()
+        dist.all_reduce(m, "max")
+        b = x.clone()
+        dist.broadcast(b, src=n - 1)
+        g = dist.all_gather(x)
+        out[name] = [
+            s.float().tolist(),
+            m.float().tolist(),
+            b.float().tolist(),
+            [t.float().tolist() for t in g],
+        ]
+    return out
+
+
+def test_dtypes_gloo_cannot_move(world):
+    # gloo itself rejects these ("Invalid scalar type"); the plugin supplies them
+    n = world.size
+    for got in world.run(_on_dtypes_gloo_lacks):
+        for name in _ODD_DTYPES:
+            s, m, b, g = got[name]
+            assert s == [float(sum(range(1, n + 1))), 2.0 * n], name
+            assert m == [float(n), 2.0] and b == [float(n), 2.0], name
+            assert g == [[r + 1.0, 2.0] for r in range(n)], name

@@ -334,3 +334,16 @@ def test_same_is_exact():
     assert same(torch.tensor([nan]), torch.tensor([nan]))
     with pytest.raises(AssertionError, match=r"obj\['a'\]\[1\]: tensor values differ"):
         assert_same({"a": [0, torch.zeros(2)]}, {"a": [0, torch.ones(2)]})
+
+
+def test_size_one_view_with_an_odd_stride_round_trips():
+    # found by hypothesis: contiguous by torch's rules (a size-1 dim may carry any
+    # stride) yet refused by view(torch.uint8)
+    from commlib.serialization import OutOfBandSerializer
+
+    ser = OutOfBandSerializer()
+    for dtype in (torch.bfloat16, torch.float64, torch.complex64, torch.bool):
+        t = torch.zeros(4, dtype=dtype)[::2][:1]
+        assert t.is_contiguous() and t.stride() == (2,)
+        out = ser.loads(*ser.dumps([None, t]))[1]
+        assert out.dtype == dtype and torch.equal(out, t)

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from commlib.dtypes import byte_view
+
 _extra_sources: list[Callable[[], list[Any]]] = []
 
 
@@ -186,6 +188,4 @@ def deep_equal(a: Any, b: Any) -> bool:
 def _values_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     # compare bytes: every dtype has them, NaN payloads and -0.0 included
     a, b = a.resolve_conj().resolve_neg().contiguous(), b.resolve_conj().resolve_neg().contiguous()
-    return a.reshape(-1).view(torch.uint8).numpy().tobytes() == (
-        b.reshape(-1).view(torch.uint8).numpy().tobytes()
-    )
+    return byte_view(a).cpu().numpy().tobytes() == byte_view(b).cpu().numpy().tobytes()

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from commlib.dtypes import byte_view
+
 __all__ = [
     "NUMPY_DTYPES",
     "TORCH_DTYPES",
@@ -299,9 +301,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().resolve_conj().resolve_neg().cpu()
     if not t.numel():
         return b""
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return byte_view(t.contiguous()).numpy().tobytes()
 
 
 def _diff(a: Any, b: Any, path: str) -> str | None:

@@ -17,8 +17,8 @@ from commlib.testing.checks import (
     rank_tensor,
 )
 
-# op -> dtypes every backend must reduce (int16 and unsigned > 8 bit are left
-# out: gloo itself cannot move them)
+# op -> dtypes every backend must reduce (engines that lack one, as gloo lacks
+# int16, supply it: see commlib_backends._gaps)
 REDUCE_MATRIX: dict[str, tuple[torch.dtype, ...]] = {
     "sum": (
         torch.float32,
@@ -29,13 +29,30 @@ REDUCE_MATRIX: dict[str, tuple[torch.dtype, ...]] = {
         torch.uint8,
         torch.int32,
         torch.int64,
+        torch.int16,
         torch.bool,
         torch.complex64,
     ),
     "product": (torch.float32, torch.int64, torch.int32, torch.bool),
-    "min": (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool),
-    "max": (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool),
-    "band": (torch.int64, torch.int32, torch.uint8, torch.bool),
+    "min": (
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.int64,
+        torch.int16,
+        torch.uint8,
+        torch.bool,
+    ),
+    "max": (
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.int64,
+        torch.int16,
+        torch.uint8,
+        torch.bool,
+    ),
+    "band": (torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool),
     "bor": (torch.int64, torch.int32, torch.uint8, torch.bool),
     "bxor": (torch.int64, torch.int32, torch.uint8, torch.bool),
 }

@@ -107,8 +107,23 @@ def install(
         patch_accelerator(state, whole=False)
         register_vendor_engine(kind, device_type)
     assert dist.is_backend_available(kind)
+    _limit_to_the_engine(kind)
     _installed[kind] = state
     return state
+
+
+def _limit_to_the_engine(kind: str) -> None:
+    """Narrow the plugin's facts to what gloo, the engine standing in, can do.
+
+    The real library may reduce or move a dtype that gloo cannot (HCCL reduces
+    int16); the plugin must then supply it, exactly as for the vendor's own gaps.
+    """
+    from commlib.plugins import get_backend_plugin
+
+    gloo = get_backend_plugin("gloo")
+    plugin = type(get_backend_plugin(kind))
+    plugin.wire_dtypes = plugin.wire_dtypes & gloo.wire_dtypes
+    plugin.reduce_dtypes = plugin.reduce_dtypes & gloo.reduce_dtypes
 
 
 def installed(kind: str) -> SimulatedDevices | None:

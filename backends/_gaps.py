@@ -87,6 +87,21 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return byte_view(tensor)
 
 
+# the dtypes every engine here moves and reduces; each plugin states its own on top
+STANDARD_DTYPES: frozenset[torch.dtype] = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+    }
+)
+
+
 class EngineGaps(Backend):
     """Backend defaults that route around what the engine cannot do.
 

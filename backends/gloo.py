@@ -9,24 +9,12 @@ each rank.
 from __future__ import annotations
 
 import torch
-from commlib_backends._gaps import EngineGaps
+from commlib_backends._gaps import STANDARD_DTYPES, EngineGaps
 
 from commlib.hookspecs import hookimpl
 
 # gloo in torch 2.13 rejects int16, uint16/32/64 and float8 ("Invalid scalar type")
-_MOVES = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-    }
-)
+_MOVES = STANDARD_DTYPES | {torch.float64}
 
 
 class GlooBackend(EngineGaps):

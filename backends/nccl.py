@@ -17,22 +17,11 @@ from __future__ import annotations
 
 import torch
 from commlib_backends._accelerator import AcceleratorBackend
+from commlib_backends._gaps import STANDARD_DTYPES
 
 from commlib.hookspecs import hookimpl
 
-_MOVES = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-    }
-)
+_MOVES = STANDARD_DTYPES | {torch.float64}
 
 
 class NcclBackend(AcceleratorBackend):

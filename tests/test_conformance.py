@@ -14,27 +14,21 @@ from commlib.testing.conformance import (
     DEFAULT_WORLD_SIZES,
     ConformanceError,
     Kit,
+    KitPool,
     run_conformance,
 )
 
-_kits: dict[str, Kit] = {}
+_kits = KitPool()
 
 
 def _kit(backend: str) -> Kit:
-    kit = _kits.get(backend)
-    if kit is None:
-        for other in _kits.values():  # one world of ranks alive at a time
-            other.close_world()
-        kit = _kits[backend] = Kit(backend)
-    return kit
+    return _kits.get(backend)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_kits():
     yield
-    for kit in _kits.values():
-        kit.close()
-    _kits.clear()
+    _kits.close()
 
 
 CASES = [

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import commlib
 from commlib import plugins
 from commlib.testing import simulated
-from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES, Kit
+from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES, Kit, KitPool
 
 DEVICE_TYPE = {"nccl": "cuda", "hccl": "npu", "cncl": "mlu"}
 VIA = {"nccl": "via torch.cuda", "hccl": "via torch.accelerator", "cncl": "via torch.accelerator"}
@@ -29,24 +29,17 @@ SIMULATED = [
     (MULTI, "nccl", (2,)),  # the multi-device form
 ]
 
-_kits: dict[str, Kit] = {}
+_kits = KitPool()
 
 
 def _kit(backend: str, kind: str) -> Kit:
-    kit = _kits.get(backend)
-    if kit is None:
-        for other in _kits.values():  # one world of ranks alive at a time
-            other.close_world()
-        kit = _kits[backend] = Kit(backend, setup=simulated.setup(kind, devices=4))
-    return kit
+    return _kits.get(backend, setup=simulated.setup(kind, devices=4))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_kits():
     yield
-    for kit in _kits.values():
-        kit.close()
-    _kits.clear()
+    _kits.close()
 
 
 # -- extra checks on the kit's ranks ------------------------------------------------------

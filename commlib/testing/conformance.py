@@ -294,6 +294,38 @@ class Kit:
         self.close()
 
 
+class KitPool:
+    """Kits by backend, with the ranks of only one of them alive at a time.
+
+    On a small machine several worlds of ranks at once would compete for the
+    cores; a kit whose world was closed starts it again when next used.
+
+    Examples:
+        >>> pool = KitPool()
+        >>> pool.get("gloo").run("all_reduce_ops", 2).status
+        'passed'
+        >>> pool.close()
+    """
+
+    def __init__(self) -> None:
+        self._kits: dict[str, Kit] = {}
+
+    def get(self, backend: str, **options: Any) -> Kit:
+        """The kit for ``backend`` (made with ``options`` the first time)."""
+        kit = self._kits.get(backend)
+        if kit is None:
+            for other in self._kits.values():
+                other.close_world()
+            kit = self._kits[backend] = Kit(backend, **options)
+        return kit
+
+    def close(self) -> None:
+        """Close every kit (their ranks and temporary directories)."""
+        for kit in self._kits.values():
+            kit.close()
+        self._kits.clear()
+
+
 def run_conformance(
     backend: str,
     world_sizes: Iterable[int] = DEFAULT_WORLD_SIZES,

@@ -77,16 +77,11 @@ class ConformanceItem(pytest.Item):
         self.add_marker(MARKER)
 
     def runtest(self) -> None:
-        kits = self.config.stash[_KITS]
-        kit = kits.get(self.backend)
-        if kit is None:
-            from commlib.testing.conformance import Kit
-
-            kit = kits[self.backend] = Kit(
-                self.backend,
-                setup=_setup_function(self.config.getoption("commlib_setup")),
-                timeout=self.config.getoption("commlib_timeout"),
-            )
+        kit = self.config.stash[_KITS].get(
+            self.backend,
+            setup=_setup_function(self.config.getoption("commlib_setup")),
+            timeout=self.config.getoption("commlib_timeout"),
+        )
         result = kit.run(self.check, self.world_size)
         if result.status == "skipped":
             pytest.skip(result.detail)
@@ -102,7 +97,7 @@ class ConformanceItem(pytest.Item):
         return self.path, None, f"commlib conformance: {self.name}"
 
 
-_KITS = pytest.StashKey[dict]()
+_KITS = pytest.StashKey[Any]()  # a conformance.KitPool
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect
@@ -110,13 +105,13 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> Non
     backends = config.getoption("commlib_backend")
     if not backends:
         return
-    from commlib.testing.conformance import CHECKS
+    from commlib.testing.conformance import CHECKS, KitPool
 
     try:
         sizes = [int(s) for s in config.getoption("commlib_world_sizes").split(",") if s]
     except ValueError:
         raise pytest.UsageError("--commlib-world-sizes wants numbers like 1,2,3") from None
-    config.stash[_KITS] = {}
+    config.stash[_KITS] = KitPool()
     # one world size after the other, so each backend keeps one world of ranks alive
     for backend in backends:
         for size in sizes:
@@ -134,7 +129,6 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> Non
 
 
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
-    kits = session.config.stash.get(_KITS, {})
-    for kit in kits.values():
-        kit.close()
-    kits.clear()
+    pool = session.config.stash.get(_KITS, None)
+    if pool is not None:
+        pool.close()

@@ -17,8 +17,8 @@ and what the plugin does about them:
 
 from __future__ import annotations
 
-from commlib_backends._accelerator import AcceleratorBackend
-from commlib_backends._gaps import STANDARD_DTYPES
+from commlib_backends.accelerator import AcceleratorBackend
+from commlib_backends.engine_gaps import STANDARD_DTYPES
 
 from commlib.hookspecs import hookimpl
 

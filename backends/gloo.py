@@ -9,7 +9,7 @@ each rank.
 from __future__ import annotations
 
 import torch
-from commlib_backends._gaps import STANDARD_DTYPES, EngineGaps
+from commlib_backends.engine_gaps import STANDARD_DTYPES, EngineGaps
 
 from commlib.hookspecs import hookimpl
 

@@ -19,7 +19,7 @@ the CANN HCCL reference, and what the plugin does about them:
 from __future__ import annotations
 
 import torch
-from commlib_backends._accelerator import AcceleratorBackend
+from commlib_backends.accelerator import AcceleratorBackend
 
 from commlib.hookspecs import hookimpl
 

@@ -3,7 +3,7 @@
 The communicator owns what is the same on every backend: argument checks, the
 reduce-op names (``mean`` by sum-and-divide where the engine has no average),
 moving data to the backend's device and back, tensors of different shapes in
-``all_gather``, and the object collectives (:mod:`commlib.objects`). The backend
+``all_gather``, and the object collectives (:mod:`commlib._objects`). The backend
 plugin owns the device and the engine calls.
 """
 
@@ -19,9 +19,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commlib import agreement, objects, plugins, ragged
-from commlib import validation as check
-from commlib.agreement import as_timedelta
+from commlib import _agreement as agreement
+from commlib import _objects as objects
+from commlib import _ragged as ragged
+from commlib import _validation as check
+from commlib import plugins
+from commlib._agreement import as_timedelta
 from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError, NotInGroupError
 from commlib.serialization import Serializer

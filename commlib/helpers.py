@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from commlib import ragged
-from commlib import validation as check
-from commlib.agreement import agree
+from commlib import _ragged as ragged
+from commlib import _validation as check
+from commlib._agreement import agree
 from commlib.communicator import Communicator
 from commlib.errors import RemoteArgumentError
 

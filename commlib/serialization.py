@@ -2,7 +2,7 @@
 
 A :class:`Serializer` turns a Python object into a :class:`Payload`: a small
 ``header`` (bytes) and a list of ``buffers`` (1-D ``uint8`` tensors, on any
-device). The object collectives in :mod:`commlib.objects` move payloads between
+device). The object collectives in :mod:`commlib._objects` move payloads between
 ranks and hand the receiver the same header and buffers: each buffer a 1-D
 ``uint8`` tensor on the communicator's device (small payloads that completed in
 the first round may arrive in host memory instead). ``loads`` moves each buffer

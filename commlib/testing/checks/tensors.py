@@ -18,7 +18,7 @@ from commlib.testing.checks import (
 )
 
 # op -> dtypes every backend must reduce (engines that lack one, as gloo lacks
-# int16, supply it: see commlib_backends._gaps)
+# int16, supply it: see commlib_backends.engine_gaps)
 REDUCE_MATRIX: dict[str, tuple[torch.dtype, ...]] = {
     "sum": (
         torch.float32,

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from commlib_backends._gaps import EngineGaps, as_bytes
+from commlib_backends.engine_gaps import EngineGaps, as_bytes
 
 from commlib.backend import Backend, WorkList, global_rank
 from commlib.errors import BackendUnavailableError

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlib import validation as check
+from commlib import _validation as check
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import Payload, Serializer, uint8_view
 

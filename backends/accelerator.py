@@ -15,9 +15,9 @@ them into behaviour:
   kept on ``dst``; ``barrier`` is an all_reduce of one element on this
   process's own device (never a device guessed from the rank).
 
-A vendor module that marks itself ``__commlib_simulated__`` (see
-:mod:`commlib.testing.simulated`) keeps its "device memory" in host memory:
-tensors stay on the CPU while everything else goes through the vendor module.
+A simulated accelerator (:mod:`commlib.testing.simulated`) is a subclass of
+the vendor plugin that keeps "device memory" in host memory: it overrides
+:meth:`AcceleratorBackend.accelerator_device`, everything else is this code.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from commlib_backends.engine_gaps import EngineGaps, as_bytes
 
 from commlib.backend import Backend, WorkList, global_rank
 from commlib.errors import BackendUnavailableError
+from commlib_backends.engine_gaps import EngineGaps, as_bytes
 
 
 class DeviceRuntime:
@@ -53,7 +53,6 @@ class DeviceRuntime:
         self.device_type = device_type
         self.vendor = vendor
         self.via_accelerator = via_accelerator
-        self.host_memory = bool(getattr(vendor, "__commlib_simulated__", False))
 
     def device_count(self) -> int:
         """How many devices of this type the process sees."""
@@ -68,6 +67,13 @@ class DeviceRuntime:
             get = getattr(accel, "current_device_index", None) or accel.current_device_idx
             return int(get())
         return int(self.vendor.current_device())
+
+    def synchronize(self, index: int) -> None:
+        """Wait for the work queued on device ``index``."""
+        if self.via_accelerator and hasattr(torch.accelerator, "synchronize"):
+            torch.accelerator.synchronize(index)
+        else:
+            self.vendor.synchronize(index)
 
     def set_index(self, index: int) -> None:
         """Make device ``index`` current."""
@@ -201,10 +207,33 @@ class AcceleratorBackend(EngineGaps):
             >>> get_backend_plugin("nccl").accelerator_device()
             device(type='cuda', index=1)
         """
-        runtime = self.runtime()
-        if runtime.host_memory:
-            return torch.device("cpu")
-        return torch.device(self.device_type, runtime.current_index())
+        return self.current_device()
+
+    def current_device(self) -> torch.device:
+        """The current device of this type (e.g. ``cuda:1``).
+
+        Examples:
+            >>> get_backend_plugin("nccl").current_device()
+            device(type='cuda', index=1)
+        """
+        return torch.device(self.device_type, self.runtime().current_index())
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on this process's device.
+
+        Examples:
+            >>> get_backend_plugin("nccl").synchronize()
+        """
+        if self.accelerator_device().type == self.device_type:
+            self.runtime().synchronize(self.accelerator_index())
+
+    def default_priority(self) -> int | None:
+        """10 while a device is visible: an accelerator serves its machine before gloo.
+
+        Examples:
+            >>> get_backend_plugin("nccl").default_priority()   # on a CPU-only machine
+        """
+        return 10 if self.unavailable_reason() is None else None
 
     def device(self) -> torch.device:
         """Where commlib's own buffers live: the accelerator, or the CPU on a
@@ -260,6 +289,8 @@ class AcceleratorBackend(EngineGaps):
         """
         token = torch.ones(1, dtype=torch.float32, device=self.device())
         work = super().all_reduce(token, "sum", group, async_op=True)
+        if work is None:
+            return
         if timeout is None:
             work.wait()
         else:
@@ -309,6 +340,6 @@ class AcceleratorBackend(EngineGaps):
             return self
         variant = object.__new__(type(self))
         variant.__dict__.update(self.__dict__)
-        variant.torch_backend = torch_backend  # type: ignore[misc]
+        variant.torch_backend = torch_backend
         variant.cpu_part = parts["cpu"]
         return variant

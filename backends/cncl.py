@@ -17,10 +17,9 @@ and what the plugin does about them:
 
 from __future__ import annotations
 
+from commlib.hookspecs import hookimpl
 from commlib_backends.accelerator import AcceleratorBackend
 from commlib_backends.engine_gaps import STANDARD_DTYPES
-
-from commlib.hookspecs import hookimpl
 
 # float64 is not among them: CNCL would send it as float32
 _MOVES = STANDARD_DTYPES

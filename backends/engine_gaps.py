@@ -16,6 +16,7 @@ import torch
 
 from commlib.backend import Backend
 from commlib.dtypes import byte_view
+from commlib.types import EngineOp, Group, Work
 
 # the reductions commlib needs, computed locally on gathered tensors; torch.add
 # and torch.mul on bool are logical or / and, as gloo does them
@@ -145,7 +146,9 @@ class EngineGaps(Backend):
     # -- tensor collectives ------------------------------------------------------------
     # The supplied paths (local reductions, gather by all_gather) complete before
     # they return, so they return None: a finished call, as the contract allows.
-    def all_reduce(self, tensor: torch.Tensor, op: str, group: Any, async_op: bool = False) -> Any:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: EngineOp, group: Group, async_op: bool = False
+    ) -> Work | None:
         """The library's all_reduce, or an all_gather and a local reduction in rank order."""
         if self.reduces_natively(op, tensor.dtype):
             return super().all_reduce(tensor, op, group, async_op)
@@ -158,10 +161,10 @@ class EngineGaps(Backend):
         self,
         output: torch.Tensor,
         input: torch.Tensor,
-        op: str,
-        group: Any,
+        op: EngineOp,
+        group: Group,
         async_op: bool = False,
-    ) -> Any:
+    ) -> Work | None:
         """The library's reduce_scatter, or a supplied all_reduce keeping this rank's chunk."""
         if self.reduces_natively(op, input.dtype):
             return super().reduce_scatter(output, input, op, group, async_op)

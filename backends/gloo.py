@@ -9,9 +9,9 @@ each rank.
 from __future__ import annotations
 
 import torch
-from commlib_backends.engine_gaps import STANDARD_DTYPES, EngineGaps
 
 from commlib.hookspecs import hookimpl
+from commlib_backends.engine_gaps import STANDARD_DTYPES, EngineGaps
 
 # gloo in torch 2.13 rejects int16, uint16/32/64 and float8 ("Invalid scalar type")
 _MOVES = STANDARD_DTYPES | {torch.float64}

@@ -19,9 +19,9 @@ the CANN HCCL reference, and what the plugin does about them:
 from __future__ import annotations
 
 import torch
-from commlib_backends.accelerator import AcceleratorBackend
 
 from commlib.hookspecs import hookimpl
+from commlib_backends.accelerator import AcceleratorBackend
 
 
 class HcclBackend(AcceleratorBackend):

@@ -16,10 +16,10 @@ What the plugin adds to torch's NCCL (facts from torch's ProcessGroupNCCL):
 from __future__ import annotations
 
 import torch
-from commlib_backends.accelerator import AcceleratorBackend
-from commlib_backends.engine_gaps import STANDARD_DTYPES
 
 from commlib.hookspecs import hookimpl
+from commlib_backends.accelerator import AcceleratorBackend
+from commlib_backends.engine_gaps import STANDARD_DTYPES
 
 _MOVES = STANDARD_DTYPES | {torch.float64}
 

@@ -1,7 +1,7 @@
 """Object collectives, written once on top of the backends' tensor collectives.
 
-Round one: every rank contributes a fixed-size *slot* (``Communicator.slot_size``
-bytes) to one ``all_gather_into_tensor``. A slot carries the rank's status
+Round one: every rank contributes a fixed-size *slot* (``slot_size`` bytes, the
+communicator's) to one ``all_gather_into_tensor``. A slot carries the rank's status
 (ok, failed, nothing to send), which collective it is in, its ``src``/``dst``
 and, when the serialized object fits, the object itself. So:
 
@@ -27,7 +27,7 @@ without a copy.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,7 +37,7 @@ from commlib.errors import DeserializationError, RemoteArgumentError, RemoteErro
 from commlib.serialization import Payload, Serializer, uint8_view
 
 if TYPE_CHECKING:
-    from commlib.communicator import Communicator
+    from commlib._engine import Engine
 
 # slot: status, collective, reserved, root (src/dst or -1), aux (list length), body length
 _SLOT = struct.Struct("<BBHiqQ")
@@ -119,7 +119,7 @@ def _messages(sizes: Sequence[int]) -> list[tuple[int, int, list[int]]]:
 
 def _host(t: torch.Tensor) -> memoryview:
     """The bytes of ``t`` (1-D uint8) in host memory."""
-    return memoryview((t if t.device.type == "cpu" else t.cpu()).contiguous().numpy())
+    return (t if t.device.type == "cpu" else t.cpu()).contiguous().numpy().data
 
 
 class _Outgoing:
@@ -203,17 +203,18 @@ class _RoundOne:
         return header, buffers
 
 
-def _round_one(comm: Communicator, out: _Outgoing, world: int) -> _RoundOne:
+def _round_one(engine: Engine, out: _Outgoing, world: int) -> _RoundOne:
     size = len(out.slot)
-    mine = comm.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
+    what = _OP_NAMES[out.head[0]]
+    mine = engine.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     if mine.device.type == "cpu":
         # host memory Python can parse without going through numpy
         raw: Any = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
-        comm._collective(_OP_NAMES[out.head[0]], "all_gather_into_tensor", gathered, mine)
+        engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine)
         return _RoundOne(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-    comm._collective(_OP_NAMES[out.head[0]], "all_gather_into_tensor", gathered, mine)
+    engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine)
     host = gathered.cpu()
     return _RoundOne(host, host.numpy(), size, world)
 
@@ -245,13 +246,13 @@ def _agree(slots: _RoundOne, op: int) -> None:
 
 
 # -- round two -------------------------------------------------------------------------
-def _outgoing_messages(comm: Communicator, segments: list[torch.Tensor], sizes) -> list:
+def _outgoing_messages(engine: Engine, segments: list[torch.Tensor], sizes) -> list:
     """The messages :func:`_messages` describes, on the backend's device.
 
     A segment that is a message of its own is sent from its own memory; small
     ones are copied together (with their alignment padding).
     """
-    to = comm.plugin.to_device
+    to = engine.plugin.to_device
     offsets, _ = _layout(sizes)
     out = []
     for start, end, group in _messages(sizes):
@@ -266,9 +267,9 @@ def _outgoing_messages(comm: Communicator, segments: list[torch.Tensor], sizes) 
     return out
 
 
-def _blob(comm: Communicator, segments: list[torch.Tensor], sizes, size: int) -> torch.Tensor:
+def _blob(engine: Engine, segments: list[torch.Tensor], sizes, size: int) -> torch.Tensor:
     """All segments at their offsets in one tensor of ``size`` bytes (zero padded)."""
-    blob = torch.zeros(size, dtype=torch.uint8, device=comm.plugin.device())
+    blob = torch.zeros(size, dtype=torch.uint8, device=engine.plugin.device())
     offsets, _ = _layout(sizes)
     for pos, seg, n in zip(offsets, segments, sizes):
         blob[pos : pos + n].copy_(seg)
@@ -276,7 +277,7 @@ def _blob(comm: Communicator, segments: list[torch.Tensor], sizes, size: int) ->
 
 
 def _transfer(
-    comm: Communicator,
+    engine: Engine,
     routes: list[tuple[int, int]],
     sizes: dict[int, list[int]],
     segments: list[torch.Tensor],
@@ -288,9 +289,9 @@ def _transfer(
     segment sizes, known here for every sender that sends here (and for this
     rank when it sends ``segments``).
     """
-    if comm.plugin.large_payload_transport != "p2p":
-        return _transfer_collective(comm, routes, sizes, segments, what)
-    me, dev = comm.rank, comm.plugin.device()
+    if engine.plugin.large_payload_transport != "p2p":
+        return _transfer_collective(engine, routes, sizes, segments, what)
+    me, dev = engine.rank, engine.plugin.device()
     blobs: dict[int, torch.Tensor] = {}
     recvs = []
     for sender, receiver in routes:
@@ -301,14 +302,14 @@ def _transfer(
     targets = [r for s, r in routes if s == me]
     sends = []
     if targets:
-        msgs = _outgoing_messages(comm, segments, sizes[me])
+        msgs = _outgoing_messages(engine, segments, sizes[me])
         sends = [(m, r) for r in targets for m in msgs]
-    comm._collective(what, "exchange", sends, recvs)
+    engine.run(what, engine.plugin.exchange, sends, recvs)
     return blobs
 
 
-def _transfer_collective(comm: Communicator, routes, sizes, segments, what: str) -> dict:
-    me, world, dev = comm.rank, comm.world_size, comm.plugin.device()
+def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> dict:
+    me, world, dev = engine.rank, engine.world_size, engine.plugin.device()
     senders = sorted({s for s, _ in routes})
     receivers = {r for _, r in routes}
     # every rank pads to the same size, so the caller gives every rank every
@@ -317,33 +318,33 @@ def _transfer_collective(comm: Communicator, routes, sizes, segments, what: str)
 
     def mine() -> torch.Tensor:
         if me in senders:
-            return _blob(comm, segments, sizes[me], size)
+            return _blob(engine, segments, sizes[me], size)
         return torch.zeros(size, dtype=torch.uint8, device=dev)
 
     if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
         src = senders[0]
         blob = mine() if me == src else torch.empty(size, dtype=torch.uint8, device=dev)
-        comm._collective(what, "broadcast", blob, src)
+        engine.run(what, engine.plugin.broadcast, blob, src)
         return {} if me == src else {src: blob}
     contribution = mine()
     if len(receivers) > 1:
         whole = torch.empty(world * size, dtype=torch.uint8, device=dev)
-        comm._collective(what, "all_gather_into_tensor", whole, contribution)
+        engine.run(what, engine.plugin.all_gather_into_tensor, whole, contribution)
         parts: Any = whole.view(world, size)
     else:
         (dst,) = receivers
         parts = [torch.empty_like(contribution) for _ in range(world)] if me == dst else None
-        comm._collective(what, "gather", contribution, parts, dst)
+        engine.run(what, engine.plugin.gather, contribution, parts, dst)
         if me != dst:
             return {}
     return {s: parts[s] for s in senders if (s, me) in routes}
 
 
 def _round_two(
-    comm: Communicator, out: _Outgoing, slots: _RoundOne, routes: list[tuple[int, int]]
+    engine: Engine, out: _Outgoing, slots: _RoundOne, routes: list[tuple[int, int]]
 ) -> dict[int, tuple[Any, list[torch.Tensor]]]:
     """Move the payloads that did not fit; returns sender -> (header, buffers) here."""
-    me = comm.rank
+    me = engine.rank
     what = _OP_NAMES[out.head[0]]
     senders = {s for s, _ in routes}
     sizes = {s: slots.sizes(s) for s in senders if slots.status(s) == TABLE}
@@ -353,16 +354,16 @@ def _round_two(
         meta_routes = [(s, r) for s, r in routes if s in packed]
         meta_sizes = {s: [_PACKED.unpack_from(slots.body(s))[0]] for s in packed}
         mine = [uint8_view(out.meta)] if me in packed else []
-        tables = _transfer(comm, meta_routes, meta_sizes, mine, what)
+        tables = _transfer(engine, meta_routes, meta_sizes, mine, what)
         for s, blob in tables.items():
             sizes[s] = _sizes(_host(blob))
         if me in packed:
             sizes[me] = out.sizes
-        if comm.plugin.large_payload_transport != "p2p":
+        if engine.plugin.large_payload_transport != "p2p":
             # the collective transport pads to the largest blob: every rank needs it
             for s in packed:
                 sizes.setdefault(s, [0, _PACKED.unpack_from(slots.body(s))[1]])
-    blobs = _transfer(comm, routes, sizes, out.segments, what)
+    blobs = _transfer(engine, routes, sizes, out.segments, what)
     received = {}
     for s, blob in blobs.items():
         offsets, _ = _layout(sizes[s])
@@ -372,9 +373,7 @@ def _round_two(
     return received
 
 
-def _load(
-    ser: Serializer, comm: Communicator, slots: _RoundOne, received: dict, sender: int
-) -> Any:
+def _load(ser: Serializer, engine: Engine, slots: _RoundOne, received: dict, sender: int) -> Any:
     try:
         if slots.status(sender) == INLINE:
             header, buffers = slots.inline(sender)
@@ -383,7 +382,7 @@ def _load(
         return ser.loads(header, buffers)
     except Exception as exc:
         raise DeserializationError(
-            f"rank {comm.rank} could not load the object sent by rank {sender}: "
+            f"rank {engine.rank} could not load the object sent by rank {sender}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
 
@@ -399,16 +398,16 @@ def _root_field(rank: Any) -> int:
 
 
 def _prepare(
-    comm: Communicator,
+    slot_size: int,
     op: int,
     root: int,
     aux: int,
     obj: Any,
     ser: Serializer,
     serialize: bool,
-    arg_check=None,
+    arg_check: Callable[[], object] | None = None,
 ) -> _Outgoing:
-    out = _Outgoing(comm.slot_size, op, root, aux)
+    out = _Outgoing(slot_size, op, root, aux)
     try:
         if arg_check is not None:
             arg_check()
@@ -428,57 +427,61 @@ def _large(slots: _RoundOne, world: int) -> list[int]:
     return [r for r in range(world) if slots.heads[r][0] in (TABLE, PACKED)]
 
 
-def all_gather_object(comm: Communicator, obj: Any, ser: Serializer) -> list[Any]:
+def all_gather_object(engine: Engine, obj: Any, ser: Serializer, slot_size: int) -> list[Any]:
     """See :meth:`commlib.Communicator.all_gather_object`.
 
     This rank's own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> all_gather_object(comm, {"rank": comm.rank}, comm.serializer)
+        >>> all_gather_object(engine, {"rank": engine.rank}, serializer, 4096)
         [{'rank': 0}, {'rank': 1}]
     """
-    world, me = comm.world_size, comm.rank
-    out = _prepare(comm, ALL_GATHER, -1, 0, obj, ser, True)
-    slots = _round_one(comm, out, world)
+    world, me = engine.world_size, engine.rank
+    out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
+    slots = _round_one(engine, out, world)
     _agree(slots, ALL_GATHER)
     routes = [(s, r) for s in _large(slots, world) for r in range(world) if r != s]
-    received = _round_two(comm, out, slots, routes) if routes else {}
-    return [obj if r == me else _load(ser, comm, slots, received, r) for r in range(world)]
+    received = _round_two(engine, out, slots, routes) if routes else {}
+    return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
 
 
-def gather_object(comm: Communicator, obj: Any, dst: int, ser: Serializer) -> list[Any] | None:
+def gather_object(
+    engine: Engine, obj: Any, dst: int, ser: Serializer, slot_size: int
+) -> list[Any] | None:
     """See :meth:`commlib.Communicator.gather_object`.
 
     On ``dst``, its own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> gather_object(comm, comm.rank, 0, comm.serializer)   # None on other ranks
+        >>> gather_object(engine, engine.rank, 0, serializer, 4096)   # None on other ranks
         [0, 1]
     """
-    world, me = comm.world_size, comm.rank
+    world, me = engine.world_size, engine.rank
     root = _root_field(dst)
     out = _prepare(
-        comm, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
+        slot_size, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
     )
-    slots = _round_one(comm, out, world)
+    slots = _round_one(engine, out, world)
     _agree(slots, GATHER)
     routes = [(s, dst) for s in _large(slots, world) if s != dst]
-    received = _round_two(comm, out, slots, routes) if routes else {}
+    received = _round_two(engine, out, slots, routes) if routes else {}
     if me != dst:
         return None
-    return [obj if r == me else _load(ser, comm, slots, received, r) for r in range(world)]
+    return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
 
 
-def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: Serializer) -> None:
+def broadcast_object_list(
+    engine: Engine, object_list: Any, src: int, ser: Serializer, slot_size: int
+) -> None:
     """See :meth:`commlib.Communicator.broadcast_object_list`.
 
     Examples:
-        >>> box = [{"lr": 0.1}] if comm.rank == 0 else [None]
-        >>> broadcast_object_list(comm, box, 0, comm.serializer)
+        >>> box = [{"lr": 0.1}] if engine.rank == 0 else [None]
+        >>> broadcast_object_list(engine, box, 0, serializer, 4096)
         >>> box
         [{'lr': 0.1}]
     """
-    world, me = comm.world_size, comm.rank
+    world, me = engine.world_size, engine.rank
     root = _root_field(src)
     is_list = isinstance(object_list, list)
 
@@ -490,10 +493,10 @@ def broadcast_object_list(comm: Communicator, object_list: Any, src: int, ser: S
         check.rank_in_range(src, world, "src")
 
     aux = len(object_list) if is_list else -1
-    out = _prepare(comm, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
-    slots = _round_one(comm, out, world)
+    out = _prepare(slot_size, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
+    slots = _round_one(engine, out, world)
     _agree(slots, BROADCAST)
     routes = [(src, r) for r in range(world) if r != src] if _large(slots, world) else []
-    received = _round_two(comm, out, slots, routes) if routes else {}
+    received = _round_two(engine, out, slots, routes) if routes else {}
     if me != src:
-        object_list[:] = _load(ser, comm, slots, received, src)
+        object_list[:] = _load(ser, engine, slots, received, src)

@@ -20,38 +20,43 @@ from commlib.errors import RemoteArgumentError
 if TYPE_CHECKING:
     import datetime
 
-    from commlib.communicator import Communicator
+    from commlib._engine import Engine
 
 MAX_DIMS = 31
 _HEADER = 36  # int64 fields: ok, dtype, ndim, nbytes, dims...; 288 bytes keeps data aligned
 _HEADER_BYTES = _HEADER * 8
 
 
-def _inline_room(comm: Communicator) -> int:
-    return max(0, comm.slot_size - _HEADER_BYTES) // 16 * 16
+def inline_room(slot_size: int) -> int:
+    """Bytes of tensor data a slot of ``slot_size`` bytes carries after its header.
+
+    Examples:
+        >>> inline_room(4096)
+        3808
+    """
+    return max(0, slot_size - _HEADER_BYTES) // 16 * 16
 
 
 def exchange(
-    comm: Communicator,
+    engine: Engine,
     tensor: torch.Tensor,
     what: str,
     *,
-    inline: bool = True,
+    room: int,
     timeout: datetime.timedelta | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-    """Every rank's shape, and every rank's tensor if all were small enough.
+    """Every rank's shape, and every rank's tensor if all fit ``room`` bytes.
 
     ``tensor`` must be contiguous and on the backend's device. With
-    ``inline=False`` only shapes travel (a 288-byte slot per rank).
+    ``room=0`` only shapes travel (a 288-byte slot per rank).
 
     Examples:
-        >>> shapes, tensors = exchange(comm, torch.ones(2), "all_gather")
+        >>> shapes, tensors = exchange(engine, torch.ones(2), "all_gather", room=3808)
         >>> shapes
         [[2], [3]]
     """
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()
-    room = _inline_room(comm) if inline else 0
     size = _HEADER_BYTES + room
     fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
@@ -61,14 +66,14 @@ def exchange(
     mine = torch.frombuffer(slot, dtype=torch.uint8)
     if ok and 0 < nbytes <= room:
         mine[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(byte_view(tensor))
-    world = comm.world_size
-    mine = comm.plugin.to_device(mine)
+    world = engine.world_size
+    mine = engine.plugin.to_device(mine)
     if mine.device.type == "cpu":
         raw: bytearray | bytes = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
     else:
         gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-    comm._collective(what, "all_gather_into_tensor", gathered, mine, timeout=timeout)
+    engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
     if mine.device.type != "cpu":
         raw = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
         stride = _HEADER_BYTES
@@ -84,7 +89,7 @@ def exchange(
         per_rank = {r: f"dtype={dtype_from_code(h[1])}, ndim={h[2]}" for r, h in enumerate(heads)}
         raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
     shapes = [list(h[4 : 4 + h[2]]) for h in heads]
-    if not inline or any(h[3] > room for h in heads):
+    if any(h[3] > room for h in heads):
         return shapes, None
     tensors = [
         rows[r, _HEADER_BYTES : _HEADER_BYTES + h[3]].view(tensor.dtype).reshape(shapes[r])

@@ -11,7 +11,12 @@ guarantees them before it calls in:
 * tensors are contiguous and already on :meth:`Backend.device`;
 * ``src`` / ``dst`` / peers are ranks *within* ``group``;
 * ``group`` is a ``torch.distributed.ProcessGroup`` the caller belongs to
-  (``None`` only for backends without a process group, such as ``single``).
+  (``None`` only for backends without a process group, such as ``single``);
+* collectives are called with ``async_op=True`` and return a
+  :class:`~commlib.types.Work` (``wait(timeout)``, ``is_completed()``), or
+  ``None`` when they have finished already.
+
+The types used here are in :mod:`commlib.types`.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
+
+from commlib.types import EngineOp, Group, Work
 
 if TYPE_CHECKING:
     from commlib.serialization import Serializer
@@ -44,7 +51,7 @@ _TORCH_OPS = {
 }
 
 
-def global_rank(group: Any, group_rank: int) -> int:
+def global_rank(group: Group, group_rank: int) -> int:
     """Translate a rank within ``group`` into the world rank torch expects.
 
     Examples:
@@ -65,8 +72,8 @@ class WorkList:
         True
     """
 
-    def __init__(self, works: Sequence[Any]):
-        self.works = [w for w in works if w is not None]
+    def __init__(self, works: Sequence[Work | None]):
+        self.works: list[Work] = [w for w in works if w is not None]
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
@@ -103,7 +110,8 @@ class Backend:
     * ``large_payload_transport``: how the object collectives move payloads
       that do not fit the first round: ``"collective"`` (padded all_gather /
       gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need
-      them; much faster on gloo).
+      them; much faster on gloo);
+    * ``description``: one line for ``commlib info``.
 
     Examples:
         >>> class LoggingGloo(Backend):
@@ -115,11 +123,11 @@ class Backend:
     """
 
     name: ClassVar[str] = ""
-    torch_backend: ClassVar[str | None] = None
+    torch_backend: str | None = None  # an instance may serve a multi-device group
     device_type: ClassVar[str] = "cpu"
     description: ClassVar[str] = ""
     native_avg: ClassVar[bool] = False
-    large_payload_transport: ClassVar[str] = "collective"
+    large_payload_transport: ClassVar[Literal["collective", "p2p"]] = "collective"
 
     # -- identity and availability -------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -144,6 +152,21 @@ class Backend:
         """
         return self.unavailable_reason() is None
 
+    def default_priority(self) -> int | None:
+        """How strongly this backend claims the machine when the user names none.
+
+        :func:`commlib.plugins.default_backend` picks the available backend
+        with the highest number; ``None`` never serves by default. The
+        default: 0 for a backend that drives a torch backend (a CPU one
+        such as gloo is the fallback), ``None`` for ``single``. Accelerator
+        backends answer higher while their device is visible.
+
+        Examples:
+            >>> commlib.plugins.get_backend_plugin("gloo").default_priority()
+            0
+        """
+        return 0 if self.torch_backend else None
+
     # -- devices -------------------------------------------------------------------
     def device(self) -> torch.device:
         """The device this backend's collectives need, for the current process.
@@ -160,6 +183,27 @@ class Backend:
         Called by :func:`commlib.init_dist`. Accelerator backends set the
         current device from ``local_rank`` unless the user already chose one.
         The default (CPU) does nothing.
+        """
+
+    def current_device(self) -> torch.device:
+        """This process's current device of :attr:`device_type` (where received tensors land).
+
+        Unlike :meth:`device`, it is the device type's own current device even
+        where the backend's buffers live elsewhere (a multi-device group).
+
+        Examples:
+            >>> commlib.plugins.get_backend_plugin("gloo").current_device()
+            device(type='cpu')
+        """
+        return torch.device(self.device_type)
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on this process's device (timing, benchmarks).
+
+        Nothing to wait for on the CPU, the default.
+
+        Examples:
+            >>> commlib.plugins.get_backend_plugin("gloo").synchronize()
         """
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -208,7 +252,7 @@ class Backend:
         """
         dist.init_process_group(backend=self.torch_backend, **kwargs)
 
-    def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Any:
+    def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Group:
         """Create a subgroup of the world; every world rank must call it.
 
         Examples:
@@ -216,20 +260,22 @@ class Backend:
         """
         return dist.new_group(list(ranks), timeout=timeout, backend=self.torch_backend)
 
-    def rank(self, group: Any) -> int:
+    def rank(self, group: Group) -> int:
         """This process's rank in ``group`` (-1 when it is not a member)."""
         return dist.get_rank(group)
 
-    def world_size(self, group: Any) -> int:
+    def world_size(self, group: Group) -> int:
         """The number of ranks in ``group``."""
         return dist.get_world_size(group)
 
-    def torch_reduce_op(self, op: str) -> Any:
+    def torch_reduce_op(self, op: EngineOp) -> Any:
         """Map one of commlib's op names (``sum``, ``avg``, ...) to the engine's op."""
         return getattr(dist.ReduceOp, _TORCH_OPS[op])
 
     # -- tensor collectives --------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str, group: Any, async_op: bool = False):
+    def all_reduce(
+        self, tensor: torch.Tensor, op: EngineOp, group: Group, async_op: bool = False
+    ) -> Work | None:
         """Reduce ``tensor`` in place across ``group`` with ``op``."""
         return dist.all_reduce(tensor, self.torch_reduce_op(op), group=group, async_op=async_op)
 
@@ -237,15 +283,15 @@ class Backend:
         self,
         tensor_list: list[torch.Tensor],
         tensor: torch.Tensor,
-        group: Any,
+        group: Group,
         async_op: bool = False,
-    ):
+    ) -> Work | None:
         """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` (equal shapes)."""
         return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
 
     def all_gather_into_tensor(
-        self, output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool = False
-    ):
+        self, output: torch.Tensor, tensor: torch.Tensor, group: Group, async_op: bool = False
+    ) -> Work | None:
         """Concatenate every rank's ``tensor`` along dim 0 into ``output``."""
         return _all_gather_single(output, tensor, group=group, async_op=async_op)
 
@@ -254,15 +300,17 @@ class Backend:
         tensor: torch.Tensor,
         gather_list: list[torch.Tensor] | None,
         dst: int,
-        group: Any,
+        group: Group,
         async_op: bool = False,
-    ):
+    ) -> Work | None:
         """Collect every rank's ``tensor`` into ``gather_list`` on ``dst``."""
         return dist.gather(
             tensor, gather_list, dst=global_rank(group, dst), group=group, async_op=async_op
         )
 
-    def broadcast(self, tensor: torch.Tensor, src: int, group: Any, async_op: bool = False):
+    def broadcast(
+        self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False
+    ) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
         return dist.broadcast(tensor, src=global_rank(group, src), group=group, async_op=async_op)
 
@@ -270,16 +318,16 @@ class Backend:
         self,
         output: torch.Tensor,
         input: torch.Tensor,
-        op: str,
-        group: Any,
+        op: EngineOp,
+        group: Group,
         async_op: bool = False,
-    ):
+    ) -> Work | None:
         """Reduce ``input`` (world_size chunks along dim 0) and keep chunk ``rank``."""
         return _reduce_scatter_single(
             output, input, op=self.torch_reduce_op(op), group=group, async_op=async_op
         )
 
-    def barrier(self, group: Any, timeout: datetime.timedelta | None = None) -> None:
+    def barrier(self, group: Group, timeout: datetime.timedelta | None = None) -> None:
         """Block until every rank of ``group`` has arrived."""
         dist.barrier(group=group, timeout=timeout)
 
@@ -287,9 +335,9 @@ class Backend:
         self,
         sends: Sequence[tuple[torch.Tensor, int]],
         recvs: Sequence[tuple[torch.Tensor, int]],
-        group: Any,
+        group: Group,
         async_op: bool = False,
-    ) -> WorkList | None:
+    ) -> Work | None:
         """Point-to-point: send each ``(tensor, peer)`` and receive into each.
 
         With ``async_op`` it returns one :class:`WorkList` to ``wait(timeout)``

@@ -18,21 +18,20 @@ def info(out=None) -> int:
     import torch
 
     import commlib
-    from commlib.launch import default_torch_backend
+    from commlib import plugins
 
     print(
         f"commlib {commlib.__version__}  torch {torch.__version__}  "
         f"python {platform.python_version()}",
         file=out,
     )
-    accel = getattr(torch, "accelerator", None)
-    device = "cpu"
-    if accel is not None and accel.is_available():
-        device = str(accel.current_accelerator())
-    print(
-        f"default device: {device}   default torch.distributed backend: {default_torch_backend()}",
-        file=out,
-    )
+    try:
+        default = plugins.default_backend()
+        line = f"default backend: {default.name} (torch backend {default.torch_backend}, "
+        line += f"device {default.current_device()})"
+    except Exception as exc:  # a machine with no working backend still gets its table
+        line = f"default backend: none ({exc})"
+    print(line, file=out)
     rows = [("backend", "torch backend", "device", "available", "plugin / reason")]
     for b in commlib.list_backends():
         rows.append(
@@ -41,7 +40,9 @@ def info(out=None) -> int:
                 b.torch_backend or "-",
                 b.device_type,
                 "yes" if b.available else "no",
-                b.plugin if b.available else b.reason or "",
+                (f"{b.plugin}: {b.description}" if b.description else b.plugin)
+                if b.available
+                else b.reason or "",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("info", help="registered backends, availability, torch version, device")
     bench_parser = sub.add_parser(
         "bench",
-        help="every collective, commlib against torch.distributed (nccl-tests style)",
+        help="every collective, commlib against torch.distributed (algbw and busbw tables)",
         description="Benchmark every collective through commlib and through plain "
         "torch.distributed in the same run: time, algbw, busbw, their ratio, peak RSS.",
     )

@@ -1,95 +1,79 @@
-"""``Communicator``: one per process group; validates, then dispatches to a backend.
+"""``Communicator``: one per process group; validates arguments and composes collectives.
 
 The communicator owns what is the same on every backend: argument checks, the
 reduce-op names (``mean`` by sum-and-divide where the engine has no average),
 moving data to the backend's device and back, tensors of different shapes in
-``all_gather``, and the object collectives (:mod:`commlib._objects`). The backend
-plugin owns the device and the engine calls.
+``all_gather`` (:mod:`commlib._ragged`) and the object collectives
+(:mod:`commlib._objects`). Every call to the backend goes through its
+:class:`~commlib._engine.Engine`, which owns the plugin, the group, timeouts and
+the translation of engine failures into commlib errors.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from commlib import _agreement as agreement
-from commlib import _objects as objects
-from commlib import _ragged as ragged
+from commlib import _agreement, _objects, _ragged, plugins
 from commlib import _validation as check
-from commlib import plugins
-from commlib._agreement import as_timedelta
+from commlib._engine import Engine
+from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
-from commlib.errors import CommError, CommTimeoutError, NotInGroupError
+from commlib.errors import NotInGroupError
+from commlib.handle import Handle
 from commlib.serialization import Serializer
+from commlib.types import EngineOp, Group, ReduceOp, Timeout
 
-# as torch.distributed's own default; COMMLIB_TIMEOUT (seconds) overrides it
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
-
-
-def _default_timeout() -> datetime.timedelta:
-    env = os.environ.get("COMMLIB_TIMEOUT")
-    return as_timedelta(float(env)) if env else DEFAULT_TIMEOUT
+__all__ = ["Communicator", "Handle", "dist_ready"]
 
 
-def _env_strict() -> bool:
-    return os.environ.get("COMMLIB_STRICT", "").lower() in ("1", "true", "yes", "on")
-
-
-class Handle:
-    """What an ``async_op=True`` collective returns: ``wait()`` for its result.
-
-    ``wait()`` also finishes commlib's own part of the call (the division of
-    ``mean``, the copy back to the caller's device), so read the tensor only
-    after it. It waits at most the communicator's timeout (or ``timeout``).
+def dist_ready() -> bool:
+    """Whether torch.distributed is available and initialised.
 
     Examples:
-        >>> h = comm.all_reduce(x, async_op=True)
-        >>> h.wait()
-        True
+        >>> dist_ready()          # a plain single-process run
+        False
     """
-
-    def __init__(
-        self,
-        wait: Callable[[datetime.timedelta | None], None] | None = None,
-        finish: Callable[[], None] | None = None,
-        work: Any = None,
-    ):
-        self._wait = wait
-        self._finish = finish
-        self._work = work
-        self._done = False
-
-    def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
-        if not self._done:
-            if self._wait is not None:
-                self._wait(as_timedelta(timeout))
-            if self._finish is not None:
-                self._finish()
-            self._done = True
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done or (self._work is not None and self._work.is_completed())
-
-
-def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _torch_backend_name(group: Any) -> str:
+def _torch_backend_name(group: Group) -> str:
     return str(dist.get_backend(group if group is not dist.GroupMember.WORLD else None))
 
 
-def _pick_plugin(torch_backend: str) -> Backend:
-    """Plugin for a group's torch backend; ``"cpu:gloo,cuda:nccl"`` goes to the accelerator's."""
-    return plugins.backend_for_group(torch_backend)
+def _reduction(
+    op: str, tensor: torch.Tensor, native_avg: bool
+) -> tuple[EngineOp, Callable[[torch.Tensor, torch.Tensor, int], None]]:
+    """What the engine reduces with, and how the result reaches the caller's tensor.
+
+    ``mean`` is the engine's ``avg`` where it averages floating (and complex)
+    tensors natively; otherwise a ``sum`` that commlib divides, in floating
+    point, writing an integer tensor back truncated, as mmengine does.
+    """
+    floating = tensor.is_floating_point() or tensor.is_complex()
+    if op != "mean":
+        return op, _copy_back  # type: ignore[return-value]
+    if native_avg and floating:
+        return "avg", _copy_back
+    return "sum", _divide_back
+
+
+def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    if result.data_ptr() != target.data_ptr() or result.device != target.device:
+        target.copy_(result.view(target.shape))
+
+
+def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    if result.is_floating_point() or result.is_complex():
+        result.div_(world)
+        _copy_back(result, target, world)
+    else:
+        target.copy_(torch.true_divide(result, world).view(target.shape))
 
 
 class Communicator:
@@ -118,49 +102,53 @@ class Communicator:
 
     Examples:
         >>> comm = Communicator()            # the world (or a world of one)
-        >>> x = torch.ones(2) * comm.rank
+        >>> x = torch.ones(2) * (comm.rank + 1)
         >>> comm.all_reduce(x, op="mean")
-        >>> sub = comm.new_group([0, 1])     # every rank calls it
-        >>> if sub.is_member:
-        ...     sub.all_gather_object({"rank": sub.rank})
+        >>> x
+        tensor([1., 1.])
+        >>> comm.all_gather_object({"rank": comm.rank})
+        [{'rank': 0}]
     """
 
     def __init__(
         self,
-        group: Any = None,
+        group: Group = None,
         *,
         backend: str | Backend | None = None,
         serializer: Serializer | None = None,
-        timeout: datetime.timedelta | float | None = None,
+        timeout: Timeout = None,
         slot_size: int = 4096,
         strict: bool | None = None,
     ):
         if slot_size < 64:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
-        self.timeout: datetime.timedelta = as_timedelta(timeout) or _default_timeout()
+        self.timeout: datetime.timedelta = as_timedelta(timeout) or default_timeout()
         self.slot_size = slot_size
-        self.strict = _env_strict() if strict is None else bool(strict)
-        self._seq = 0
-        self._distributed = group is not None or _dist_ready()
-        if group is not None and not _dist_ready():
+        self.strict = strict_from_env() if strict is None else bool(strict)
+        self._distributed = group is not None or dist_ready()
+        if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
         if self._distributed and group is None:
             group = dist.group.WORLD
-        self.group = group
+        self.group: Group = group
         self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
 
         if isinstance(backend, Backend):
-            self.plugin = backend
+            plugin = backend
         elif backend is not None:
             # a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device ("npu")
-            self.plugin = plugins.resolve_backend(backend)
+            plugin = plugins.resolve_backend(backend)
         elif not self._distributed:
-            self.plugin = plugins.get_backend_plugin("single")
+            plugin = plugins.get_backend_plugin("single")
         else:
             # a non-member cannot ask its group; the world's engine is the best answer
-            self.plugin = _pick_plugin(_torch_backend_name(group if self.is_member else None))
-        self.serializer: Serializer = serializer or self.plugin.serializer()
-        self._lock = threading.Lock()
+            torch_backend = _torch_backend_name(group if self.is_member else None)
+            plugin = plugins.backend_for_group(torch_backend)
+        self.plugin: Backend = plugin
+        self.serializer: Serializer = serializer or plugin.serializer()
+        self._engine: Engine | None = (
+            Engine(plugin, group, self.timeout) if self.is_member else None
+        )
 
     # -- who am I ----------------------------------------------------------------
     @property
@@ -168,15 +156,15 @@ class Communicator:
         """Name of the backend plugin serving this communicator (``"gloo"``, ...)."""
         return self.plugin.name
 
-    @functools.cached_property
+    @property
     def rank(self) -> int:
-        """This process's rank in the group; -1 when it is not a member (fixed per group)."""
-        return self.plugin.rank(self.group) if self.is_member else -1
+        """This process's rank in the group; -1 when it is not a member."""
+        return self._engine.rank if self._engine is not None else -1
 
-    @functools.cached_property
+    @property
     def world_size(self) -> int:
-        """Number of ranks in the group; -1 when this process is not a member (fixed per group)."""
-        return self.plugin.world_size(self.group) if self.is_member else -1
+        """Number of ranks in the group; -1 when this process is not a member."""
+        return self._engine.world_size if self._engine is not None else -1
 
     @property
     def local_rank(self) -> int:
@@ -207,9 +195,7 @@ class Communicator:
         return f"<Communicator backend={self.backend!r} {who}>"
 
     # -- groups ------------------------------------------------------------------
-    def new_group(
-        self, ranks: Sequence[int], timeout: datetime.timedelta | float | None = None
-    ) -> Communicator:
+    def new_group(self, ranks: Sequence[int], timeout: Timeout = None) -> Communicator:
         """A communicator for a subgroup; ``ranks`` are ranks of *this* group.
 
         Like ``torch.distributed.new_group``, every rank of the world must call
@@ -219,128 +205,91 @@ class Communicator:
 
         Examples:
             >>> evens = comm.new_group(range(0, comm.world_size, 2))
+            >>> evens.is_member, evens.world_size
+            (True, 1)
         """
         ranks = list(ranks)
         if not ranks:
             raise ValueError("new_group needs at least one rank")
-        size = self.world_size if self.is_member else None
-        for r in ranks:
-            if size is not None:
-                check.rank_in_range(r, size, "rank")
+        if self.is_member:
+            for r in ranks:
+                check.rank_in_range(r, self.world_size, "rank")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"new_group got duplicate ranks: {ranks}")
-        timeout = as_timedelta(timeout) or self.timeout
+        limit = as_timedelta(timeout) or self.timeout
         if not self._distributed:
-            self.plugin.new_group(ranks, timeout)
-            return Communicator(backend=self.plugin, serializer=self.serializer, timeout=timeout)
+            self.plugin.new_group(ranks, limit)
+            return Communicator(backend=self.plugin, serializer=self.serializer, timeout=limit)
         world_ranks = [self.ranks[r] for r in ranks] if self.is_member else ranks
-        group = self.plugin.new_group(world_ranks, timeout)
+        group = self.plugin.new_group(world_ranks, limit)
         return Communicator(
             group,
             backend=self.plugin,
             serializer=self.serializer,
-            timeout=timeout,
+            timeout=limit,
             slot_size=self.slot_size,
         )
 
-    # -- plumbing ----------------------------------------------------------------
-    def _require_member(self, what: str) -> None:
-        if not self.is_member:
+    # -- composition helpers --------------------------------------------------------
+    def _member(self, what: str) -> Engine:
+        """The engine, for a member; a non-member gets :class:`NotInGroupError`."""
+        if self._engine is None:
             raise NotInGroupError(
                 f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
                 "communicator's group"
             )
+        return self._engine
 
-    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` as the backend needs it: on its device and contiguous."""
-        moved = self.plugin.to_device(tensor)
-        return moved if moved.is_contiguous() else moved.contiguous()
-
-    def _wait(
-        self, work: Any, what: str, seq: int, timeout: datetime.timedelta | None = None
-    ) -> None:
-        """Wait for ``work`` at most ``timeout``; failures become commlib errors."""
-        if work is None or not hasattr(work, "wait"):
-            return
-        limit = timeout or self.timeout
-        try:
-            work.wait(limit)
-        except RuntimeError as exc:
-            raise self._failure(what, seq, limit, exc) from exc
-
-    def _failure(
-        self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException
-    ) -> CommError:
-        """The commlib error for an engine failure: a timeout names who is missing."""
-        text = str(exc)
-        if "timed out" in text.lower() or "timeout" in text.lower():
-            missing = agreement.missing_ranks(self, seq, what)
-            detail = "; ".join(f"rank {r}: {w}" for r, w in sorted(missing.items()))
-            return CommTimeoutError(
-                f"{what} did not complete within {limit.total_seconds():g}s on rank "
-                f"{self.rank} of {self.world_size}" + (f" ({detail})" if detail else "")
-            )
-        agreement.record_failure(self, seq, what, "failed")
-        return CommError(f"{what} failed on rank {self.rank}: {text}")
-
-    def _collective(
-        self,
-        what: str,
-        method: str,
-        *args: Any,
-        timeout: datetime.timedelta | None = None,
-        async_op: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        """Call ``plugin.<method>`` asynchronously; wait for it unless ``async_op``.
-
-        Returns ``(work, seq)`` when ``async_op``; the sequence number names the
-        collective in the store if it times out.
-        """
-        self._seq += 1
-        seq = self._seq
-        try:
-            work = getattr(self.plugin, method)(*args, group=self.group, async_op=True, **kwargs)
-        except RuntimeError as exc:
-            raise CommError(f"{what} failed on rank {self.rank}: {exc}") from exc
-        if async_op:
-            return work, seq
-        self._wait(work, what, seq, timeout)
-        return None
-
-    def _run(
-        self,
-        what: str,
-        method: str,
-        *args: Any,
-        async_op: bool,
-        finish: Callable[[], None] | None,
-        timeout: Any = None,
-        **kwargs: Any,
-    ) -> Handle | None:
-        """A tensor collective: the engine call, then commlib's ``finish`` step."""
-        limit = as_timedelta(timeout)
-        if not async_op:
-            self._collective(what, method, *args, timeout=limit, **kwargs)
-            if finish is not None:
-                finish()
-            return None
-        work, seq = self._collective(what, method, *args, async_op=True, **kwargs)
-        return Handle(lambda t: self._wait(work, what, seq, t or limit), finish, work)
-
-    def _strict(self, what: str, description: str) -> None:
+    def _strict(self, engine: Engine, what: str, description: str) -> None:
         if self.strict and self._distributed:
             # the title must not be this rank's own view: every rank raises alike
-            agreement.agree(self, "strict mode", f"{what}({description})")
+            _agreement.agree(
+                engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
+            )
+
+    def ensure_same(self, what: str, description: str) -> None:
+        """Raise the same error on every rank unless all ranks pass the same ``description``.
+
+        One 8-byte all_gather when the ranks agree; when they do not, every
+        rank raises :class:`~commlib.errors.RemoteArgumentError` showing what
+        each rank passed. Use it before a collective whose arguments must
+        match, so a mismatch is an error instead of a hang.
+
+        Examples:
+            >>> comm.ensure_same("my_sync", f"keys={sorted(state)}")
+        """
+        engine = self._member(what)
+        if self._distributed:
+            _agreement.agree(engine, what, description, self.serializer, self.slot_size)
+
+    def all_gather_shapes(
+        self, tensor: torch.Tensor, *, timeout: Timeout = None
+    ) -> list[list[int]]:
+        """Every rank's shape of ``tensor`` (same dtype and number of dims everywhere).
+
+        Examples:
+            >>> comm.all_gather_shapes(torch.zeros(3, 2))
+            [[3, 2]]
+        """
+        engine = self._member("all_gather_shapes")
+        check.tensor(tensor, "tensor")
+        shapes, _ = _ragged.exchange(
+            engine,
+            engine.to_device(tensor),
+            "all_gather_shapes",
+            room=0,
+            timeout=as_timedelta(timeout),
+        )
+        return shapes
 
     # -- tensor collectives -------------------------------------------------------
     def all_reduce(
         self,
         tensor: torch.Tensor,
-        op: str = "sum",
+        op: ReduceOp | str = "sum",
         *,
         async_op: bool = False,
-        timeout: datetime.timedelta | float | None = None,
+        timeout: Timeout = None,
     ) -> Handle | None:
         """Reduce ``tensor`` across the group, in place.
 
@@ -352,40 +301,24 @@ class Communicator:
             >>> x = torch.tensor([1.0, 2.0]) * (comm.rank + 1)
             >>> comm.all_reduce(x, op="mean")   # 2 ranks: tensor([1.5, 3.0])
         """
-        self._require_member("all_reduce")
+        engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
-        op = check.reduce_op(op, tensor)
-        self._strict("all_reduce", f"op={op}, {tensor.dtype}, {tuple(tensor.shape)}")
-        native = op != "mean" or (
-            self.plugin.native_avg and (tensor.is_floating_point() or tensor.is_complex())
-        )
-        work_t = self._on_device(tensor)
-        world = self.world_size
-
-        def finish() -> None:
-            if not native:
-                if work_t.is_floating_point() or work_t.is_complex():
-                    work_t.div_(world)
-                else:
-                    tensor.copy_(torch.true_divide(work_t, world))
-                    return
-            if work_t is not tensor:
-                tensor.copy_(work_t)
-
-        engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
-        return self._run(
+        name = check.reduce_op(op, tensor)
+        self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
+        engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
+        work_t = engine.to_device(tensor)
+        world = engine.world_size
+        return engine.submit(
             "all_reduce",
-            "all_reduce",
+            self.plugin.all_reduce,
             work_t,
             engine_op,
+            finish=lambda: back(work_t, tensor, world),
+            timeout=as_timedelta(timeout),
             async_op=async_op,
-            finish=finish,
-            timeout=timeout,
         )
 
-    def all_gather(
-        self, tensor: torch.Tensor, *, timeout: datetime.timedelta | float | None = None
-    ) -> list[torch.Tensor]:
+    def all_gather(self, tensor: torch.Tensor, *, timeout: Timeout = None) -> list[torch.Tensor]:
         """Every rank's ``tensor``, as a list indexed by rank.
 
         Ranks may pass tensors of different shapes (same number of dims, same
@@ -397,21 +330,23 @@ class Communicator:
             >>> comm.all_gather(torch.arange(comm.rank + 1))   # 2 ranks
             [tensor([0]), tensor([0, 1])]
         """
-        self._require_member("all_gather")
+        engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
-        world = self.world_size
-        self._strict("all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
-        work_t = self._on_device(tensor)
+        world = engine.world_size
+        self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
+        work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
-        shapes, out = ragged.exchange(self, work_t, "all_gather", timeout=limit)
+        shapes, out = _ragged.exchange(
+            engine, work_t, "all_gather", room=_ragged.inline_room(self.slot_size), timeout=limit
+        )
         if out is not None:  # small: the data came with the shapes, one round
             pass
         elif all(s == shapes[0] for s in shapes):
             # one flat buffer: cheaper on the engines than a list of outputs
             flat = torch.empty((world, *work_t.shape), dtype=work_t.dtype, device=work_t.device)
-            self._collective(
+            engine.run(
                 "all_gather",
-                "all_gather_into_tensor",
+                self.plugin.all_gather_into_tensor,
                 flat.view(-1),
                 work_t.reshape(-1),
                 timeout=limit,
@@ -422,7 +357,7 @@ class Communicator:
             padded = work_t.new_zeros(max_shape)
             padded[tuple(slice(0, d) for d in work_t.shape)] = work_t
             buf = [torch.empty_like(padded) for _ in range(world)]
-            self._collective("all_gather", "all_gather", buf, padded, timeout=limit)
+            engine.run("all_gather", self.plugin.all_gather, buf, padded, timeout=limit)
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
         return [t.to(tensor.device) for t in out]
 
@@ -432,7 +367,7 @@ class Communicator:
         tensor: torch.Tensor,
         *,
         async_op: bool = False,
-        timeout: datetime.timedelta | float | None = None,
+        timeout: Timeout = None,
     ) -> Handle | None:
         """Concatenate every rank's ``tensor`` along dim 0 into ``output``.
 
@@ -442,44 +377,36 @@ class Communicator:
             >>> out = torch.empty(comm.world_size * 2)
             >>> comm.all_gather_into_tensor(out, torch.ones(2) * comm.rank)
         """
-        self._require_member("all_gather_into_tensor")
+        engine = self._member("all_gather_into_tensor")
         check.tensor(output, "output")
         check.tensor(tensor, "tensor")
-        if output.numel() != tensor.numel() * self.world_size:
+        if output.numel() != tensor.numel() * engine.world_size:
             raise ValueError(
                 f"output has {output.numel()} elements; all_gather_into_tensor needs "
-                f"world_size ({self.world_size}) x {tensor.numel()}"
+                f"world_size ({engine.world_size}) x {tensor.numel()}"
             )
         if output.dtype != tensor.dtype:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
-        self._strict("all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}")
-        out_t = self._on_device(output)
-        in_t = self._on_device(tensor)
-
-        def finish() -> None:
-            if out_t is not output:
-                output.copy_(out_t)
-
-        return self._run(
+        self._strict(engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}")
+        out_t = engine.to_device(output)
+        in_t = engine.to_device(tensor)
+        world = engine.world_size
+        return engine.submit(
             "all_gather_into_tensor",
-            "all_gather_into_tensor",
+            self.plugin.all_gather_into_tensor,
             # flat views: engines such as gloo insist on matching shapes, and
             # the contract is about element counts
             out_t.reshape(-1),
             in_t.reshape(-1),
+            finish=lambda: _copy_back(out_t, output, world),
+            timeout=as_timedelta(timeout),
             async_op=async_op,
-            finish=finish,
-            timeout=timeout,
         )
 
     def gather(
-        self,
-        tensor: torch.Tensor,
-        dst: int = 0,
-        *,
-        timeout: datetime.timedelta | float | None = None,
+        self, tensor: torch.Tensor, dst: int = 0, *, timeout: Timeout = None
     ) -> list[torch.Tensor]:
         """Every rank's ``tensor`` on ``dst`` (a list); other ranks get ``[]``.
 
@@ -490,15 +417,15 @@ class Communicator:
             [tensor([0]), tensor([1])]   # rank 0
             []                           # rank 1
         """
-        self._require_member("gather")
+        engine = self._member("gather")
         check.tensor(tensor, "tensor")
-        check.rank_in_range(dst, self.world_size, "dst")
-        self._strict("gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
-        work_t = self._on_device(tensor)
-        is_dst = self.rank == dst
-        out = [torch.empty_like(work_t) for _ in range(self.world_size)] if is_dst else None
-        self._collective("gather", "gather", work_t, out, dst, timeout=as_timedelta(timeout))
-        return [t.to(tensor.device) for t in out] if is_dst else []
+        check.rank_in_range(dst, engine.world_size, "dst")
+        self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
+        work_t = engine.to_device(tensor)
+        is_dst = engine.rank == dst
+        out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
+        engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
+        return [t.to(tensor.device) for t in out] if out is not None else []
 
     def broadcast(
         self,
@@ -506,42 +433,40 @@ class Communicator:
         src: int = 0,
         *,
         async_op: bool = False,
-        timeout: datetime.timedelta | float | None = None,
+        timeout: Timeout = None,
     ) -> Handle | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank, in place.
 
         Examples:
             >>> x = torch.tensor([comm.rank])
-            >>> comm.broadcast(x, src=1)     # every rank: tensor([1])
+            >>> comm.broadcast(x, src=0)
+            >>> x
+            tensor([0])
         """
-        self._require_member("broadcast")
+        engine = self._member("broadcast")
         check.tensor(tensor, "tensor")
-        check.rank_in_range(src, self.world_size, "src")
-        self._strict("broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
-        work_t = self._on_device(tensor)
-
-        def finish() -> None:
-            if work_t is not tensor:
-                tensor.copy_(work_t)
-
-        return self._run(
+        check.rank_in_range(src, engine.world_size, "src")
+        self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
+        work_t = engine.to_device(tensor)
+        world = engine.world_size
+        return engine.submit(
             "broadcast",
-            "broadcast",
+            self.plugin.broadcast,
             work_t,
             src,
+            finish=lambda: _copy_back(work_t, tensor, world),
+            timeout=as_timedelta(timeout),
             async_op=async_op,
-            finish=finish,
-            timeout=timeout,
         )
 
     def reduce_scatter(
         self,
         output: torch.Tensor,
         input: torch.Tensor | Sequence[torch.Tensor],
-        op: str = "sum",
+        op: ReduceOp | str = "sum",
         *,
         async_op: bool = False,
-        timeout: datetime.timedelta | float | None = None,
+        timeout: Timeout = None,
     ) -> Handle | None:
         """Reduce ``input`` across ranks and leave chunk ``rank`` in ``output``.
 
@@ -551,12 +476,20 @@ class Communicator:
         Examples:
             >>> out = torch.empty(1)
             >>> comm.reduce_scatter(out, torch.ones(comm.world_size))
-            >>> out                            # tensor([2.]) on 2 ranks
+            >>> out
+            tensor([1.])
         """
-        self._require_member("reduce_scatter")
+        engine = self._member("reduce_scatter")
         check.tensor(output, "output")
-        world = self.world_size
-        if isinstance(input, (list, tuple)):
+        world = engine.world_size
+        if isinstance(input, torch.Tensor):
+            if input.numel() != output.numel() * world:
+                raise ValueError(
+                    f"input has {input.numel()} elements; reduce_scatter needs world_size "
+                    f"({world}) x output's {output.numel()}"
+                )
+            flat = input.reshape(-1)
+        elif isinstance(input, (list, tuple)):
             if len(input) != world:
                 raise ValueError(f"reduce_scatter needs {world} input tensors, got {len(input)}")
             for t in input:
@@ -568,73 +501,55 @@ class Communicator:
                     )
             flat = torch.cat([t.reshape(-1) for t in input])
         else:
-            check.tensor(input, "input")
-            if input.numel() != output.numel() * world:
-                raise ValueError(
-                    f"input has {input.numel()} elements; reduce_scatter needs world_size "
-                    f"({world}) x output's {output.numel()}"
-                )
-            flat = input.reshape(-1)
+            raise TypeError(
+                f"input must be a torch.Tensor or a list of them, got {type(input).__name__}"
+            )
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
-        op = check.reduce_op(op, output)
-        self._strict("reduce_scatter", f"op={op}, {output.dtype}, {tuple(output.shape)}")
-        native = op != "mean" or (self.plugin.native_avg and output.is_floating_point())
-        engine_op = "avg" if (op == "mean" and native) else ("sum" if op == "mean" else op)
-        out_t = self._on_device(output).view(-1)  # contiguous, so a view
-        in_t = self._on_device(flat)
-
-        def finish() -> None:
-            if not native:
-                if out_t.is_floating_point() or out_t.is_complex():
-                    out_t.div_(world)
-                else:
-                    output.copy_(torch.true_divide(out_t, world).view(output.shape))
-                    return
-            if out_t.data_ptr() != output.data_ptr() or out_t.device != output.device:
-                output.copy_(out_t.view(output.shape))
-
-        return self._run(
+        name = check.reduce_op(op, output)
+        self._strict(engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}")
+        engine_op, back = _reduction(name, output, self.plugin.native_avg)
+        out_t = engine.to_device(output).view(-1)  # contiguous, so a view
+        in_t = engine.to_device(flat)
+        return engine.submit(
             "reduce_scatter",
-            "reduce_scatter",
+            self.plugin.reduce_scatter,
             out_t,
             in_t,
             engine_op,
+            finish=lambda: back(out_t, output, world),
+            timeout=as_timedelta(timeout),
             async_op=async_op,
-            finish=finish,
-            timeout=timeout,
         )
 
-    def barrier(self, *, timeout: datetime.timedelta | float | None = None) -> None:
+    def barrier(self, *, timeout: Timeout = None) -> None:
         """Block until every rank of the group has arrived (at most ``timeout``).
 
         Examples:
             >>> comm.barrier(timeout=60)
         """
-        self._require_member("barrier")
-        self._strict("barrier", "")
-        limit = as_timedelta(timeout) or self.timeout
-        self._seq += 1
-        try:
-            self.plugin.barrier(self.group, timeout=limit)
-        except RuntimeError as exc:
-            raise self._failure("barrier", self._seq, limit, exc) from exc
+        engine = self._member("barrier")
+        self._strict(engine, "barrier", "")
+        engine.barrier(as_timedelta(timeout))
 
     # -- object collectives -------------------------------------------------------
     def all_gather_object(self, obj: Any, *, serializer: Serializer | None = None) -> list[Any]:
         """Every rank's ``obj``, as a list indexed by rank.
 
         If any rank fails to serialize its object, every rank raises the same
-        :class:`~commlib.errors.RemoteError` naming it.
+        :class:`~commlib.errors.RemoteError` naming it. This rank's own entry is
+        ``obj`` itself, not a copy.
 
         Examples:
             >>> comm.all_gather_object({"rank": comm.rank})
-            [{'rank': 0}, {'rank': 1}]
+            [{'rank': 0}]
         """
-        self._require_member("all_gather_object")
-        if self.world_size == 1:  # as mmengine: nothing to serialize in a world of one
+        engine = self._member("all_gather_object")
+        if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
             return [obj]
-        return objects.all_gather_object(self, obj, serializer or self.serializer)
+        return _objects.all_gather_object(
+            engine, obj, serializer or self.serializer, self.slot_size
+        )
 
     def gather_object(
         self, obj: Any, dst: int = 0, *, serializer: Serializer | None = None
@@ -643,14 +558,15 @@ class Communicator:
 
         Examples:
             >>> comm.gather_object(comm.rank, dst=0)
-            [0, 1]    # rank 0
-            None      # rank 1
+            [0]
         """
-        self._require_member("gather_object")
-        if self.world_size == 1:
+        engine = self._member("gather_object")
+        if engine.world_size == 1:
             check.rank_in_range(dst, 1, "dst")
             return [obj]
-        return objects.gather_object(self, obj, dst, serializer or self.serializer)
+        return _objects.gather_object(
+            engine, obj, dst, serializer or self.serializer, self.slot_size
+        )
 
     def broadcast_object_list(
         self, object_list: list[Any], src: int = 0, *, serializer: Serializer | None = None
@@ -662,18 +578,20 @@ class Communicator:
         Examples:
             >>> objs = ["foo", 12, {1: 2}] if comm.rank == 0 else [None] * 3
             >>> comm.broadcast_object_list(objs)
-            >>> objs                                 # every rank
+            >>> objs
             ['foo', 12, {1: 2}]
         """
-        self._require_member("broadcast_object_list")
-        if self.world_size == 1:
+        engine = self._member("broadcast_object_list")
+        if engine.world_size == 1:
             if not isinstance(object_list, list):
                 raise TypeError(
                     f"broadcast_object_list needs a list, got {type(object_list).__name__}"
                 )
             check.rank_in_range(src, 1, "src")
             return
-        objects.broadcast_object_list(self, object_list, src, serializer or self.serializer)
+        _objects.broadcast_object_list(
+            engine, object_list, src, serializer or self.serializer, self.slot_size
+        )
 
     def broadcast_object(
         self, obj: Any = None, src: int = 0, *, serializer: Serializer | None = None
@@ -681,7 +599,8 @@ class Communicator:
         """Return ``src``'s ``obj`` on every rank.
 
         Examples:
-            >>> cfg = comm.broadcast_object(load_config() if comm.rank == 0 else None)
+            >>> comm.broadcast_object({"lr": 0.1} if comm.rank == 0 else None)
+            {'lr': 0.1}
         """
         box = [obj]
         self.broadcast_object_list(box, src, serializer=serializer)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from commlib import helpers, results
-from commlib.communicator import Communicator, Handle, _dist_ready
+from commlib.communicator import Communicator, Handle, dist_ready
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,7 +38,7 @@ def get_communicator(group: Any = None) -> Communicator:
     """
     if isinstance(group, Communicator):
         return group
-    world = dist.group.WORLD if _dist_ready() else None
+    world = dist.group.WORLD if dist_ready() else None
     with _lock:
         if _cache_world[0] is not world:  # the world was (re)initialised or destroyed
             _cache.clear()
@@ -168,7 +168,7 @@ def get_default_group() -> Any:
     Examples:
         >>> get_default_group()
     """
-    return dist.group.WORLD if _dist_ready() else None
+    return dist.group.WORLD if dist_ready() else None
 
 
 def get_comm_device(group: Any = None) -> torch.device:
@@ -188,7 +188,7 @@ def is_distributed() -> bool:
         >>> is_distributed()
         False
     """
-    return _dist_ready()
+    return dist_ready()
 
 
 def is_main_process(group: Any = None) -> bool:

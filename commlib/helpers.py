@@ -15,9 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from commlib import _ragged as ragged
 from commlib import _validation as check
-from commlib._agreement import agree
 from commlib.communicator import Communicator
 from commlib.errors import RemoteArgumentError
 
@@ -48,8 +46,7 @@ def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:
         check.reduce_op(op, data[k])
     if comm.world_size == 1:
         return
-    agree(
-        comm,
+    comm.ensure_same(
         "all_reduce_dict",
         "; ".join(f"{k!r}: {data[k].dtype} {tuple(data[k].shape)}" for k in keys),
     )
@@ -175,9 +172,7 @@ def pad_to_largest_tensor(
     check.tensor(tensor, "tensor")
     if tensor.dim() == 0:
         raise ValueError("pad_to_largest_tensor needs a tensor with at least one dim")
-    shapes, _ = ragged.exchange(
-        comm, comm.plugin.to_device(tensor).contiguous(), "pad_to_largest_tensor", inline=False
-    )
+    shapes = comm.all_gather_shapes(tensor)
     if len({tuple(s[1:]) for s in shapes}) > 1:
         raise RemoteArgumentError(
             "pad_to_largest_tensor",

@@ -47,3 +47,4 @@ def commlib_backends() -> Iterable[type[Backend] | Backend]:
         ... def commlib_backends():
         ...     return [MyBackend]
     """
+    raise NotImplementedError  # a hookspec's body never runs: pluggy calls the plugins

@@ -7,7 +7,6 @@ import datetime
 import os
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from commlib import plugins
@@ -27,25 +26,16 @@ _LAUNCHER_ENV = {
 
 
 def default_torch_backend() -> str:
-    """The torch.distributed backend for this machine's accelerator (gloo on CPU).
+    """The torch.distributed backend ``init_dist`` uses when none is named.
+
+    The plugins decide (:func:`commlib.plugins.default_backend`): an
+    accelerator backend whose device is visible, gloo otherwise.
 
     Examples:
         >>> default_torch_backend()      # on a CPU-only machine
         'gloo'
     """
-    device = "cpu"
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None and accel.is_available():
-        device = accel.current_accelerator().type
-    elif torch.cuda.is_available():
-        device = "cuda"
-    getter = getattr(dist, "get_default_backend_for_device", None)
-    if getter is None:
-        return "nccl" if device == "cuda" else "gloo"
-    try:
-        return getter(device)
-    except (ValueError, RuntimeError):
-        return "gloo"
+    return plugins.default_backend().torch_backend or "gloo"
 
 
 def init_dist(
@@ -125,5 +115,7 @@ def _destroy_at_exit() -> None:
 def _plugin(backend: str | Backend | None) -> Backend:
     if isinstance(backend, Backend):
         return backend
+    if backend is None:
+        return plugins.default_backend()
     # a plugin name, a torch backend ("nccl", "cpu:gloo,cuda:nccl") or a device ("npu")
-    return plugins.resolve_backend(backend or default_torch_backend())
+    return plugins.resolve_backend(backend)

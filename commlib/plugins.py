@@ -1,31 +1,48 @@
 """The plugin manager: a backend name maps to an implementation.
 
-Built-in backends and third-party ones arrive the same way: pluggy loads every
-entry point of the ``commlib.backends`` group and asks each plugin for its
-backends through the ``commlib_backends`` hook (see :mod:`commlib.hookspecs`).
+Built-in backends and third-party ones arrive the same way: every entry point
+of the ``commlib.backends`` group is loaded and asked for its backends through
+the ``commlib_backends`` hook (see :mod:`commlib.hookspecs`).
 :func:`register_backend` adds one at run time.
+
+A plugin that cannot be imported, whose hook raises, or that offers a name
+another plugin offers too breaks nothing else: it becomes a row of
+:func:`list_backends` (and ``commlib info``) that says why, and an error only
+for whoever selects that backend.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pluggy
+import torch
+import torch.distributed as dist
 
 from commlib import hookspecs
 from commlib.backend import Backend
+from commlib.errors import BackendUnavailableError
 
 _lock = threading.RLock()
 _pm: pluggy.PluginManager | None = None
-_registry: dict[str, Backend] | None = None
+_entry_point_owner: dict[int, str] = {}  # id(plugin object) -> "name (dist version)"
+_load_failures: dict[str, str] = {}  # entry point name -> why it did not load
+_registry: _Registry | None = None
 _runtime: dict[str, Backend] = {}
 
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """What :func:`list_backends` reports about one backend."""
+    """What :func:`list_backends` reports about one backend.
+
+    ``plugin`` names who provided it: the plugin (and its distribution), or
+    ``"register_backend"``. A plugin that failed to load has a row too, with
+    ``available=False`` and the failure as ``reason``.
+    """
 
     name: str
     torch_backend: str | None
@@ -33,10 +50,34 @@ class BackendInfo:
     available: bool
     reason: str | None
     plugin: str
+    description: str = ""
+
+
+@dataclass
+class _Registry:
+    """What the hook calls produced: backends, who owns each, and the broken ones."""
+
+    backends: dict[str, Backend]
+    owners: dict[str, str]
+    broken: dict[str, tuple[str, str]]  # name -> (owner, reason)
+
+
+def _distribution_label(ep: importlib.metadata.EntryPoint) -> str:
+    dist_ = getattr(ep, "dist", None)
+    if dist_ is None or dist_.metadata["name"] == "commlib":
+        return ep.name
+    return f"{ep.name} ({dist_.metadata['name']} {dist_.version})"
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return list(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
 
 
 def plugin_manager() -> pluggy.PluginManager:
-    """The process-wide pluggy manager, with entry points loaded.
+    """The process-wide pluggy manager, with the entry points that load registered.
+
+    An entry point that fails to import is remembered (see
+    :func:`list_backends`) instead of breaking the others.
 
     Examples:
         >>> pm = plugin_manager()
@@ -48,7 +89,17 @@ def plugin_manager() -> pluggy.PluginManager:
         if _pm is None:
             pm = pluggy.PluginManager(hookspecs.PROJECT)
             pm.add_hookspecs(hookspecs)
-            pm.load_setuptools_entrypoints(hookspecs.ENTRY_POINT_GROUP)
+            for ep in _entry_points():
+                if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+                    continue
+                label = _distribution_label(ep)
+                try:
+                    plugin = ep.load()
+                    pm.register(plugin, name=ep.name)
+                except Exception as exc:  # one broken plugin must not break the others
+                    _load_failures[ep.name] = f"{label}: {type(exc).__name__}: {exc}"
+                    continue
+                _entry_point_owner[id(plugin)] = label
             _pm = pm
         return _pm
 
@@ -62,41 +113,62 @@ def _instantiate(item: type[Backend] | Backend) -> Backend:
     return backend
 
 
-def _collect() -> dict[str, Backend]:
+def _collect() -> _Registry:
     pm = plugin_manager()
-    found: dict[str, Backend] = {}
-    owner: dict[str, str] = {}
-    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
+    reg = _Registry({}, {}, {})
+    for name, reason in _load_failures.items():
+        reg.broken[name] = (reason.split(":", 1)[0], f"plugin failed to load: {reason}")
     # pluggy calls hooks newest-registered first; walk the implementations
-    # ourselves so a duplicate name can name both plugins.
+    # ourselves so that one failing hook, or a duplicate name, names its plugin
     for impl in pm.hook.commlib_backends.get_hookimpls():
-        plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
-        dist = dists.get(id(impl.plugin))
-        if dist is not None and dist.metadata["name"] != "commlib":
-            plugin_name += f" ({dist.metadata['name']} {dist.version})"
-        for item in impl.function() or ():
-            backend = _instantiate(item)
-            if backend.name in found:
-                raise ValueError(
-                    f"backend {backend.name!r} is registered twice: by {owner[backend.name]!r} "
-                    f"and by {plugin_name!r}"
+        owner = _entry_point_owner.get(id(impl.plugin)) or pm.get_name(impl.plugin) or "?"
+        try:
+            items = cast(Iterable[Any], impl.function() or ())
+            offered = [_instantiate(item) for item in items]
+        except Exception as exc:
+            reg.broken[owner.split(" ", 1)[0]] = (
+                owner,
+                f"plugin {owner!r} failed to list its backends: {type(exc).__name__}: {exc}",
+            )
+            continue
+        for backend in offered:
+            if backend.name in reg.broken:
+                first, reason = reg.broken[backend.name]
+                if reason.startswith("registered twice"):
+                    reg.broken[backend.name] = (first, f"{reason} and by {owner!r}")
+                continue
+            if backend.name in reg.backends:
+                first = reg.owners.pop(backend.name)
+                del reg.backends[backend.name]
+                reg.broken[backend.name] = (
+                    first,
+                    f"registered twice: by {first!r} and by {owner!r}; uninstall one",
                 )
-            found[backend.name] = backend
-            owner[backend.name] = plugin_name
-            backend._commlib_plugin = plugin_name  # type: ignore[attr-defined]
-    return found
+                continue
+            reg.backends[backend.name] = backend
+            reg.owners[backend.name] = owner
+    return reg
 
 
-def _backends() -> dict[str, Backend]:
+def _current() -> _Registry:
     global _registry
     with _lock:
         if _registry is None:
             _registry = _collect()
-        return {**_registry, **_runtime}
+        return _registry
+
+
+def _backends() -> dict[str, Backend]:
+    with _lock:
+        return {**_current().backends, **_runtime}
 
 
 def refresh() -> None:
-    """Forget the cached registry, so newly registered pluggy plugins are seen."""
+    """Forget the cached registry, so newly registered pluggy plugins are seen.
+
+    Examples:
+        >>> refresh()
+    """
     global _registry
     with _lock:
         _registry = None
@@ -121,7 +193,6 @@ def register_backend(backend: type[Backend] | Backend, *, replace: bool = False)
                 f"a backend named {instance.name!r} is already registered; "
                 "pass replace=True to replace it"
             )
-        instance._commlib_plugin = "register_backend"  # type: ignore[attr-defined]
         _runtime[instance.name] = instance
     return instance
 
@@ -138,20 +209,27 @@ def unregister_backend(name: str) -> None:
         del _runtime[name]
 
 
+def _refuse_broken(name: str) -> None:
+    broken = _current().broken
+    if name in broken and name not in _runtime:
+        raise BackendUnavailableError(f"backend {name!r} cannot be used: {broken[name][1]}")
+
+
 def get_backend_plugin(name: str) -> Backend:
     """The registered backend called ``name``.
+
+    A backend whose plugin is broken raises
+    :class:`~commlib.errors.BackendUnavailableError` saying why.
 
     Examples:
         >>> get_backend_plugin("gloo").torch_backend
         'gloo'
     """
     backends = _backends()
-    try:
+    if name in backends:
         return backends[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown commlib backend {name!r}; registered: {sorted(backends)}"
-        ) from None
+    _refuse_broken(name)
+    raise ValueError(f"unknown commlib backend {name!r}; registered: {sorted(backends)}")
 
 
 def backend_for_torch(torch_backend: str) -> Backend:
@@ -170,6 +248,7 @@ def backend_for_torch(torch_backend: str) -> Backend:
     for backend in backends.values():
         if backend.torch_backend == torch_backend:
             return backend
+    _refuse_broken(torch_backend)
     raise ValueError(
         f"no commlib backend drives the torch.distributed backend {torch_backend!r}; "
         f"registered: {sorted(backends)}"
@@ -214,9 +293,6 @@ def backend_for_device(device: Any) -> Backend:
         >>> backend_for_device("cpu").name
         'gloo'
     """
-    import torch
-    import torch.distributed as dist
-
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError):
@@ -236,6 +312,52 @@ def backend_for_device(device: Any) -> Backend:
     raise ValueError(f"no commlib backend serves device type {kind!r}")
 
 
+def default_backend() -> Backend:
+    """The backend for this machine when the user names none.
+
+    Each available backend says how strongly it claims the machine
+    (:meth:`Backend.default_priority`: an accelerator whose device is visible
+    above gloo); the highest wins, and among equals the one whose name is the
+    torch backend it drives (gloo over a wrapper of gloo), then by name.
+
+    Examples:
+        >>> default_backend().name        # a machine without accelerators
+        'gloo'
+    """
+    ranked = []
+    for name, backend in _backends().items():
+        try:
+            priority = backend.default_priority()
+            if priority is None or not backend.is_available():
+                continue
+        except Exception:  # a broken plugin must not decide for the working ones
+            continue
+        ranked.append((-priority, name != backend.torch_backend, name, backend))
+    if not ranked:
+        raise BackendUnavailableError("no available commlib backend drives a torch backend")
+    return min(ranked, key=lambda r: r[:3])[3]
+
+
+def backend_serving(device_type: str) -> Backend | None:
+    """The available backend whose device is ``device_type``, if any.
+
+    Examples:
+        >>> backend_serving("cpu").name
+        'gloo'
+        >>> backend_serving("xpu") is None
+        True
+    """
+    matches = [b for b in _backends().values() if b.device_type == device_type and b.torch_backend]
+    matches.sort(key=lambda b: b.name != b.torch_backend)
+    for backend in matches:
+        try:
+            if backend.is_available():
+                return backend
+        except Exception:
+            continue
+    return None
+
+
 def resolve_backend(name: str) -> Backend:
     """A plugin from a plugin name, a torch backend (or multi-device spec) or a device type.
 
@@ -248,6 +370,7 @@ def resolve_backend(name: str) -> Backend:
     backends = _backends()
     if name in backends:
         return backends[name]
+    _refuse_broken(name)
     try:
         return backend_for_group(name)
     except ValueError:
@@ -262,29 +385,34 @@ def resolve_backend(name: str) -> Backend:
 
 
 def list_backends() -> list[BackendInfo]:
-    """Every registered backend with its availability.
+    """Every registered backend with its availability, broken plugins included.
 
     Examples:
         >>> [(b.name, b.available) for b in list_backends()]
         [('gloo', True), ('single', True)]
     """
-    out = []
-    for name, backend in sorted(_backends().items()):
+    reg = _current()
+    rows = []
+    for name, backend in _backends().items():
         try:
             reason = backend.unavailable_reason()
         except Exception as exc:  # a broken plugin must not break `commlib info`
             reason = f"availability check failed: {type(exc).__name__}: {exc}"
-        out.append(
+        rows.append(
             BackendInfo(
                 name=name,
                 torch_backend=backend.torch_backend,
                 device_type=backend.device_type,
                 available=reason is None,
                 reason=reason,
-                plugin=getattr(backend, "_commlib_plugin", "?"),
+                plugin="register_backend" if name in _runtime else reg.owners.get(name, "?"),
+                description=backend.description,
             )
         )
-    return out
+    for name, (owner, reason) in reg.broken.items():
+        if name not in _runtime:
+            rows.append(BackendInfo(name, None, "-", False, reason, owner))
+    return sorted(rows, key=lambda b: b.name)
 
 
 def _reset_for_tests(pm: Any = None) -> None:
@@ -292,3 +420,5 @@ def _reset_for_tests(pm: Any = None) -> None:
     with _lock:
         _pm, _registry = pm, None
         _runtime.clear()
+        _load_failures.clear()
+        _entry_point_owner.clear()

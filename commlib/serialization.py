@@ -162,23 +162,27 @@ def _dense_strides(shape: Sequence[int], stride: Sequence[int]) -> bool:
 def landing_device(device_type: str) -> torch.device:
     """The receiver's current device of ``device_type`` (never the sender's index).
 
+    The backend that serves the device type says which device is current;
+    without one, torch's module for the device type does.
+
     Examples:
         >>> landing_device("cpu")
         device(type='cpu')
-        >>> landing_device("cuda")          # after torch.cuda.set_device(1)
+        >>> landing_device("cuda")          # doctest: +SKIP (after torch.cuda.set_device(1))
         device(type='cuda', index=1)
     """
     if device_type == "cpu":
         return torch.device("cpu")
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        current = acc.current_accelerator()
-        if current is not None and current.type == device_type:
-            return torch.device(device_type, acc.current_device_index())
-    module = getattr(torch, device_type, None)
-    if module is not None and hasattr(module, "current_device"):
+    from commlib import plugins  # the registry imports backends, which import this module
+
+    backend = plugins.backend_serving(device_type)
+    if backend is not None:
+        return backend.current_device()
+    try:
+        module = torch.get_device_module(device_type)
         return torch.device(device_type, module.current_device())
-    return torch.device(device_type)
+    except (RuntimeError, AttributeError, ValueError):
+        return torch.device(device_type)
 
 
 def _aligned(raw: torch.Tensor, itemsize: int) -> torch.Tensor:

@@ -16,7 +16,6 @@ import fractions
 import numpy as np
 import pytest
 import torch
-from commlib_backends.gloo import GlooBackend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +24,7 @@ from commlib import Communicator
 from commlib.errors import CommError, DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import OutOfBandSerializer, RestrictedSerializer
 from commlib.testing.strategies import assert_same, picklable_objects, same
+from commlib_backends.gloo import GlooBackend
 
 _CARRIER = OutOfBandSerializer()
 

@@ -47,7 +47,7 @@ BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
 }
 
 # how the factor is written in tables and the docs
-FACTOR_TEXT = {
+FACTOR_TEXT: dict[Callable[[int], float], str] = {
     _all_reduce: "2(n-1)/n",
     _gather_like: "(n-1)/n",
     _broadcast: "1",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from commlib.bench.cases import select_cases
@@ -50,7 +51,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _at_least(kind: type, low: float, what: str) -> object:
+def _at_least(kind: type, low: float, what: str) -> Callable[[str], object]:
     def parse(text: str) -> object:
         try:
             value = kind(text)
@@ -63,7 +64,7 @@ def _at_least(kind: type, low: float, what: str) -> object:
     return parse
 
 
-def _positive(kind: type) -> object:
+def _positive(kind: type) -> Callable[[str], object]:
     return _at_least(kind, 1e-9, "positive")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,7 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
             steady_malloc()
             for result, (case, size) in zip(results, steps):
                 bar.step("peak memory: " + _label(case, size))
-                grown = probe_memory(case.prepare(comm, size), comm.group, comm.device)
+                grown = probe_memory(case.prepare(comm, size), comm.group, comm.plugin.synchronize)
                 result.rss = _worst(comm, grown)
     finally:
         bar.close()
@@ -116,7 +117,7 @@ def _time_one(comm: Communicator, case: Case, size: int, opts: BenchOptions) -> 
     prepared = case.prepare(comm, size)
     iters = iterations_for(prepared.nbytes, opts.iters)
     warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
-    m = measure(prepared, iters, warmup, comm.group, comm.device)
+    m = measure(prepared, iters, warmup, comm.group, comm.plugin.synchronize)
     seconds = _worst(comm, {impl: m.median(impl) for impl in IMPLS})
     return _Result(case, prepared.nbytes, prepared.count, iters, warmup, seconds)
 
@@ -135,7 +136,7 @@ def _label(case: Case, size: int) -> str:
     return case.name if case.fixed_size else f"{case.name} {format_size(size)}"
 
 
-def _worst(comm: Communicator, mine: dict[str, float]) -> dict[str, float]:
+def _worst(comm: Communicator, mine: Mapping[str, float]) -> dict[str, float]:
     """Each figure's maximum over the ranks: a collective is as slow as its slowest rank."""
     t = torch.tensor(list(mine.values()), dtype=torch.float64, device=comm.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.group)

@@ -17,17 +17,18 @@ timing (see :mod:`commlib.bench.memory`), so neither disturbs the other.
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 from commlib.bench.cases import IMPLS, Prepared
 from commlib.bench.memory import peak_growth
+from commlib.types import Group
 
 
 @dataclass
@@ -51,19 +52,13 @@ class Measurement:
         return statistics.median(self.times[impl])
 
 
-def device_sync(device: torch.device) -> Callable[[], None]:
-    """A call that waits for ``device``'s queued work (nothing to wait for on CPU).
+def _call_then_sync(call: Callable[[], object], sync: Callable[[], None]) -> None:
+    call()
+    sync()
 
-    Examples:
-        >>> device_sync(torch.device("cpu"))()
-    """
-    if device.type == "cpu":
-        return lambda: None
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None and hasattr(accel, "synchronize"):
-        return lambda: accel.synchronize(device)
-    module = getattr(torch, device.type)
-    return lambda: module.synchronize(device)
+
+def _no_sync() -> None:
+    """Nothing to wait for (CPU backends)."""
 
 
 def _order(i: int) -> tuple[str, ...]:
@@ -74,8 +69,8 @@ def measure(
     prepared: Prepared,
     iters: int,
     warmup: int,
-    group: object = None,
-    device: torch.device | None = None,
+    group: Group = None,
+    sync: Callable[[], None] = _no_sync,
 ) -> Measurement:
     """Warm up, check, then time ``iters`` interleaved calls of each implementation.
 
@@ -87,7 +82,6 @@ def measure(
         >>> m.median("commlib"), m.median("torch")
         (0.00041, 0.00040)
     """
-    sync = device_sync(device or torch.device("cpu"))
     calls = prepared.calls
     for i in range(max(1, warmup)):
         for impl in _order(i):
@@ -115,7 +109,7 @@ def measure(
 
 
 def probe_memory(
-    prepared: Prepared, group: object = None, device: torch.device | None = None
+    prepared: Prepared, group: Group = None, sync: Callable[[], None] = _no_sync
 ) -> dict[str, int]:
     """Peak RSS growth in bytes of one steady-state call of each implementation.
 
@@ -127,12 +121,11 @@ def probe_memory(
         >>> probe_memory(cases.CASES[0].prepare(comm, 16 << 20))
         {'commlib': 0, 'torch': 0}
     """
-    sync = device_sync(device or torch.device("cpu"))
     grown = {}
     for impl in IMPLS:
         call = prepared.calls[impl]
         call()
         sync()
         dist.barrier(group=group)
-        grown[impl], _ = peak_growth(lambda call=call: (call(), sync()))
+        grown[impl], _ = peak_growth(functools.partial(_call_then_sync, call, sync))
     return grown

@@ -62,7 +62,8 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
         raise ValueError(f"--max-bytes ({max_bytes}) is below --min-bytes ({min_bytes})")
     if factor <= 1:
         raise ValueError(f"--factor must be above 1, got {factor}")
-    sizes, size = [], float(min_bytes)
+    sizes: list[int] = []
+    size = float(min_bytes)
     while int(size) <= max_bytes:
         if not sizes or int(size) != sizes[-1]:
             sizes.append(int(size))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ def _all_reduce_dict(comm: Any, ctx: dict) -> None:
                 "acc": rank_tensor(comm.rank, torch.float64, (2,), device=dev),
                 "count": rank_tensor(comm.rank, torch.int64, (3,), device=dev),
             }
-            ret = F.all_reduce_dict(data, op, group=comm)
+            ret = cast(Any, F.all_reduce_dict)(data, op, group=comm)
             expect(ret is None, f"all_reduce_dict returned {ret!r}")
             expect(list(data) == ["loss", "acc", "count"], "keys changed or reordered")
             for key, dtype, shape in (
@@ -78,6 +78,7 @@ def _collect_results(comm: Any, ctx: dict) -> None:
             expect(got is None, f"collect_results({device}) on rank {r} returned {got!r:.60}")
             continue
         expect(isinstance(got, list) and len(got) == size, f"collect_results({device}) length")
+        assert got is not None
         expect([g["idx"] for g in got] == list(range(size)), f"collect_results({device}) order")
         expect(all(int(g["t"]) == g["idx"] for g in got), f"collect_results({device}) values")
     got = F.collect_results_cpu(part, size, group=comm)  # rank 0 makes the directory

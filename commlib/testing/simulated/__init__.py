@@ -8,8 +8,11 @@ torch.distributed engine, which gloo plays (see
 availability check, device selection, ``torch.accelerator`` or vendor-module
 choice, backend selection and all of its collectives, is the real code path.
 
-The one liberty: "device memory" is host memory. Simulated vendor modules are
-marked ``__commlib_simulated__`` and the plugins then keep tensors on the CPU.
+The one liberty: "device memory" is host memory. :func:`install` registers a
+subclass of the real plugin (``replace=True``) whose only change is that
+:meth:`~commlib_backends.accelerator.AcceleratorBackend.accelerator_device` is
+the CPU, and whose dtype facts are narrowed to what gloo, the engine standing
+in, can do. No flag in production code tells a simulation from hardware.
 
 Install it in each rank before the process group starts, through the
 :class:`~commlib.testing.World` ``setup=`` hook:
@@ -28,10 +31,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from commlib.backend import Backend
+from commlib.plugins import get_backend_plugin, register_backend
 from commlib.testing.simulated.devices import (
     SimulatedDevices,
     patch_accelerator,
@@ -49,14 +55,12 @@ __all__ = [
     "setup_cncl",
     "setup_hccl",
     "setup_nccl",
+    "simulated_plugin",
 ]
 
-# backend -> (device type, vendor package or None when torch has the device built in)
-KINDS: dict[str, tuple[str, str | None]] = {
-    "nccl": ("cuda", None),
-    "hccl": ("npu", "torch_npu"),
-    "cncl": ("mlu", "torch_mlu"),
-}
+# the accelerator backends commlib ships; their facts (device type, vendor
+# package and module) are read from the plugin classes themselves
+KINDS = ("nccl", "hccl", "cncl")
 
 _installed: dict[str, SimulatedDevices] = {}
 
@@ -92,38 +96,53 @@ def install(
         raise ValueError(f"cannot simulate {kind!r}; simulated backends: {sorted(KINDS)}")
     if kind in _installed:
         return _installed[kind]
-    device_type, package = KINDS[kind]
-    state = SimulatedDevices(device_type, devices, current)
-    if package is None:
-        patch_module(torch.cuda, state)
+    real: Any = type(get_backend_plugin(kind))  # an AcceleratorBackend subclass
+    state = SimulatedDevices(real.device_type, devices, current)
+    if real.vendor_package is None:  # built into torch: CUDA
+        patch_module(getattr(torch, real.vendor_attr), state)
         stand_in_for_nccl()
         if accelerator_api:
             patch_accelerator(state, whole=True)
     else:
         # what `import torch_npu` / `import torch_mlu` does to torch
-        pkg = vendor_package(package, device_type, state)
-        torch.utils.rename_privateuse1_backend(device_type)
-        torch._register_device_module(device_type, getattr(pkg, device_type))
+        pkg = vendor_package(real.vendor_package, real.vendor_attr, state)
+        torch.utils.rename_privateuse1_backend(real.device_type)
+        torch._register_device_module(real.device_type, getattr(pkg, real.vendor_attr))
         patch_accelerator(state, whole=False)
-        register_vendor_engine(kind, device_type)
+        register_vendor_engine(kind, real.device_type)
     assert dist.is_backend_available(kind)
-    _limit_to_the_engine(kind)
+    register_backend(simulated_plugin(real), replace=True)
     _installed[kind] = state
     return state
 
 
-def _limit_to_the_engine(kind: str) -> None:
-    """Narrow the plugin's facts to what gloo, the engine standing in, can do.
+def simulated_plugin(real: Any) -> type[Backend]:
+    """``real``'s plugin with host memory for device memory, limited to gloo's dtypes.
 
     The real library may reduce or move a dtype that gloo cannot (HCCL reduces
     int16); the plugin must then supply it, exactly as for the vendor's own gaps.
-    """
-    from commlib.plugins import get_backend_plugin
 
-    gloo = get_backend_plugin("gloo")
-    plugin = type(get_backend_plugin(kind))
-    plugin.wire_dtypes = plugin.wire_dtypes & gloo.wire_dtypes
-    plugin.reduce_dtypes = plugin.reduce_dtypes & gloo.reduce_dtypes
+    Examples:
+        >>> cls = simulated_plugin(type(get_backend_plugin("hccl")))
+        >>> cls.name, cls().accelerator_device()
+        ('hccl', device(type='cpu'))
+    """
+    gloo: Any = get_backend_plugin("gloo")  # an EngineGaps: it states its dtype facts
+
+    def accelerator_device(self: Backend) -> torch.device:
+        return torch.device("cpu")
+
+    return type(
+        f"Simulated{real.__name__}",
+        (real,),
+        {
+            "__doc__": f"{real.__name__} over simulated devices (host memory, gloo engine).",
+            "__module__": __name__,
+            "accelerator_device": accelerator_device,
+            "wire_dtypes": real.wire_dtypes & gloo.wire_dtypes,
+            "reduce_dtypes": real.reduce_dtypes & gloo.reduce_dtypes,
+        },
+    )
 
 
 def installed(kind: str) -> SimulatedDevices | None:

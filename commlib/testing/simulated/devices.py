@@ -68,16 +68,12 @@ def _index(device: Any) -> int:
 def device_module(name: str, devices: SimulatedDevices) -> types.ModuleType:
     """A module with a vendor runtime's device calls, bound to ``devices``.
 
-    It is marked ``__commlib_simulated__``: the plugins keep its tensors in
-    host memory.
-
     Examples:
         >>> mod = device_module("torch_npu.npu", SimulatedDevices("npu", 2))
         >>> mod.device_count()
         2
     """
     module = types.ModuleType(name, f"simulated {devices.device_type} runtime (commlib.testing)")
-    module.__commlib_simulated__ = True  # type: ignore[attr-defined]
     module.devices = devices  # type: ignore[attr-defined]
     for call in ("is_available", "device_count", "current_device", "set_device"):
         setattr(module, call, getattr(devices, call))
@@ -96,9 +92,8 @@ def vendor_package(package: str, attr: str, devices: SimulatedDevices) -> types.
         2
     """
     pkg = types.ModuleType(package, f"simulated {package} (commlib.testing.simulated)")
-    pkg.__path__ = []  # type: ignore[attr-defined]  # a package, so "torch_npu.npu" imports
+    pkg.__path__ = []  # a package, so "torch_npu.npu" imports
     pkg.__version__ = "0+simulated"  # type: ignore[attr-defined]
-    pkg.__commlib_simulated__ = True  # type: ignore[attr-defined]
     sub = device_module(f"{package}.{attr}", devices)
     setattr(pkg, attr, sub)
     sys.modules[package] = pkg
@@ -116,7 +111,6 @@ def patch_module(module: types.ModuleType, devices: SimulatedDevices) -> None:
     """
     for call in ("is_available", "device_count", "current_device", "set_device"):
         setattr(module, call, getattr(devices, call))
-    module.__commlib_simulated__ = True  # type: ignore[attr-defined]
     module.devices = devices  # type: ignore[attr-defined]
 
 

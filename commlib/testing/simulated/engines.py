@@ -47,10 +47,10 @@ class _NcclOptions:
 
 if ProcessGroupGloo is not None:
 
-    class SimulatedProcessGroupNCCL(ProcessGroupGloo):  # type: ignore[misc,valid-type]
+    class SimulatedProcessGroupNCCL(ProcessGroupGloo):
         """torch's NCCL process group, played by gloo."""
 
-        Options = _NcclOptions
+        Options = _NcclOptions  # type: ignore[assignment]
         uid = -1
 
         def __init__(self, store: Any, rank: int, size: int, options: Any = None):
@@ -86,5 +86,5 @@ def stand_in_for_nccl() -> None:
         True
     """
     c10d._NCCL_AVAILABLE = True
-    c10d.ProcessGroupNCCL = SimulatedProcessGroupNCCL
+    c10d.ProcessGroupNCCL = SimulatedProcessGroupNCCL  # type: ignore[misc,assignment]
     dist.Backend.backend_capability["nccl"] = ["cuda", "cpu"]

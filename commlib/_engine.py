@@ -1,0 +1,204 @@
+"""The engine: the one layer every collective passes through on its way to a backend.
+
+One :class:`Engine` per :class:`~commlib.Communicator`. It owns what the
+communicator's collectives share and nothing else:
+
+* the backend plugin and the process group it serves (the plugin's methods
+  are handed the group here, never by callers);
+* sequence numbers, one per call, that name a collective in error messages;
+* timeouts: the communicator's, or a call's own;
+* :meth:`Engine.map_errors`, the one place where what an engine raises
+  (torch's ``DistError`` family, gloo's and NCCL's ``RuntimeError``) becomes a
+  commlib error: :class:`~commlib.errors.CommTimeoutError` naming the ranks
+  that held the call up, or :class:`~commlib.errors.CommError`.
+
+Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
+:mod:`commlib._agreement`) pass the plugin's bound methods::
+
+    engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, inp)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from commlib import _failure_notes
+from commlib.backend import Backend
+from commlib.errors import CommError, CommTimeoutError
+from commlib.handle import Handle
+from commlib.types import Group, Work
+
+# a wait that raised within this much of its limit ran out of time, whatever
+# the engine's message says
+_TIMEOUT_SLACK = 0.05
+
+
+def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timedelta) -> bool:
+    text = str(exc).lower()
+    return (
+        "timed out" in text
+        or "timeout" in text
+        or waited >= limit.total_seconds() * (1 - _TIMEOUT_SLACK)
+    )
+
+
+class Pending:
+    """An engine call in flight: its work, and the name and number errors will use."""
+
+    __slots__ = ("seq", "what", "work")
+
+    def __init__(self, work: Work | None, what: str, seq: int):
+        self.work = work
+        self.what = what
+        self.seq = seq
+
+
+class Engine:
+    """A backend plugin bound to one process group, with timeouts and error mapping.
+
+    Args:
+        plugin: the backend serving the group.
+        group: the process group (``None`` for backends without one).
+        timeout: how long a call may wait for its peers unless it says otherwise.
+
+    Examples:
+        >>> engine = Engine(plugin, group, timeout=datetime.timedelta(seconds=30))
+        >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")
+    """
+
+    def __init__(self, plugin: Backend, group: Group, timeout: datetime.timedelta):
+        self.plugin = plugin
+        self.group = group
+        self.timeout = timeout
+        self.seq = 0
+        self.rank = plugin.rank(group)
+        self.world_size = plugin.world_size(group)
+
+    # -- devices ---------------------------------------------------------------------
+    def device(self) -> torch.device:
+        """The device the plugin's collectives need."""
+        return self.plugin.device()
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the plugin needs it: on its device and contiguous."""
+        moved = self.plugin.to_device(tensor)
+        return moved if moved.is_contiguous() else moved.contiguous()
+
+    # -- errors ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> Iterator[None]:
+        """Turn an engine failure inside the block into the commlib error for it.
+
+        A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
+        the other ranks are; any other engine failure a
+        :class:`~commlib.errors.CommError`. commlib's own errors pass through.
+
+        Examples:
+            >>> with engine.map_errors("all_reduce", seq, engine.timeout):
+            ...     work.wait(engine.timeout)
+        """
+        started = time.monotonic()
+        try:
+            yield
+        except CommError:
+            raise
+        except RuntimeError as exc:  # torch's DistError family is RuntimeError too
+            waited = time.monotonic() - started
+            raise self._translate(what, seq, limit, exc, waited) from exc
+
+    def _translate(
+        self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float
+    ) -> CommError:
+        if _looks_like_timeout(exc, waited, limit):
+            missing = _failure_notes.missing_ranks(
+                self.group, self.rank, self.world_size, seq, what
+            )
+            detail = "; ".join(f"rank {r}: {w}" for r, w in sorted(missing.items()))
+            return CommTimeoutError(
+                f"{what} did not complete within {limit.total_seconds():g}s on rank "
+                f"{self.rank} of {self.world_size}" + (f" ({detail})" if detail else "")
+            )
+        _failure_notes.record(self.group, self.rank, seq, what, "failed")
+        return CommError(f"{what} failed on rank {self.rank}: {exc}")
+
+    # -- calls -----------------------------------------------------------------------
+    def start(
+        self, what: str, call: Callable[..., Work | None], *args: Any, **kwargs: Any
+    ) -> Pending:
+        """Issue ``call(*args, group=..., async_op=True, **kwargs)``; wait with :meth:`wait`.
+
+        ``call`` is a bound method of :attr:`plugin`; ``what`` names the
+        collective in errors.
+
+        Examples:
+            >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
+            >>> engine.wait(pending)
+        """
+        self.seq += 1
+        seq = self.seq
+        with self.map_errors(what, seq, self.timeout):
+            work = call(*args, group=self.group, async_op=True, **kwargs)
+        return Pending(work, what, seq)
+
+    def wait(self, pending: Pending, timeout: datetime.timedelta | None = None) -> None:
+        """Wait for a started call at most ``timeout`` (the engine's by default)."""
+        if pending.work is None:
+            return
+        limit = timeout or self.timeout
+        with self.map_errors(pending.what, pending.seq, limit):
+            pending.work.wait(limit)
+
+    def run(
+        self,
+        what: str,
+        call: Callable[..., Work | None],
+        *args: Any,
+        timeout: datetime.timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Start ``call`` and wait for it: one blocking collective.
+
+        Examples:
+            >>> engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, t)
+        """
+        self.wait(self.start(what, call, *args, **kwargs), timeout)
+
+    def submit(
+        self,
+        what: str,
+        call: Callable[..., Work | None],
+        *args: Any,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        **kwargs: Any,
+    ) -> Handle | None:
+        """A user-facing collective: the engine call, then commlib's ``finish`` step.
+
+        Blocking unless ``async_op``; then a :class:`~commlib.Handle` whose
+        ``wait()`` waits for the engine and runs ``finish``.
+
+        Examples:
+            >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
+            <Handle pending>
+        """
+        pending = self.start(what, call, *args, **kwargs)
+        if not async_op:
+            self.wait(pending, timeout)
+            if finish is not None:
+                finish()
+            return None
+        return Handle(lambda t: self.wait(pending, t or timeout), finish, pending.work)
+
+    def barrier(self, timeout: datetime.timedelta | None = None) -> None:
+        """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""
+        self.seq += 1
+        limit = timeout or self.timeout
+        with self.map_errors("barrier", self.seq, limit):
+            self.plugin.barrier(self.group, timeout=limit)

@@ -1,0 +1,80 @@
+"""Where each rank was when a collective failed: notes in the process group's store.
+
+Read only on the failure path. Each rank that times out or fails writes one
+key (overwritten each time), so a rank that times out later can name the
+ranks that held it up: "did not arrive", "failed in broadcast #12",
+"timed out in barrier #9".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+
+def _store_and_prefix(group: Any) -> tuple[Any, str] | tuple[None, None]:
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        name = getattr(group, "group_name", None) or "world"
+    except Exception:  # private API; without it we just cannot name the ranks
+        return None, None
+    return store, f"commlib/state/{name}"
+
+
+def record(group: Any, rank: int, seq: int, what: str, how: str) -> None:
+    """Note that this rank's collective ``seq`` (``what``) ended in ``how``.
+
+    Examples:
+        >>> record(group, 0, 17, "all_reduce", "failed")
+    """
+    store, prefix = _store_and_prefix(group)
+    if store is None:
+        return
+    try:
+        store.set(f"{prefix}/{rank}", f"{seq}|{what}|{how}")
+    except Exception:  # the store may be what failed; the error still goes up
+        pass
+
+
+def missing_ranks(
+    group: Any, rank: int, world_size: int, seq: int, what: str, grace: float = 1.0
+) -> dict[int, str]:
+    """After a timeout: where the ranks that held up collective ``seq`` are (rank -> where).
+
+    This rank records itself first; after a short ``grace`` for the others to
+    do the same, a rank that recorded the same collective is left out (it
+    waited too), one that recorded another is reported there, and one that
+    recorded nothing "did not arrive".
+
+    Examples:
+        >>> missing_ranks(group, 0, 3, 17, "all_reduce")
+        {2: 'did not arrive'}
+    """
+    record(group, rank, seq, what, "timed out")
+    store, prefix = _store_and_prefix(group)
+    if store is None:
+        return {}
+    try:
+        names = [f"{prefix}/{r}" for r in range(world_size)]
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not store.check(names):
+            time.sleep(0.05)
+        out = {}
+        for r, name in enumerate(names):
+            if r == rank:
+                continue
+            if not store.check([name]):
+                out[r] = "did not arrive"
+                continue
+            their_seq, their_what, how = store.get(name).decode().split("|", 2)
+            if int(their_seq) == seq and their_what == what and how == "timed out":
+                continue  # waiting alongside this rank
+            if int(their_seq) == seq and their_what == what:
+                out[r] = f"{how} in this {what}"
+            else:
+                out[r] = f"{how} in {their_what} #{their_seq}"
+        return out
+    except Exception:  # naming the ranks is a courtesy; the timeout error goes up regardless
+        return {}

@@ -1,0 +1,47 @@
+"""The types of the backend contract, for plugin authors and type checkers.
+
+Examples:
+    >>> from commlib.types import ReduceOp, Work
+    >>> op: ReduceOp = "mean"
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Literal, Protocol, runtime_checkable
+
+from torch.distributed import ProcessGroup
+
+#: The reductions users name (``all_reduce(x, op="mean")``).
+ReduceOp = Literal["sum", "mean", "product", "min", "max", "band", "bor", "bxor"]
+
+#: The reductions a backend receives: ``mean`` arrives as ``avg`` when the
+#: backend averages natively (:attr:`commlib.Backend.native_avg`), else as ``sum``
+#: followed by commlib's own division.
+EngineOp = Literal["sum", "avg", "product", "min", "max", "band", "bor", "bxor"]
+
+#: The process group a backend is handed: a ``torch.distributed.ProcessGroup``,
+#: or ``None`` for backends without one (``single``).
+Group = ProcessGroup | None
+
+#: A timeout as users give it: a timedelta, seconds, or ``None`` for the default.
+Timeout = datetime.timedelta | float | None
+
+
+@runtime_checkable
+class Work(Protocol):
+    """What an asynchronous collective returns; torch's ``Work`` is one.
+
+    Examples:
+        >>> work = backend.all_reduce(t, "sum", group, async_op=True)
+        >>> work.wait(datetime.timedelta(seconds=30))
+        True
+    """
+
+    def wait(self, timeout: datetime.timedelta = ...) -> bool:
+        """Block until the operation completes (at most ``timeout``); raise if it failed."""
+        ...
+
+    def is_completed(self) -> bool:
+        """Whether the operation has completed, without blocking."""
+        ...

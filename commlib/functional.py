@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from commlib import data_device, helpers, launch
-from commlib import ranks as rank_args
-from commlib import results as collection
+import commlib.data_device as data_device
+import commlib.launch as launch
+import commlib.ranks as rank_args
+from commlib import helpers, results
 from commlib.communicator import Communicator, Handle, _dist_ready
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,7 +85,7 @@ def forget_communicators() -> None:
 
 def _collective_comm(group: Any) -> Communicator:
     """The communicator for a call that communicates; warns once under a launcher without init."""
-    if group is None and not _dist_ready():
+    if group is None and not is_distributed():
         launch.warn_if_launched_without_init()
     return get_communicator(group)
 
@@ -139,7 +140,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
             raise TypeError(f"init_local_group: {name} must be an int, got {type(value).__name__}")
         if value < least:
             raise ValueError(f"init_local_group: {name} must be at least {least}, got {value}")
-    if not _dist_ready():
+    if not is_distributed():
         return
     world = get_communicator()
     if _local[0] is dist.group.WORLD:
@@ -169,7 +170,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
 
 def _local_comm() -> Communicator | None:
     """init_local_group's communicator, if one was made in the current world."""
-    if not _dist_ready() or _local[0] is not dist.group.WORLD:
+    if not is_distributed() or _local[0] is not dist.group.WORLD:
         return None
     return _local[1]
 
@@ -184,7 +185,7 @@ def get_local_group() -> Any:
         >>> init_local_group(node_rank=0, num_gpus_per_node=2)
         >>> all_reduce(x, group=get_local_group())
     """
-    if not _dist_ready():
+    if not is_distributed():
         return None
     comm = _local_comm()
     if comm is None:
@@ -638,7 +639,7 @@ def collect_results_cpu(
     Examples:
         >>> collect_results_cpu(part, size=100)
     """
-    return collection.collect_results_cpu(_collective_comm(group), result_part, size, tmpdir)
+    return results.collect_results_cpu(_collective_comm(group), result_part, size, tmpdir)
 
 
 def collect_results_gpu(result_part: list, size: int, group: Any = None) -> list | None:
@@ -647,4 +648,4 @@ def collect_results_gpu(result_part: list, size: int, group: Any = None) -> list
     Examples:
         >>> collect_results_gpu(part, size=100)
     """
-    return collection.collect_results_gpu(_collective_comm(group), result_part, size)
+    return results.collect_results_gpu(_collective_comm(group), result_part, size)

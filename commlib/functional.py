@@ -4,6 +4,10 @@ Every function runs on the communicator for ``group``: ``None`` for the world
 (a world of one when torch.distributed is not initialised), a
 ``torch.distributed.ProcessGroup``, or a :class:`~commlib.Communicator`. Code
 written for ``mmengine.dist`` runs after ``import commlib as dist``.
+
+Ranks follow torch.distributed (see :mod:`commlib.ranks`): with a torch
+ProcessGroup, ``src``/``dst`` are world ranks and ``group_src``/``group_dst``
+ranks within the group; with a Communicator (or the world) both are group ranks.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ import atexit
 import datetime
 import functools
 import threading
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+import commlib.data_device as data_device
+import commlib.launch as launch
+import commlib.ranks as rank_args
 from commlib import helpers, results
 from commlib.communicator import Communicator, Handle, dist_ready
 
@@ -26,6 +33,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _lock = threading.Lock()
 _cache: dict[Any, Communicator] = {}
 _cache_world: list[Any] = [None]
+# init_local_group's communicator, for the world it was made in: [world, comm]
+_local: list[Any] = [None, None]
 
 
 def get_communicator(group: Any = None) -> Communicator:
@@ -71,6 +80,14 @@ def forget_communicators() -> None:
     with _lock:
         _cache.clear()
         _cache_world[0] = None
+        _local[:] = [None, None]
+
+
+def _collective_comm(group: Any) -> Communicator:
+    """The communicator for a call that communicates; warns once under a launcher without init."""
+    if group is None and not is_distributed():
+        launch.warn_if_launched_without_init()
+    return get_communicator(group)
 
 
 def set_default_communicator(comm: Communicator) -> None:
@@ -99,6 +116,86 @@ def new_group(
     return get_communicator().new_group(ranks, timeout)
 
 
+def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
+    """Make the group of this machine's ranks; every rank calls it, with its own ``node_rank``.
+
+    Machine ``i`` holds world ranks ``i * num_gpus_per_node`` up to the next
+    machine's first (the last machine may hold fewer). All machines' groups
+    are made on every rank, as torch requires. Arguments that disagree across
+    ranks (a ``node_rank`` that does not hold this rank, different
+    ``num_gpus_per_node``) raise the same ``ValueError`` on every rank, before
+    any group is made. Not distributed, it only checks its arguments.
+
+    Examples:
+        >>> # 2 machines x 4 ranks, under torchrun
+        >>> init_local_group(node_rank=int(os.environ["GROUP_RANK"]), num_gpus_per_node=4)
+        >>> get_local_rank(), get_local_size()
+        (1, 4)    # world rank 5
+    """
+    for name, value, least in (
+        ("node_rank", node_rank, 0),
+        ("num_gpus_per_node", num_gpus_per_node, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"init_local_group: {name} must be an int, got {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"init_local_group: {name} must be at least {least}, got {value}")
+    if not is_distributed():
+        return
+    world = get_communicator()
+    if _local[0] is dist.group.WORLD:
+        raise RuntimeError("init_local_group was already called in this world")
+    claims = world.all_gather_object((node_rank, num_gpus_per_node))
+    wrong = {
+        r: f"node_rank={n}, num_gpus_per_node={g}"
+        for r, (n, g) in enumerate(claims)
+        if g != num_gpus_per_node or r // g != n
+    }
+    if wrong:  # the same answer on every rank: all ranks saw every claim
+        per_rank = "; ".join(f"rank {r}: {w}" for r, w in wrong.items())
+        raise ValueError(
+            "init_local_group: every rank must pass the same num_gpus_per_node and the "
+            f"node_rank that holds it (rank // num_gpus_per_node); got {per_rank}"
+        )
+    size, per_node = world.world_size, num_gpus_per_node
+    mine = None
+    for first in range(0, size, per_node):
+        node = world.new_group(range(first, min(first + per_node, size)))
+        if node.is_member:
+            mine = node
+    with _lock:
+        _cache[mine.group] = mine  # get_communicator(get_local_group()) is this one
+        _local[:] = [dist.group.WORLD, mine]
+
+
+def _local_comm() -> Communicator | None:
+    """init_local_group's communicator, if one was made in the current world."""
+    if not is_distributed() or _local[0] is not dist.group.WORLD:
+        return None
+    return _local[1]
+
+
+def get_local_group() -> Any:
+    """The torch ProcessGroup of this machine's ranks (``None`` when not distributed).
+
+    Made by :func:`init_local_group`; a ``RuntimeError`` says so when it was
+    not called. Like any torch group, ``src``/``dst`` given with it are world ranks.
+
+    Examples:
+        >>> init_local_group(node_rank=0, num_gpus_per_node=2)
+        >>> all_reduce(x, group=get_local_group())
+    """
+    if not is_distributed():
+        return None
+    comm = _local_comm()
+    if comm is None:
+        raise RuntimeError(
+            "the local process group is not created: call "
+            "init_local_group(node_rank, num_gpus_per_node) first"
+        )
+    return comm.group
+
+
 # -- who am I -------------------------------------------------------------------
 def get_rank(group: Any = None) -> int:
     """Rank of this process in ``group`` (0 when not distributed, -1 when not a member).
@@ -123,21 +220,29 @@ def get_world_size(group: Any = None) -> int:
 def get_local_rank() -> int:
     """Rank of this process on its machine (0 when not distributed).
 
+    The rank in :func:`init_local_group`'s group when it was made, otherwise
+    the launcher's ``LOCAL_RANK``.
+
     Examples:
         >>> get_local_rank()
         0
     """
-    return get_communicator().local_rank
+    local = _local_comm()
+    return local.rank if local is not None else get_communicator().local_rank
 
 
 def get_local_size() -> int:
     """Number of processes on this machine (1 when not distributed).
 
+    The size of :func:`init_local_group`'s group when it was made, otherwise
+    the launcher's ``LOCAL_WORLD_SIZE``.
+
     Examples:
         >>> get_local_size()
         1
     """
-    return get_communicator().local_size
+    local = _local_comm()
+    return local.world_size if local is not None else get_communicator().local_size
 
 
 def get_dist_info(group: Any = None) -> tuple[int, int]:
@@ -172,13 +277,48 @@ def get_default_group() -> Any:
 
 
 def get_comm_device(group: Any = None) -> torch.device:
-    """The device ``group``'s collectives run on.
+    """The device ``group``'s collectives run on (its backend plugin decides).
 
     Examples:
         >>> get_comm_device()
         device(type='cpu')
     """
     return get_communicator(group).device
+
+
+def get_data_device(data: torch.Tensor | Mapping | Iterable) -> torch.device:
+    """The device of ``data``: a tensor or a (nested) sequence or dict of tensors.
+
+    Every tensor must be on one device; an empty container or a non-tensor
+    leaf is an error (``ValueError`` / ``TypeError``), as in mmengine.
+
+    Examples:
+        >>> get_data_device([torch.zeros(1), {"a": torch.ones(2)}])
+        device(type='cpu')
+    """
+    return data_device.get_data_device(data)
+
+
+def cast_data_device(
+    data: torch.Tensor | Mapping | Iterable,
+    device: torch.device | str,
+    out: torch.Tensor | Mapping | Iterable | None = None,
+) -> torch.Tensor | Mapping | Iterable:
+    """``data`` with every tensor moved to ``device`` (containers keep their type).
+
+    Tensors already there are returned as they are. With ``out`` (of
+    ``data``'s type), the values are also copied into ``out``'s tensors.
+    ``device`` may name any device type a registered backend serves, or
+    ``"gpu"`` for the current accelerator; one that is not available here
+    raises :class:`~commlib.errors.BackendUnavailableError` with the reason.
+
+    Examples:
+        >>> cast_data_device({"x": torch.ones(2)}, torch.device("cpu"))
+        {'x': tensor([1., 1.])}
+        >>> cast_data_device(batch, "gpu")        # the current CUDA / NPU / MLU device
+    """
+    current = get_communicator().plugin if device == data_device.ACCELERATOR_ALIAS else None
+    return data_device.move_to(data, data_device.resolve_device(device, current), out)
 
 
 def is_distributed() -> bool:
@@ -231,7 +371,7 @@ def barrier(group: Any = None, timeout: datetime.timedelta | float | None = None
         >>> barrier()
         >>> barrier(timeout=60)     # CommTimeoutError naming the missing ranks after 60 s
     """
-    get_communicator(group).barrier(timeout=timeout)
+    _collective_comm(group).barrier(timeout=timeout)
 
 
 # -- tensor collectives ----------------------------------------------------------
@@ -244,7 +384,7 @@ def all_reduce(
         >>> data = torch.arange(2) + 1 + 2 * get_rank()
         >>> all_reduce(data)        # 2 ranks: tensor([4, 6]) everywhere
     """
-    return get_communicator(group).all_reduce(data, op, async_op=async_op)
+    return _collective_comm(group).all_reduce(data, op, async_op=async_op)
 
 
 def all_gather(data: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
@@ -254,7 +394,7 @@ def all_gather(data: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
         >>> all_gather(torch.tensor([get_rank()]))
         [tensor([0]), tensor([1])]
     """
-    return get_communicator(group).all_gather(data)
+    return _collective_comm(group).all_gather(data)
 
 
 def all_gather_into_tensor(
@@ -266,29 +406,57 @@ def all_gather_into_tensor(
         >>> out = torch.empty(2 * get_world_size())
         >>> all_gather_into_tensor(out, torch.ones(2))
     """
-    return get_communicator(group).all_gather_into_tensor(output, data, async_op=async_op)
+    return _collective_comm(group).all_gather_into_tensor(output, data, async_op=async_op)
 
 
-def gather(data: torch.Tensor, dst: int = 0, group: Any = None) -> list[torch.Tensor]:
+def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
+    """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks."""
+    return rank_args.group_rank(
+        comm, call, name, rank, in_group, world_ranks=rank_args.is_torch_group(group)
+    )
+
+
+def gather(
+    data: torch.Tensor, dst: int | None = None, group: Any = None, *, group_dst: int | None = None
+) -> list[torch.Tensor]:
     """Every rank's ``data`` on ``dst`` (a list); other ranks get ``[]``.
+
+    ``dst`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
+    ``group_dst`` a rank within it; by default the group's first rank.
 
     Examples:
         >>> gather(torch.tensor([get_rank()]))
         [tensor([0]), tensor([1])]     # rank 0
+        >>> gather(x, dst=2, group=pg_of_world_ranks_1_2)   # lands on world rank 2
     """
-    return get_communicator(group).gather(data, dst)
+    comm = _collective_comm(group)
+    root = _root(comm, "gather", "dst", dst, group_dst, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.gather(data, root)
 
 
 def broadcast(
-    data: torch.Tensor, src: int = 0, group: Any = None, async_op: bool = False
+    data: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    group_src: int | None = None,
 ) -> Handle | None:
     """Copy ``src``'s ``data`` into ``data`` on every rank.
+
+    ``src`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
+    ``group_src`` a rank within it; by default the group's first rank.
 
     Examples:
         >>> data = torch.tensor([get_rank()])
         >>> broadcast(data)          # tensor([0]) everywhere
+        >>> broadcast(data, src=2, group=pg_of_world_ranks_1_2)   # world rank 2's data
     """
-    return get_communicator(group).broadcast(data, src, async_op=async_op)
+    comm = _collective_comm(group)
+    root = _root(comm, "broadcast", "src", src, group_src, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.broadcast(data, root, async_op=async_op)
 
 
 def reduce_scatter(
@@ -300,7 +468,7 @@ def reduce_scatter(
         >>> out = torch.empty(1)
         >>> reduce_scatter(out, torch.ones(get_world_size()))
     """
-    return get_communicator(group).reduce_scatter(output, data, op, async_op=async_op)
+    return _collective_comm(group).reduce_scatter(output, data, op, async_op=async_op)
 
 
 # -- object collectives ----------------------------------------------------------
@@ -311,36 +479,62 @@ def all_gather_object(data: Any, group: Any = None) -> list[Any]:
         >>> all_gather_object({"rank": get_rank()})
         [{'rank': 0}, {'rank': 1}]
     """
-    return get_communicator(group).all_gather_object(data)
+    comm = _collective_comm(group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.all_gather_object(data)
 
 
-def gather_object(data: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
+def gather_object(
+    data: Any, dst: int | None = None, group: Any = None, *, group_dst: int | None = None
+) -> list[Any] | None:
     """Every rank's ``data`` on ``dst`` (a list); other ranks get ``None``.
+
+    ``dst`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
+    ``group_dst`` a rank within it; by default the group's first rank.
 
     Examples:
         >>> gather_object(get_rank())
         [0, 1]    # rank 0
     """
-    return get_communicator(group).gather_object(data, dst)
+    comm = _collective_comm(group)
+    root = _root(comm, "gather_object", "dst", dst, group_dst, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.gather_object(data, root)
 
 
-def broadcast_object_list(data: list[Any], src: int = 0, group: Any = None) -> None:
+def broadcast_object_list(
+    data: list[Any], src: int | None = None, group: Any = None, *, group_src: int | None = None
+) -> None:
     """Fill ``data`` on every rank with ``src``'s objects, in place.
+
+    ``src`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
+    ``group_src`` a rank within it; by default the group's first rank.
 
     Examples:
         >>> data = ["foo", 12, {1: 2}] if get_rank() == 0 else [None] * 3
         >>> broadcast_object_list(data)
     """
-    get_communicator(group).broadcast_object_list(data, src)
+    comm = _collective_comm(group)
+    root = _root(comm, "broadcast_object_list", "src", src, group_src, group)
+    with rank_args.world_ranks_in_errors(comm):
+        comm.broadcast_object_list(data, root)
 
 
-def broadcast_object(data: Any = None, src: int = 0, group: Any = None) -> Any:
+def broadcast_object(
+    data: Any = None, src: int | None = None, group: Any = None, *, group_src: int | None = None
+) -> Any:
     """Return ``src``'s ``data`` on every rank.
+
+    ``src`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
+    ``group_src`` a rank within it; by default the group's first rank.
 
     Examples:
         >>> cfg = broadcast_object(cfg if get_rank() == 0 else None)
     """
-    return get_communicator(group).broadcast_object(data, src)
+    comm = _collective_comm(group)
+    root = _root(comm, "broadcast_object", "src", src, group_src, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.broadcast_object(data, root)
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -351,7 +545,7 @@ def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum", group: Any =
         >>> d = {"loss": torch.tensor(1.0)}
         >>> all_reduce_dict(d, op="mean")
     """
-    helpers.all_reduce_dict(get_communicator(group), data, op)
+    helpers.all_reduce_dict(_collective_comm(group), data, op)
 
 
 def all_reduce_params(
@@ -366,7 +560,7 @@ def all_reduce_params(
     Examples:
         >>> all_reduce_params(model.parameters(), op="mean")
     """
-    helpers.all_reduce_params(get_communicator(group), params, coalesce, bucket_size_mb, op)
+    helpers.all_reduce_params(_collective_comm(group), params, coalesce, bucket_size_mb, op)
 
 
 def sync_random_seed(group: Any = None) -> int:
@@ -375,7 +569,7 @@ def sync_random_seed(group: Any = None) -> int:
     Examples:
         >>> seed = sync_random_seed()
     """
-    return helpers.sync_random_seed(get_communicator(group))
+    return helpers.sync_random_seed(_collective_comm(group))
 
 
 def reduce_mean(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
@@ -385,7 +579,7 @@ def reduce_mean(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
         >>> reduce_mean(torch.tensor([1.0]))
         tensor([1.])
     """
-    return helpers.reduce_mean(get_communicator(group), tensor)
+    return helpers.reduce_mean(_collective_comm(group), tensor)
 
 
 def pad_to_largest_tensor(
@@ -396,11 +590,11 @@ def pad_to_largest_tensor(
     Examples:
         >>> sizes, padded = pad_to_largest_tensor(torch.ones(get_rank() + 1))
     """
-    return helpers.pad_to_largest_tensor(get_communicator(group), tensor)
+    return helpers.pad_to_largest_tensor(_collective_comm(group), tensor)
 
 
 def collect_results(
-    results_part: list,
+    results: list,
     size: int,
     device: str = "cpu",
     tmpdir: str | None = None,
@@ -409,18 +603,32 @@ def collect_results(
     """Collect per-rank results on rank 0 in dataset order (others get ``None``).
 
     ``device="cpu"`` goes through files in ``tmpdir`` (a unique directory by
-    default); ``device="gpu"`` through the backend's object collective.
+    default; a given one is removed when collecting leaves it empty).
+    ``device="gpu"`` (the group's own device) or an accelerator type a
+    registered backend serves (``"cuda"``, ``"npu"``, ``"mlu"``) goes through
+    the backend's object collective; an accelerator that is not available
+    here raises :class:`~commlib.errors.BackendUnavailableError` with its reason.
 
     Examples:
         >>> results = collect_results(part, size=len(dataset), device="cpu")
+        >>> results = collect_results(part, len(dataset), device="npu")   # HCCL users
     """
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    if device == "gpu":
-        if tmpdir is not None:
-            raise ValueError("tmpdir is only used with device='cpu'")
-        return collect_results_gpu(results_part, size, group=group)
-    return collect_results_cpu(results_part, size, tmpdir, group=group)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str such as 'cpu' or 'gpu', got {device!r}")
+    if device == "cpu":
+        return collect_results_cpu(results, size, tmpdir, group=group)
+    if device != data_device.ACCELERATOR_ALIAS:
+        kind = device.partition(":")[0]
+        if kind not in data_device.accelerator_types():
+            accepted = ["cpu", data_device.ACCELERATOR_ALIAS, *data_device.accelerator_types()]
+            raise ValueError(
+                f"device must be one of {', '.join(map(repr, accepted))} (the device types "
+                f"registered backends serve), got {device!r}"
+            )
+        data_device.resolve_device(device)  # not available here: a clear error, on every rank
+    if tmpdir is not None:
+        raise ValueError(f"tmpdir is only used with device='cpu', not device={device!r}")
+    return collect_results_gpu(results, size, group=group)
 
 
 def collect_results_cpu(
@@ -431,7 +639,7 @@ def collect_results_cpu(
     Examples:
         >>> collect_results_cpu(part, size=100)
     """
-    return results.collect_results_cpu(get_communicator(group), result_part, size, tmpdir)
+    return results.collect_results_cpu(_collective_comm(group), result_part, size, tmpdir)
 
 
 def collect_results_gpu(result_part: list, size: int, group: Any = None) -> list | None:
@@ -440,4 +648,4 @@ def collect_results_gpu(result_part: list, size: int, group: Any = None) -> list
     Examples:
         >>> collect_results_gpu(part, size=100)
     """
-    return results.collect_results_gpu(get_communicator(group), result_part, size)
+    return results.collect_results_gpu(_collective_comm(group), result_part, size)

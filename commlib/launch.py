@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import warnings
 from typing import Any
 
 import torch.distributed as dist
@@ -38,9 +39,76 @@ def default_torch_backend() -> str:
     return plugins.default_backend().torch_backend or "gloo"
 
 
+def infer_launcher() -> str:
+    """The launcher this process's environment shows: ``pytorch``, ``slurm``, ``mpi`` or ``none``.
+
+    As mmengine: torchrun's ``WORLD_SIZE`` first, then slurm's ``SLURM_NTASKS``,
+    then Open MPI's ``OMPI_COMM_WORLD_LOCAL_RANK``. Pass the answer to
+    :func:`init_dist` unless it is ``"none"`` (a plain single process).
+
+    Examples:
+        >>> infer_launcher()            # python train.py
+        'none'
+        >>> infer_launcher()            # torchrun --nproc-per-node 2 train.py
+        'pytorch'
+    """
+    if "WORLD_SIZE" in os.environ:
+        return "pytorch"
+    if "SLURM_NTASKS" in os.environ:
+        return "slurm"
+    if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+        return "mpi"
+    return "none"
+
+
+def launched_world_size() -> int:
+    """``WORLD_SIZE`` as a launcher set it (1 when unset or not a number).
+
+    Examples:
+        >>> launched_world_size()       # under torchrun --nproc-per-node 4
+        4
+    """
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+_warned_not_initialised = [False]
+
+
+def warn_if_launched_without_init() -> None:
+    """Warn once when a launcher started several ranks but torch.distributed is not up.
+
+    Without :func:`init_dist` every function acts as a world of one process,
+    so each rank would silently compute its own answer. Plain single-process
+    runs (no ``WORLD_SIZE``, or 1) stay silent.
+
+    Examples:
+        >>> # torchrun --nproc-per-node 2, no init_dist
+        >>> commlib.all_reduce(x)
+        UserWarning: WORLD_SIZE=2: a launcher started 2 ranks, but torch.distributed ...
+    """
+    if _warned_not_initialised[0] or (dist.is_available() and dist.is_initialized()):
+        return
+    size = launched_world_size()
+    if size <= 1:
+        return
+    _warned_not_initialised[0] = True
+    warnings.warn(
+        f"WORLD_SIZE={size}: a launcher started {size} ranks, but torch.distributed is not "
+        "initialised, so commlib acts as a world of one process and every rank computes "
+        "alone. Call commlib.init_dist() (e.g. init_dist('pytorch')) before the first "
+        "collective.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def init_dist(
     launcher: str = "pytorch",
     backend: str | Backend | None = None,
+    init_backend: str = "torch",
     timeout: datetime.timedelta | float | None = None,
     **kwargs: Any,
 ) -> None:
@@ -53,7 +121,8 @@ def init_dist(
     multi-device, ``"cpu:gloo,cuda:nccl"``) or a device type (``"npu"``: the
     backend torch registers for it); by default the one torch picks for this
     machine's accelerator. The plugin selects the device from ``LOCAL_RANK``
-    before the group starts.
+    before the group starts. ``init_backend`` is mmengine's: only ``"torch"``
+    (torch.distributed itself) is supported.
 
     Examples:
         >>> # torchrun --nproc-per-node 2 train.py
@@ -64,6 +133,11 @@ def init_dist(
     """
     if launcher not in _LAUNCHER_ENV:
         raise ValueError(f"launcher must be one of {sorted(_LAUNCHER_ENV)}, got {launcher!r}")
+    if init_backend != "torch":
+        raise ValueError(
+            f"init_backend={init_backend!r} is not supported: commlib starts the process group "
+            "with torch.distributed only (init_backend='torch')"
+        )
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialised")
     names = _LAUNCHER_ENV[launcher]

@@ -66,8 +66,10 @@ def collect_results_cpu(
     """Collect through files in a directory every rank can see.
 
     Without ``tmpdir``, rank 0 creates a unique directory under ``./.dist_test``
-    and removes it afterwards, also on error. A directory that some rank cannot
-    see makes every rank raise an error naming that rank.
+    and removes it afterwards, also on error. A given ``tmpdir`` is created if
+    needed and removed when collecting leaves it empty (anything else in it is
+    kept, and so is the directory). A directory that some rank cannot see
+    makes every rank raise an error naming that rank.
 
     Examples:
         >>> collect_results_cpu(comm, part, size=len(dataset))
@@ -82,7 +84,7 @@ def collect_results_cpu(
         created = tempfile.mkdtemp(prefix="commlib-", dir=".dist_test")
         with open(os.path.join(created, ".owner"), "w") as f:
             f.write(str(os.getpid()))
-    own_file = None
+    own_file = path = None
     try:
         path = comm.broadcast_object(os.path.abspath(created) if created else tmpdir, src=0)
         status = ""
@@ -128,7 +130,14 @@ def collect_results_cpu(
             os.remove(own_file)
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
-            try:
-                os.rmdir(".dist_test")
-            except OSError:
-                pass
+            _remove_if_empty(".dist_test")
+        elif rank == 0 and path is not None:
+            # rank 0 removed every part file; rmdir refuses a directory with user files
+            _remove_if_empty(path)
+
+
+def _remove_if_empty(directory: str) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass

@@ -1,6 +1,7 @@
-"""Write docs/bench.md (the README's benchmark section) from a ``commlib bench --json`` file.
+"""Write docs/bench.md, the docs site's benchmark page, from a ``commlib bench --json`` file.
 
-Usage, from the repository root::
+The page is generated whole: edit this script, not docs/bench.md. Usage, from the
+repository root::
 
     commlib bench --json docs/bench.json --plot docs/bench.png
     python docs/make_bench_md.py docs/bench.json docs/bench.md
@@ -42,11 +43,10 @@ mem = [
 out = []
 w = out.append
 w(
-    "<!-- README section, generated: commlib bench --json docs/bench.json --plot docs/bench.png"
-    " && python docs/make_bench_md.py docs/bench.json docs/bench.md. Merged into README.md at"
-    " the repo root, the image path becomes docs/bench.png. -->\n"
+    "<!-- Generated, do not edit: commlib bench --json docs/bench.json --plot docs/bench.png"
+    " && python docs/make_bench_md.py docs/bench.json docs/bench.md -->\n"
 )
-w("## Benchmark: `commlib bench`\n")
+w("# Benchmark: `commlib bench`\n")
 w(
     "`commlib bench` measures every collective twice in the same run, through commlib and "
     "through the plain `torch.distributed` call a program would otherwise make, and prints one "
@@ -73,7 +73,7 @@ w(
     "a rank that fails or hangs ends the run with that rank's error and a non-zero exit.\n"
 )
 cpu = meta.get("cpu_count")
-w(f"### Results: {rows[0]['world_size']} ranks, {rows[0]['backend']}, {cpu} CPU cores\n")
+w(f"## Results: {rows[0]['world_size']} ranks, {rows[0]['backend']}, {cpu} CPU cores\n")
 w(
     f"Produced by `{meta['command']}` (torch {meta['torch']}, Python {meta['python']}, "
     f"commlib {meta['commlib']}, {meta['date'][:10]}) on a {cpu}-core Linux VM: ratios move by "
@@ -101,9 +101,11 @@ mid = [r["ratio"] for r in obj_mid]
 w(
     f"- **Object collectives, 16K-1M**: {rng(mid)}: objects that do not fit the first round "
     "(a 4 KiB slot per rank) pay a second round, "
-    + ("so in this range commlib is on average slower than torch.\n"
-       if math.exp(sum(math.log(x) for x in mid) / len(mid)) > 1
-       else "and still come out ahead of torch's two rounds and extra copies on average.\n")
+    + (
+        "so in this range commlib is on average slower than torch.\n"
+        if math.exp(sum(math.log(x) for x in mid) / len(mid)) > 1
+        else "and still come out ahead of torch's two rounds and extra copies on average.\n"
+    )
 )
 w(
     f"- **Tensor collectives** run the same engine call: {rng([r['ratio'] for r in ten_big])} "
@@ -124,8 +126,13 @@ w("".join(bullets))
 w("![bus bandwidth against size, commlib and torch.distributed](bench.png)\n")
 w("Every case at 4K, 1M and 16M (small objects at their own size); the full table is below.\n")
 w(report.format_markdown(short) + "\n")
-w("<details><summary>Every row</summary>\n\n" + report.format_markdown(rows) + "\n\n</details>\n")
-w("### How to read it\n")
+# markdown="1": the docs site (md_in_html) renders the table inside; GitHub ignores it
+w(
+    '<details markdown="1"><summary>Every row</summary>\n\n'
+    + report.format_markdown(rows)
+    + "\n\n</details>\n"
+)
+w("## How to read it\n")
 w(
     "- **time**: the median of the timed calls on each rank, then the slowest rank's median "
     "(a collective is as slow as its slowest rank). commlib and torch calls alternate call by "

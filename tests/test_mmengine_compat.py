@@ -47,6 +47,11 @@ def _evaluate():
     part = list(range(rank, 10, world_size))
     out["collect_results"] = dist.collect_results(part, 10, device="cpu")
     out["collect_results_gpu"] = dist.collect_results(part, 10, device="gpu")
+    out["collect_results_kw"] = dist.collect_results(results=part, size=10, device="cpu")
+
+    data = {"x": torch.ones(2), "y": [torch.zeros(1)]}
+    moved = dist.cast_data_device(data, dist.get_comm_device())
+    out["cast_data_device"] = (str(dist.get_data_device(moved)), moved["x"].tolist())
 
     np.random.seed(42)
     out["seed"] = dist.sync_random_seed()
@@ -65,6 +70,7 @@ def _mmengine_expectations(world_size: int) -> list[dict]:
         "all_reduce_dict": {"loss_cls": 1.0 + sum(ranks) / n, "loss_bbox": [2.0, sum(ranks) / n]},
         "all_reduce_params": [[float(sum(ranks))] * 3, [[float(n)] * 2] * 2],
         "seed": int(np.random.RandomState(42).randint(2**31)),
+        "cast_data_device": ("cpu", [1.0, 1.0]),
     }
     out = []
     for r in ranks:
@@ -79,6 +85,7 @@ def _mmengine_expectations(world_size: int) -> list[dict]:
                 "gather_object": common["all_gather_object"] if main else None,
                 "collect_results": list(range(10)) if main else None,
                 "collect_results_gpu": list(range(10)) if main else None,
+                "collect_results_kw": list(range(10)) if main else None,
             }
         )
     return out

@@ -1,8 +1,9 @@
 """pytest plugin: ``pytest --commlib-backend NAME`` runs the conformance kit against NAME.
 
-Registered through the ``pytest11`` entry point, so it is active wherever
-commlib is installed, and inert unless ``--commlib-backend`` is given. Each
-(check, world size) becomes one test item, marked ``commlib_conformance``:
+The ``pytest11`` entry point is the top-level ``_commlib_pytestplugin``, which
+declares the options and the marker without importing torch; it registers this
+module (which does) only when ``--commlib-backend`` is given. Each (check,
+world size) becomes one test item, marked ``commlib_conformance``:
 
 Examples:
     $ pytest --commlib-backend gloo
@@ -17,42 +18,10 @@ from typing import Any
 
 import pytest
 
-MARKER = "commlib_conformance"
+from _commlib_pytestplugin import MARKER
 
-
-def pytest_addoption(parser: Any) -> None:
-    group = parser.getgroup("commlib", "commlib backend conformance kit")
-    group.addoption(
-        "--commlib-backend",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="run commlib's conformance kit against backend NAME (repeatable)",
-    )
-    group.addoption(
-        "--commlib-world-sizes",
-        default="1,2,3",
-        metavar="N,N,...",
-        help="world sizes the kit runs at (default 1,2,3)",
-    )
-    group.addoption(
-        "--commlib-setup",
-        default=None,
-        metavar="MODULE:FUNCTION",
-        help="setup(rank, size) run in every rank first, e.g. "
-        "commlib.testing.simulated:setup_nccl",
-    )
-    group.addoption(
-        "--commlib-timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long one check may take on all ranks (default 60)",
-    )
-
-
-def pytest_configure(config: Any) -> None:
-    config.addinivalue_line("markers", f"{MARKER}: a commlib backend conformance check")
+# pytest_addoption lives in _commlib_pytestplugin: this module is registered late and
+# pytest would replay that hook for it, declaring every option twice
 
 
 def _setup_function(spec: str | None) -> Any:

@@ -1,0 +1,157 @@
+"""World ranks and group ranks: what ``src`` / ``dst`` mean at the module level.
+
+torch.distributed, and mmengine.dist which hands them on, read ``src`` / ``dst``
+as *world* (global) ranks even when a ``group=`` is given, and since torch 2.6
+take ``group_src`` / ``group_dst`` for a rank within the group. A
+:class:`~commlib.Communicator` speaks group ranks only. The module-level
+functions therefore translate once, here, before anything is sent:
+
+* ``group=`` a torch ``ProcessGroup``: ``src`` is a world rank, ``group_src`` a
+  group rank (torch's convention);
+* ``group=`` a Communicator, or ``None`` (the world, where both numbers are the
+  same): both name a rank within the group.
+
+Messages about a rank give both numbers, so a reader never has to guess which
+one was meant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+from commlib.communicator import Communicator
+from commlib.errors import NotInGroupError, RemoteError
+
+
+def is_torch_group(group: Any) -> bool:
+    """Whether ``group`` is a torch ``ProcessGroup`` (world ranks), not a Communicator.
+
+    Examples:
+        >>> is_torch_group(None), is_torch_group(dist.group.WORLD)
+        (False, True)
+    """
+    return group is not None and not isinstance(group, Communicator)
+
+
+def _world_rank_of_this_process() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def describe(comm: Communicator, group_rank: int) -> str:
+    """``"2 (world rank 3)"``: a group rank with its world rank, when they differ.
+
+    Examples:
+        >>> describe(pair_of_world_ranks_1_and_3, 1)
+        '1 (world rank 3)'
+    """
+    members = comm.ranks
+    if 0 <= group_rank < len(members) and members[group_rank] != group_rank:
+        return f"{group_rank} (world rank {members[group_rank]})"
+    return str(group_rank)
+
+
+def _check_int(value: Any, name: str, call: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{call}: {name} must be an int rank, got {type(value).__name__}")
+
+
+def group_rank(
+    comm: Communicator,
+    call: str,
+    name: str,
+    rank: int | None,
+    rank_in_group: int | None,
+    *,
+    world_ranks: bool,
+) -> int:
+    """The group rank a module-level call means by ``name=rank`` / ``group_<name>=rank_in_group``.
+
+    ``world_ranks`` says whether ``rank`` is a world rank (``group=`` was a torch
+    ProcessGroup). Neither given means the group's first rank, which is world
+    rank 0 whenever world rank 0 is a member (torch orders a group's ranks).
+    Raises ``TypeError`` / ``ValueError`` for a bad rank and
+    :class:`~commlib.errors.NotInGroupError` when this process is outside the
+    group, all before anything is sent.
+
+    Examples:
+        >>> pair = get_communicator(pg_of_world_ranks_1_and_2)
+        >>> group_rank(pair, "broadcast", "src", 2, None, world_ranks=True)
+        1
+        >>> group_rank(pair, "broadcast", "src", None, 1, world_ranks=True)
+        1
+        >>> group_rank(pair, "broadcast", "src", 0, None, world_ranks=True)
+        Traceback (most recent call last):
+        ValueError: broadcast: src=0 is not a member of the group (world ranks [1, 2]); ...
+    """
+    group_name = f"group_{name}"
+    if rank is not None:
+        _check_int(rank, name, call)
+    if rank_in_group is not None:
+        _check_int(rank_in_group, group_name, call)
+    if not comm.is_member:
+        raise NotInGroupError(
+            f"{call}: this process (world rank {_world_rank_of_this_process()}) is not a "
+            "member of the group"
+        )
+    size, members = comm.world_size, comm.ranks
+    if rank is not None and rank_in_group is not None:
+        raise ValueError(
+            f"{call}: pass {name} (a {'world' if world_ranks else 'group'} rank) or "
+            f"{group_name} (a rank within the group), not both; got {name}={rank} and "
+            f"{group_name}={describe(comm, rank_in_group)}"
+        )
+    if rank_in_group is not None:
+        if not 0 <= rank_in_group < size:
+            raise ValueError(
+                f"{call}: {group_name}={rank_in_group} is out of range for a group of {size} "
+                f"ranks (0..{size - 1}; world ranks {members})"
+            )
+        return rank_in_group
+    if rank is None:
+        return 0
+    if world_ranks:
+        if rank not in members:
+            raise ValueError(
+                f"{call}: {name}={rank} is not a member of the group (world ranks {members}); "
+                f"{name} is a world rank with a torch ProcessGroup, {group_name}= takes a rank "
+                "within the group"
+            )
+        return members.index(rank)
+    if not 0 <= rank < size:
+        raise ValueError(
+            f"{call}: {name}={rank} is out of range for a group of {size} ranks "
+            f"(0..{size - 1}; world ranks {members})"
+        )
+    return rank
+
+
+@contextlib.contextmanager
+def world_ranks_in_errors(comm: Communicator) -> Iterator[None]:
+    """Re-raise a :class:`~commlib.errors.RemoteError` of a subgroup with world ranks added.
+
+    Its ``failures`` stay keyed by group rank (as documented); the message
+    adds which world ranks those are, when the numbers differ.
+
+    Examples:
+        >>> with world_ranks_in_errors(pair):
+        ...     pair.broadcast_object_list(box, src=1)
+        RemoteError: broadcast_object_list failed on rank(s) [1] (world rank(s) [3]): ...
+    """
+    try:
+        yield
+    except RemoteError as err:
+        members = comm.ranks if comm.is_member else []
+        failed = sorted(err.failures)
+        if not members or all(members[r] == r for r in failed if 0 <= r < len(members)):
+            raise
+        world = [members[r] if 0 <= r < len(members) else r for r in failed]
+        head = err.summary or f"failed on rank(s) {failed}"
+        try:
+            annotated = type(err)(err.collective, err.failures, f"{head} (world rank(s) {world})")
+        except Exception:  # a subclass with another constructor keeps its own message
+            raise err from None
+        raise annotated from err

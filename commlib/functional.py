@@ -163,6 +163,8 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
         node = world.new_group(range(first, min(first + per_node, size)))
         if node.is_member:
             mine = node
+    if mine is None:  # every rank is in one machine's group, so this cannot happen
+        raise RuntimeError("init_local_group: this rank is in no machine's group")
     with _lock:
         _cache[mine.group] = mine  # get_communicator(get_local_group()) is this one
         _local[:] = [dist.group.WORLD, mine]

@@ -36,7 +36,7 @@ def default_torch_backend() -> str:
         >>> default_torch_backend()      # on a CPU-only machine
         'gloo'
     """
-    return plugins.default_backend().torch_backend or "gloo"
+    return str(plugins.default_backend().torch_backend)
 
 
 def infer_launcher() -> str:

@@ -88,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--backend",
         default=d.backend,
-        help="commlib backend or torch.distributed backend (default: the machine's, "
-        "gloo on a CPU-only machine)",
+        help="commlib backend or torch.distributed backend (default: the one the plugins "
+        "choose for this machine, see `commlib info`)",
     )
     add(
         "--min-bytes",

@@ -57,7 +57,7 @@ class ConformanceItem(pytest.Item):
         if result.status == "failed":
             raise ConformanceFailure(result.detail)
 
-    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
         if isinstance(excinfo.value, ConformanceFailure):
             return f"{self.name}\n{excinfo.value}"
         return super().repr_failure(excinfo)

@@ -68,8 +68,12 @@ class Engine:
         timeout: how long a call may wait for its peers unless it says otherwise.
 
     Examples:
-        >>> engine = Engine(plugin, group, timeout=datetime.timedelta(seconds=30))
+        >>> plugin = commlib.plugins.get_backend_plugin("single")   # a world of one
+        >>> engine = Engine(plugin, None, timeout=datetime.timedelta(seconds=30))
+        >>> t = torch.ones(2)
         >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")
+        >>> engine.seq, engine.rank, engine.world_size
+        (1, 0, 1)
     """
 
     def __init__(self, plugin: Backend, group: Group, timeout: datetime.timedelta):
@@ -100,8 +104,11 @@ class Engine:
         :class:`~commlib.errors.CommError`. commlib's own errors pass through.
 
         Examples:
-            >>> with engine.map_errors("all_reduce", seq, engine.timeout):
-            ...     work.wait(engine.timeout)
+            >>> with engine.map_errors("all_reduce", 7, engine.timeout):
+            ...     raise RuntimeError("connection reset by peer")
+            Traceback (most recent call last):
+            ...
+            commlib.errors.CommError: all_reduce failed on rank 0: connection reset by peer
         """
         started = time.monotonic()
         try:
@@ -137,6 +144,7 @@ class Engine:
         collective in errors.
 
         Examples:
+            >>> t = torch.ones(2)
             >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
             >>> engine.wait(pending)
         """
@@ -165,7 +173,10 @@ class Engine:
         """Start ``call`` and wait for it: one blocking collective.
 
         Examples:
+            >>> out, t = torch.empty(engine.world_size * 2), torch.ones(2)
             >>> engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, t)
+            >>> out
+            tensor([1., 1.])
         """
         self.wait(self.start(what, call, *args, **kwargs), timeout)
 
@@ -185,6 +196,7 @@ class Engine:
         ``wait()`` waits for the engine and runs ``finish``.
 
         Examples:
+            >>> t = torch.ones(2)
             >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
             <Handle pending>
         """

@@ -256,6 +256,7 @@ class Communicator:
         match, so a mismatch is an error instead of a hang.
 
         Examples:
+            >>> state = {"loss": torch.tensor(0.5), "acc": torch.tensor(0.9)}
             >>> comm.ensure_same("my_sync", f"keys={sorted(state)}")
         """
         engine = self._member(what)
@@ -327,8 +328,9 @@ class Communicator:
         with their shapes in one round; larger ones take a second round.
 
         Examples:
-            >>> comm.all_gather(torch.arange(comm.rank + 1))   # 2 ranks
-            [tensor([0]), tensor([0, 1])]
+            >>> comm.all_gather(torch.arange(comm.rank + 1))
+            [tensor([0])]
+            >>> # on 2 ranks, each rank gets: [tensor([0]), tensor([0, 1])]
         """
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
@@ -414,8 +416,8 @@ class Communicator:
 
         Examples:
             >>> comm.gather(torch.tensor([comm.rank]), dst=0)
-            [tensor([0]), tensor([1])]   # rank 0
-            []                           # rank 1
+            [tensor([0])]
+            >>> # on 2 ranks: [tensor([0]), tensor([1])] on rank 0, [] on rank 1
         """
         engine = self._member("gather")
         check.tensor(tensor, "tensor")

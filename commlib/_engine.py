@@ -20,10 +20,9 @@ Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,6 +45,27 @@ def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timed
         or "timeout" in text
         or waited >= limit.total_seconds() * (1 - _TIMEOUT_SLACK)
     )
+
+
+class _MapErrors:
+    """The context manager :meth:`Engine.map_errors` returns (a class: it runs on every call)."""
+
+    __slots__ = ("engine", "limit", "seq", "started", "what")
+
+    def __init__(self, engine: Engine, what: str, seq: int, limit: datetime.timedelta):
+        self.engine, self.what, self.seq, self.limit = engine, what, seq, limit
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        # commlib's own errors pass through; torch's DistError family is RuntimeError too
+        if exc is None or isinstance(exc, CommError) or not isinstance(exc, RuntimeError):
+            return
+        waited = time.monotonic() - self.started
+        raise self.engine._translate(self.what, self.seq, self.limit, exc, waited) from exc
 
 
 class Pending:
@@ -95,8 +115,7 @@ class Engine:
         return moved if moved.is_contiguous() else moved.contiguous()
 
     # -- errors ----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> Iterator[None]:
+    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> _MapErrors:
         """Turn an engine failure inside the block into the commlib error for it.
 
         A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
@@ -110,14 +129,7 @@ class Engine:
             ...
             commlib.errors.CommError: all_reduce failed on rank 0: connection reset by peer
         """
-        started = time.monotonic()
-        try:
-            yield
-        except CommError:
-            raise
-        except RuntimeError as exc:  # torch's DistError family is RuntimeError too
-            waited = time.monotonic() - started
-            raise self._translate(what, seq, limit, exc, waited) from exc
+        return _MapErrors(self, what, seq, limit)
 
     def _translate(
         self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float

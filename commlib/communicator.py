@@ -64,6 +64,8 @@ def _reduction(
 
 
 def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    if result is target:
+        return
     if result.data_ptr() != target.data_ptr() or result.device != target.device:
         target.copy_(result.view(target.shape))
 
@@ -240,8 +242,13 @@ class Communicator:
             )
         return self._engine
 
+    @property
+    def _agreeing(self) -> bool:
+        """Strict mode is on and there are peers to agree with."""
+        return self.strict and self._distributed
+
     def _strict(self, engine: Engine, what: str, description: str) -> None:
-        if self.strict and self._distributed:
+        if self._agreeing:
             # the title must not be this rank's own view: every rank raises alike
             _agreement.agree(
                 engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
@@ -305,7 +312,8 @@ class Communicator:
         engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
-        self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
@@ -335,7 +343,8 @@ class Communicator:
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
+        if self._agreeing:
+            self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
@@ -391,7 +400,10 @@ class Communicator:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
-        self._strict(engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(
+                engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}"
+            )
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
@@ -422,7 +434,8 @@ class Communicator:
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
-        self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
         out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
@@ -448,7 +461,8 @@ class Communicator:
         engine = self._member("broadcast")
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         world = engine.world_size
         return engine.submit(
@@ -509,7 +523,10 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
-        self._strict(engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}")
+        if self._agreeing:
+            self._strict(
+                engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}"
+            )
         engine_op, back = _reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
@@ -531,7 +548,8 @@ class Communicator:
             >>> comm.barrier(timeout=60)
         """
         engine = self._member("barrier")
-        self._strict(engine, "barrier", "")
+        if self._agreeing:
+            self._strict(engine, "barrier", "")
         engine.barrier(as_timedelta(timeout))
 
     # -- object collectives -------------------------------------------------------

@@ -155,7 +155,10 @@ class Alarm:
 
     def _at_exit(self) -> None:
         self._stop.set()
-        self._write("exit")
+        # a process that ran no collective (``commlib info`` in a shell with
+        # COMMLIB_TRACE_DIR exported) must not replace a rank's file
+        if self.recorder.recorded:
+            self._write("exit")
 
     # -- SIGUSR1 -----------------------------------------------------------------------
     def _install_signal(self) -> None:

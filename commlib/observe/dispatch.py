@@ -138,6 +138,15 @@ def _disable(plugin: Any, exc: Exception) -> None:
     )
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 def _notify(calls: list[_Call], event: CollectiveEvent) -> None:
     for plugin, function, takes_event in calls:
         if id(plugin) in _disabled:
@@ -210,20 +219,29 @@ class _Collective:
     def facts(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         get = self.arguments.get
         shapes, dtypes, nbytes = payload_facts(get(self.payload, args, kwargs))
-        root = get(self.peer, args, kwargs)
-        op = get(self.op, args, kwargs)
+        peers: dict[str, int] = {}
+        if self.peer is not None:
+            root = get(self.peer, args, kwargs)
+            if isinstance(root, int):
+                peers[self.peer] = root
+        op = get(self.op, args, kwargs) if self.op is not None else None
+        if op is not None:
+            op = str(op).lower()
         return {
             "shapes": shapes,
             "dtypes": dtypes,
             "nbytes": nbytes,
-            "peers": {self.peer: root} if isinstance(root, int) and self.peer else {},
-            "op": str(op).lower() if op is not None else None,
+            "peers": peers,
+            "op": op,
             "async_op": bool(kwargs.get("async_op", False)),
         }
 
     def label(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """The ``torch.profiler`` label: ``commlib.all_reduce(sum, float32 (4,))``."""
-        f = self.facts(args, kwargs)
+        try:
+            f = self.facts(args, kwargs)
+        except Exception:  # a label is a courtesy; the name alone will do
+            return f"commlib.{self.name}"
         return f"commlib.{self.name}({describe(f['peers'], f['op'], f['dtypes'], f['shapes'])})"
 
     def call(
@@ -237,8 +255,9 @@ class _Collective:
         if observers:
             engine.on_call = span.begin
         try:
-            if _profiler._is_profiler_enabled:
-                with torch.profiler.record_function(self.label(args, kwargs)):
+            label = self.label(args, kwargs) if _profiler._is_profiler_enabled else None
+            if label is not None:
+                with torch.profiler.record_function(label):
                     result = self.fn(comm, *args, **kwargs)
             else:
                 result = self.fn(comm, *args, **kwargs)
@@ -276,20 +295,26 @@ class _Span:
         """The first engine call (``Engine.on_call``): the collective has started."""
         engine = self.engine
         engine.on_call = None
-        group, ranks = _group_label(engine)
-        self.event = CollectiveEvent(
-            communicator=self.comm,
-            name=self.collective.name,
-            seq=engine.seq,
-            group=group,
-            group_ranks=ranks,
-            rank=engine.rank,
-            uniform=self.collective.uniform,
-            start=time.time() - (time.perf_counter() - self.t0),
-            **self.collective.facts(self.args, self.kwargs),
-        )
-        self.args = self.kwargs = ()  # the caller's tensors are not kept alive by observers
-        _notify(self.observers.starts, self.event)
+        try:
+            group, ranks = _group_label(engine)
+            event = CollectiveEvent(
+                communicator=self.comm,
+                name=self.collective.name,
+                seq=engine.seq,
+                group=group,
+                group_ranks=ranks,
+                rank=engine.rank,
+                uniform=self.collective.uniform,
+                start=time.time() - (time.perf_counter() - self.t0),
+                **self.collective.facts(self.args, self.kwargs),
+            )
+        except Exception as exc:  # observing must never break the collective
+            _warn_once(f"commlib could not describe {self.collective.name} to observers: {exc!r}")
+            return
+        finally:
+            self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
+        self.event = event
+        _notify(self.observers.starts, event)
 
     def end(self, error: BaseException | None) -> None:
         event = self.event

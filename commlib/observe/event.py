@@ -112,18 +112,24 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
         ((), ('dict',), 0)
     """
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape),), (_dtype_name(value.dtype),), value.numel() * value.itemsize
+        return (tuple(value.shape),), (_dtype_name(value.dtype),), value.nbytes
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
         tensors = [t for t in value if isinstance(t, torch.Tensor)]
         return (
             tuple(tuple(t.shape) for t in tensors),
             tuple(_dtype_name(t.dtype) for t in tensors),
-            sum(t.numel() * t.itemsize for t in tensors),
+            sum(t.nbytes for t in tensors),
         )
     if value is None:
         return (), (), 0
     return (), (type(value).__name__,), 0
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name

@@ -48,6 +48,7 @@ def write(directory: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(snapshot, f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the files from whoever diagnoses
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

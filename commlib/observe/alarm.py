@@ -55,14 +55,22 @@ class Alarm:
         recorder: the flight recorder to write (it must have a directory).
         poll: seconds between two looks at the store.
         patience: seconds a failing rank waits for the others to write.
+        quiet: seconds after asking the others before a failure asks again.
 
     Examples:
         >>> alarm = Alarm(FlightRecorder(directory="/tmp/trace"))  # doctest: +SKIP
         >>> alarm.arm()                                            # doctest: +SKIP
     """
 
-    def __init__(self, recorder: FlightRecorder, poll: float = 0.5, patience: float = 3.0):
-        self.recorder, self.poll, self.patience = recorder, poll, patience
+    def __init__(
+        self,
+        recorder: FlightRecorder,
+        poll: float = 0.5,
+        patience: float = 3.0,
+        quiet: float = 10.0,
+    ):
+        self.recorder, self.poll, self.patience, self.quiet = recorder, poll, patience, quiet
+        self._last_ask = -quiet
         self._lock = threading.Lock()
         self._seen = 0  # the last request this rank answered
         self._mine: set[int] = set()  # requests this rank made: no need to answer them
@@ -84,9 +92,16 @@ class Alarm:
 
     # -- what asks for a write ---------------------------------------------------------
     def failed(self, reason: str) -> None:
-        """A collective failed here: write this rank's file, ask the others, wait a little."""
+        """A collective failed here: write this rank's file, ask the others, wait a little.
+
+        The others are asked at most once every ``quiet`` seconds: a program
+        that goes on calling a failed communicator must not wait each time.
+        """
         self._write(reason)
-        self.ask_others(reason, wait=True)
+        now = time.monotonic()
+        if now - self._last_ask >= self.quiet:
+            self._last_ask = now
+            self.ask_others(reason, wait=True)
 
     def signalled(self) -> None:
         """``SIGUSR1``: write this rank's file and ask the others."""

@@ -103,8 +103,12 @@ def current() -> _Observers:
         from commlib import plugins  # the manager imports this module
 
         hook = plugins.plugin_manager().hook
+        # a manager made without commlib's hookspecs has no observers, not an error
+        starts = getattr(hook, "commlib_collective_start", None)
+        ends = getattr(hook, "commlib_collective_end", None)
         found = _Observers(
-            _calls(hook.commlib_collective_start), _calls(hook.commlib_collective_end)
+            _calls(starts) if starts is not None else [],
+            _calls(ends) if ends is not None else [],
         )
         _observers = found
     return found

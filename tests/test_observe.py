@@ -150,6 +150,7 @@ def test_an_observer_that_raises_is_disabled_and_the_collective_goes_on(watcher)
         assert "observer disabled: raising-observer: RuntimeError: observer bug" in out
     finally:
         plugin_manager().unregister(bad)
+    assert dispatch.disabled() == {}  # forgotten once unregistered
 
 
 def _info() -> str:

@@ -45,7 +45,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _Call = tuple[Any, Callable[..., Any], bool]  # (plugin, hook function, takes the event)
 
 _lock = threading.Lock()
-_disabled: dict[int, str] = {}  # id(plugin) -> why it no longer observes
+# id(plugin) -> (plugin, why it no longer observes); the plugin is held so that
+# its id cannot be reused while it is here, and dropped once it is unregistered
+_disabled: dict[int, tuple[Any, str]] = {}
 _labels: weakref.WeakKeyDictionary[Any, tuple[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
 _label_counts: dict[str, int] = {}
 
@@ -102,7 +104,11 @@ def current() -> _Observers:
     if found is None:
         from commlib import plugins  # the manager imports this module
 
-        hook = plugins.plugin_manager().hook
+        pm = plugins.plugin_manager()
+        for key, (plugin, _) in list(_disabled.items()):
+            if not pm.is_registered(plugin):
+                del _disabled[key]
+        hook = pm.hook
         # a manager made without commlib's hookspecs has no observers, not an error
         starts = getattr(hook, "commlib_collective_start", None)
         ends = getattr(hook, "commlib_collective_end", None)
@@ -124,16 +130,16 @@ def disabled() -> dict[str, str]:
     """
     from commlib import plugins
 
+    current()  # forgets the ones unregistered since
     pm = plugins.plugin_manager()
-    names = {id(p): name for name, p in pm.list_name_plugin()}
-    return {names.get(key, f"plugin {key}"): why for key, why in _disabled.items()}
+    return {pm.get_name(plugin) or repr(plugin): why for plugin, why in _disabled.values()}
 
 
 def _disable(plugin: Any, exc: Exception) -> None:
     with _lock:
         if id(plugin) in _disabled:
             return
-        _disabled[id(plugin)] = f"{type(exc).__name__}: {exc}"
+        _disabled[id(plugin)] = (plugin, f"{type(exc).__name__}: {exc}")
     invalidate()
     warnings.warn(
         f"commlib observer {plugin!r} raised {type(exc).__name__}: {exc}; it is disabled",

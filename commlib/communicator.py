@@ -737,6 +737,14 @@ class Communicator:
             )
         out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
         in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
+        me = engine.rank
+        to_me = in_splits[me] if in_splits else input.shape[0] // world
+        from_me = out_splits[me] if out_splits else output.shape[0] // world
+        if to_me != from_me:  # the one pair of splits this rank alone must match
+            raise ValueError(
+                f"all_to_all_single: rank {me} sends itself {to_me} rows of input but expects "
+                f"{from_me} rows of output from itself"
+            )
         self._strict(
             engine, "all_to_all_single", f"{input.dtype}, rows of {tuple(input.shape[1:])}"
         )

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from commlib.testing.checks import CHECKS, Check
+from commlib.testing.checks import collectives as _collectives  # noqa: F401
 from commlib.testing.checks import errors as _errors  # noqa: F401  (registers checks)
 from commlib.testing.checks import helpers as _helpers  # noqa: F401
 from commlib.testing.checks import object_collectives as _objects  # noqa: F401
+from commlib.testing.checks import point_to_point as _point_to_point  # noqa: F401
 from commlib.testing.checks import tensors as _tensors  # noqa: F401
 from commlib.testing.harness import RankFailed, World, WorldTimeout
 

@@ -342,8 +342,8 @@ class Communicator:
         torchmetrics' own gather); the other entries are new tensors.
 
         Examples:
-            >>> comm.all_gather(torch.arange(comm.rank + 1))   # 2 ranks
-            [tensor([0]), tensor([0, 1])]
+            >>> comm.all_gather(torch.arange(comm.rank + 1))  # 2 ranks: also tensor([0, 1])
+            [tensor([0])]
         """
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
@@ -779,10 +779,10 @@ class Communicator:
         each other at once (NCCL), exchange with :meth:`batch_isend_irecv`.
 
         Examples:
-            >>> if comm.rank == 0:                            # doctest: +SKIP
-            ...     comm.send(torch.arange(3.0), dst=1)
+            >>> x = torch.arange(3.0) if comm.rank == 0 else torch.empty(3)
+            >>> if comm.rank == 0 and comm.world_size > 1:
+            ...     comm.send(x, dst=1)
             ... elif comm.rank == 1:
-            ...     x = torch.empty(3)
             ...     comm.recv(x, src=0)
         """
         return self._p2p("send", tensor, dst, tag, async_op, timeout)
@@ -799,8 +799,9 @@ class Communicator:
         """Receive into ``tensor`` what rank ``src`` sends with :meth:`send`.
 
         Examples:
-            >>> x = torch.empty(3)                            # doctest: +SKIP
-            >>> comm.recv(x, src=0)
+            >>> x = torch.empty(3)
+            >>> if comm.rank == 1:                 # rank 0 sends it with send(x, dst=1)
+            ...     comm.recv(x, src=0)
         """
         return self._p2p("recv", tensor, src, tag, async_op, timeout)
 
@@ -810,9 +811,9 @@ class Communicator:
         """:meth:`send` that returns at once; the handle's ``wait()`` completes it.
 
         Examples:
-            >>> h = comm.isend(torch.ones(2), dst=1)         # doctest: +SKIP
-            >>> h.wait()
-            True
+            >>> if comm.rank == 0 and comm.world_size > 1:
+            ...     h = comm.isend(torch.ones(2), dst=1)
+            ...     h.wait()        # the other side: irecv(x, src=0)
         """
         handle = self._p2p("send", tensor, dst, tag, True, timeout)
         assert handle is not None
@@ -824,10 +825,10 @@ class Communicator:
         """:meth:`recv` that returns at once; read ``tensor`` after the handle's ``wait()``.
 
         Examples:
-            >>> x = torch.empty(2)                            # doctest: +SKIP
-            >>> h = comm.irecv(x, src=0)
-            >>> h.wait()
-            True
+            >>> x = torch.empty(2)
+            >>> if comm.rank == 1:
+            ...     h = comm.irecv(x, src=0)
+            ...     h.wait()        # x holds what rank 0 sent
         """
         handle = self._p2p("recv", tensor, src, tag, True, timeout)
         assert handle is not None
@@ -872,12 +873,13 @@ class Communicator:
         received.
 
         Examples:
-            >>> right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+            >>> n, r = comm.world_size, comm.rank
             >>> got = torch.empty(2)
-            >>> ops = [P2POp(comm.isend, torch.ones(2), right),   # doctest: +SKIP
-            ...        P2POp(comm.irecv, got, left)]
-            >>> for h in comm.batch_isend_irecv(ops):
-            ...     h.wait()
+            >>> if n > 1:          # each rank sends right and receives from the left
+            ...     ops = [P2POp(comm.isend, torch.ones(2), (r + 1) % n),
+            ...            P2POp(comm.irecv, got, (r - 1) % n)]
+            ...     for h in comm.batch_isend_irecv(ops):
+            ...         h.wait()
         """
         engine = self._member("batch_isend_irecv")
         world, me = engine.world_size, engine.rank
@@ -1171,7 +1173,8 @@ class Communicator:
         once: it never waits for a payload that will not come.
 
         Examples:
-            >>> comm.send_object_list([{"step": 3}], dst=1)   # doctest: +SKIP
+            >>> if comm.rank == 0 and comm.world_size > 1:
+            ...     comm.send_object_list([{"step": 3}], dst=1)
         """
         engine = self._member("send_object_list")
         check.peer(dst, engine.world_size, engine.rank, "dst")
@@ -1195,10 +1198,9 @@ class Communicator:
         sender never blocks).
 
         Examples:
-            >>> box = [None]                                 # doctest: +SKIP
-            >>> comm.recv_object_list(box, src=0)
-            >>> box
-            [{'step': 3}]
+            >>> box = [None]
+            >>> if comm.rank == 1:
+            ...     comm.recv_object_list(box, src=0)   # box: [{'step': 3}]
         """
         engine = self._member("recv_object_list")
         check.peer(src, engine.world_size, engine.rank, "src")

@@ -217,7 +217,8 @@ def _rest_collective(
     """Parts that did not fit their slot, by scatters padded to the largest."""
     me, dev = engine.rank, engine.plugin.device()
     part = read_slots(mine, slot_size, 1) if me != src else None
-    sizes: list[int] = []
+    status = part.status(0) if part is not None else None
+    sizes: list[int] = part.sizes(0) if part is not None and status == TABLE else []
     if largest_table:
         table = torch.zeros(largest_table, dtype=torch.uint8, device=dev)
         sent = None
@@ -226,22 +227,21 @@ def _rest_collective(
             for t, p in zip(sent, parts):
                 t[: len(p.meta)].copy_(uint8_view(p.meta))
         yield from call(engine, WHAT, engine.plugin.scatter, table, sent, src)
-        if part is not None and part.status(0) == PACKED:
+        if status == PACKED:
             sizes = _sizes(_host(table))
-    if part is not None and part.status(0) == TABLE:
-        sizes = part.sizes(0)
     blob = torch.zeros(largest_blob, dtype=torch.uint8, device=dev)
-    blobs = None
-    if me == src:
-        blobs = [
-            _blob(engine, p.segments, p.sizes, largest_blob)
-            if p.status in (TABLE, PACKED)
-            else torch.zeros_like(blob)
-            for p in parts
-        ]
-    yield from call(engine, WHAT, engine.plugin.scatter, blob, blobs, src)
+    if largest_blob:  # else every part fitted a slot of its own
+        blobs = None
+        if me == src:
+            blobs = [
+                _blob(engine, p.segments, p.sizes, largest_blob)
+                if p.status in (TABLE, PACKED)
+                else torch.zeros_like(blob)
+                for p in parts
+            ]
+        yield from call(engine, WHAT, engine.plugin.scatter, blob, blobs, src)
     if part is None:
         return None
-    if part.status(0) == INLINE:
+    if status == INLINE:
         return part.inline(0)
     return split_blob(blob, sizes)

@@ -126,6 +126,8 @@ def _batch_isend_irecv(comm: Any, ctx: dict) -> None:
 def _payload(rank: int, size: str) -> Any:
     if size == "small":
         return {"from": rank, "x": [1, 2]}
+    if size == "medium":  # fits a slot of its own, not src's slot with the others
+        return {"from": rank, "blob": bytes([rank]) * 1500}
     if size == "large":
         return {"from": rank, "blob": bytes([rank]) * 200_000, "t": torch.arange(3000) + rank}
     return [torch.full((2,), float(i + rank)) for i in range(600)]  # more buffers than a slot
@@ -177,7 +179,7 @@ def _scatter_object_list(comm: Any, ctx: dict) -> None:
     """scatter_object_list from every src: small (one round), large and many-buffer objects."""
     n, r = comm.world_size, comm.rank
     for src in range(n):
-        for size in ("small", "large", "packed"):
+        for size in ("small", "medium", "large", "packed"):
             objs = [_payload(10 * src + i, size) for i in range(n)]
             box: list = [None]
             ret = comm.scatter_object_list(box, objs if r == src else None, src=src)

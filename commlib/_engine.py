@@ -20,10 +20,9 @@ Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,6 +47,27 @@ def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timed
     )
 
 
+class _MapErrors:
+    """The context manager :meth:`Engine.map_errors` returns (a class: it runs on every call)."""
+
+    __slots__ = ("engine", "limit", "seq", "started", "what")
+
+    def __init__(self, engine: Engine, what: str, seq: int, limit: datetime.timedelta):
+        self.engine, self.what, self.seq, self.limit = engine, what, seq, limit
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        # commlib's own errors pass through; torch's DistError family is RuntimeError too
+        if exc is None or isinstance(exc, CommError) or not isinstance(exc, RuntimeError):
+            return
+        waited = time.monotonic() - self.started
+        raise self.engine._translate(self.what, self.seq, self.limit, exc, waited) from exc
+
+
 class Pending:
     """An engine call in flight: its work, and the name and number errors will use."""
 
@@ -68,8 +88,12 @@ class Engine:
         timeout: how long a call may wait for its peers unless it says otherwise.
 
     Examples:
-        >>> engine = Engine(plugin, group, timeout=datetime.timedelta(seconds=30))
+        >>> plugin = commlib.plugins.get_backend_plugin("single")   # a world of one
+        >>> engine = Engine(plugin, None, timeout=datetime.timedelta(seconds=30))
+        >>> t = torch.ones(2)
         >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")
+        >>> engine.seq, engine.rank, engine.world_size
+        (1, 0, 1)
     """
 
     def __init__(self, plugin: Backend, group: Group, timeout: datetime.timedelta):
@@ -91,8 +115,7 @@ class Engine:
         return moved if moved.is_contiguous() else moved.contiguous()
 
     # -- errors ----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> Iterator[None]:
+    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> _MapErrors:
         """Turn an engine failure inside the block into the commlib error for it.
 
         A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
@@ -100,17 +123,13 @@ class Engine:
         :class:`~commlib.errors.CommError`. commlib's own errors pass through.
 
         Examples:
-            >>> with engine.map_errors("all_reduce", seq, engine.timeout):
-            ...     work.wait(engine.timeout)
+            >>> with engine.map_errors("all_reduce", 7, engine.timeout):
+            ...     raise RuntimeError("connection reset by peer")
+            Traceback (most recent call last):
+            ...
+            commlib.errors.CommError: all_reduce failed on rank 0: connection reset by peer
         """
-        started = time.monotonic()
-        try:
-            yield
-        except CommError:
-            raise
-        except RuntimeError as exc:  # torch's DistError family is RuntimeError too
-            waited = time.monotonic() - started
-            raise self._translate(what, seq, limit, exc, waited) from exc
+        return _MapErrors(self, what, seq, limit)
 
     def _translate(
         self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float
@@ -137,6 +156,7 @@ class Engine:
         collective in errors.
 
         Examples:
+            >>> t = torch.ones(2)
             >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
             >>> engine.wait(pending)
         """
@@ -165,7 +185,10 @@ class Engine:
         """Start ``call`` and wait for it: one blocking collective.
 
         Examples:
+            >>> out, t = torch.empty(engine.world_size * 2), torch.ones(2)
             >>> engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, t)
+            >>> out
+            tensor([1., 1.])
         """
         self.wait(self.start(what, call, *args, **kwargs), timeout)
 
@@ -185,6 +208,7 @@ class Engine:
         ``wait()`` waits for the engine and runs ``finish``.
 
         Examples:
+            >>> t = torch.ones(2)
             >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
             <Handle pending>
         """

@@ -27,7 +27,7 @@ def record(group: Any, rank: int, seq: int, what: str, how: str) -> None:
     """Note that this rank's collective ``seq`` (``what``) ended in ``how``.
 
     Examples:
-        >>> record(group, 0, 17, "all_reduce", "failed")
+        >>> record(group, 0, 17, "all_reduce", "failed")  # in a process group  # doctest: +SKIP
     """
     store, prefix = _store_and_prefix(group)
     if store is None:
@@ -49,7 +49,7 @@ def missing_ranks(
     recorded nothing "did not arrive".
 
     Examples:
-        >>> missing_ranks(group, 0, 3, 17, "all_reduce")
+        >>> missing_ranks(group, 0, 3, 17, "all_reduce")  # 3 ranks, rank 2 gone  # doctest: +SKIP
         {2: 'did not arrive'}
     """
     record(group, rank, seq, what, "timed out")

@@ -417,7 +417,9 @@ def split_blob(blob: torch.Tensor, sizes: Sequence[int]) -> tuple[Any, list[torc
     """A received blob's header (host bytes) and buffers (views of the blob).
 
     Examples:
-        >>> header, buffers = split_blob(blob, [12, 4096])
+        >>> header, buffers = split_blob(torch.zeros(48, dtype=torch.uint8), [12, 20])
+        >>> len(header), [b.numel() for b in buffers]
+        (12, [20])
     """
     offsets, _ = _layout(sizes)
     header = _host(blob[offsets[0] : offsets[0] + sizes[0]])
@@ -431,7 +433,7 @@ def load_payload(
     """``ser.loads``; a failure becomes a :class:`DeserializationError` naming both ranks.
 
     Examples:
-        >>> load_payload(serializer, 1, 0, header, buffers)
+        >>> load_payload(serializer, 1, 0, *serializer.dumps({"lr": 0.1}))
         {'lr': 0.1}
     """
     try:
@@ -499,8 +501,10 @@ def all_gather_object(
     This rank's own entry is ``obj`` itself, not a copy.
 
     Examples:
+        >>> from commlib._steps import run
         >>> run(engine, all_gather_object(engine, {"rank": engine.rank}, serializer, 4096))
-        [{'rank': 0}, {'rank': 1}]
+        [{'rank': 0}]
+        >>> # on 2 ranks: [{'rank': 0}, {'rank': 1}]
     """
     world, me = engine.world_size, engine.rank
     out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
@@ -519,8 +523,10 @@ def gather_object(
     On ``dst``, its own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> run(engine, gather_object(engine, engine.rank, 0, serializer, 4096))  # None elsewhere
-        [0, 1]
+        >>> from commlib._steps import run
+        >>> run(engine, gather_object(engine, engine.rank, 0, serializer, 4096))
+        [0]
+        >>> # on 2 ranks: [0, 1] on rank 0, None on rank 1
     """
     world, me = engine.world_size, engine.rank
     root = _root_field(dst)
@@ -543,6 +549,7 @@ def broadcast_object_list(
 
     Examples:
         >>> box = [{"lr": 0.1}] if engine.rank == 0 else [None]
+        >>> from commlib._steps import run
         >>> run(engine, broadcast_object_list(engine, box, 0, serializer, 4096))
         >>> box
         [{'lr': 0.1}]

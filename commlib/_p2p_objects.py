@@ -63,7 +63,9 @@ def send_object_list(
     """See :meth:`commlib.Communicator.send_object_list`.
 
     Examples:
-        >>> run(engine, send_object_list(engine, [{"step": 3}], 1, serializer, 4096))
+        >>> from commlib._steps import run
+        >>> if engine.world_size > 1:         # rank 1 calls recv_object_list(engine, box, 0, ...)
+        ...     run(engine, send_object_list(engine, [{"step": 3}], 1, serializer, 4096))
     """
     me = engine.rank
     length = len(objects) if isinstance(objects, list) else -1
@@ -88,9 +90,10 @@ def recv_object_list(
     list here never leaves the sender blocked.
 
     Examples:
+        >>> from commlib._steps import run
         >>> box = [None]
-        >>> run(engine, recv_object_list(engine, box, 0, serializer, 4096))
-        0
+        >>> if engine.rank == 1:
+        ...     run(engine, recv_object_list(engine, box, 0, serializer, 4096))   # 0
     """
     me = engine.rank
     received = torch.empty(slot_size, dtype=torch.uint8, device=engine.plugin.device())

@@ -107,11 +107,12 @@ def scatter_object_list(
     """See :meth:`commlib.Communicator.scatter_object_list`.
 
     Examples:
+        >>> from commlib._steps import run
         >>> box = [None]
         >>> objs = [{"shard": i} for i in range(engine.world_size)]
         >>> run(engine, scatter_object_list(engine, box, objs, 0, serializer, 4096))
-        >>> box
-        [{'shard': 1}]     # on rank 1
+        >>> box                         # on rank 1 of 2: [{'shard': 1}]
+        [{'shard': 0}]
     """
     world, me = engine.world_size, engine.rank
     out = _Outgoing(slot_size, SCATTER, _root_field(src), 0)

@@ -38,8 +38,12 @@ def call(
     """One engine call as a step: start it, yield it, resume once it is waited for.
 
     Examples:
-        >>> yield from call(engine, "all_gather_object", engine.plugin.all_gather_into_tensor,
-        ...                 out, mine)
+        >>> def broadcast_twice(engine, t):
+        ...     yield from call(engine, "broadcast", engine.plugin.broadcast, t, 0)
+        ...     yield from call(engine, "broadcast", engine.plugin.broadcast, t, 0)
+        ...     return t
+        >>> run(engine, broadcast_twice(engine, torch.ones(2)))
+        tensor([1., 1.])
     """
     yield engine.start(what, fn, *args, **kwargs)
 
@@ -48,8 +52,9 @@ def run(engine: Engine, steps: Steps[T], timeout: datetime.timedelta | None = No
     """Run ``steps`` to the end, each round waiting at most ``timeout``; return the result.
 
     Examples:
-        >>> run(engine, _objects.all_gather_object(engine, obj, ser, 4096))
-        [obj0, obj1]
+        >>> from commlib import _objects
+        >>> run(engine, _objects.all_gather_object(engine, {"a": 1}, serializer, 4096))
+        [{'a': 1}]
     """
     return ResultHandle(steps, engine.wait, timeout).wait()
 
@@ -60,9 +65,10 @@ def start(
     """Issue the first round of ``steps``; the handle runs the rest.
 
     Examples:
-        >>> h = start(engine, _objects.all_gather_object(engine, obj, ser, 4096))
+        >>> from commlib import _objects
+        >>> h = start(engine, _objects.all_gather_object(engine, {"a": 1}, serializer, 4096))
         >>> h.wait()
-        [obj0, obj1]
+        [{'a': 1}]
     """
     handle = ResultHandle(steps, engine.wait, timeout)
     if not handle.is_completed():
@@ -103,7 +109,10 @@ def first_of(steps: Steps[Any], box: list[Any]) -> Steps[Any]:
     """``steps``, then ``box[0]`` as the result (a broadcast into a box of one).
 
     Examples:
-        >>> run(engine, first_of(_objects.broadcast_object_list(engine, box, 0, ser, 4096), box))
+        >>> from commlib import _objects
+        >>> box = [{"lr": 0.1}]
+        >>> steps = _objects.broadcast_object_list(engine, box, 0, serializer, 4096)
+        >>> run(engine, first_of(steps, box))
         {'lr': 0.1}
     """
     yield from steps

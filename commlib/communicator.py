@@ -73,6 +73,8 @@ def _reduction(
 
 
 def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    if result is target:
+        return
     if result.data_ptr() != target.data_ptr() or result.device != target.device:
         target.copy_(result.view(target.shape))
 
@@ -251,8 +253,13 @@ class Communicator:
         _steps.finish_pending()
         return self._engine
 
+    @property
+    def _agreeing(self) -> bool:
+        """Strict mode is on and there are peers to agree with."""
+        return self.strict and self._distributed
+
     def _strict(self, engine: Engine, what: str, description: str) -> None:
-        if self.strict and self._distributed:
+        if self._agreeing:
             # the title must not be this rank's own view: every rank raises alike
             _agreement.agree(
                 engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
@@ -267,6 +274,7 @@ class Communicator:
         match, so a mismatch is an error instead of a hang.
 
         Examples:
+            >>> state = {"loss": torch.tensor(0.5), "acc": torch.tensor(0.9)}
             >>> comm.ensure_same("my_sync", f"keys={sorted(state)}")
         """
         engine = self._member(what)
@@ -315,7 +323,8 @@ class Communicator:
         engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
-        self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
@@ -342,13 +351,15 @@ class Communicator:
         torchmetrics' own gather); the other entries are new tensors.
 
         Examples:
-            >>> comm.all_gather(torch.arange(comm.rank + 1))  # 2 ranks: also tensor([0, 1])
+            >>> comm.all_gather(torch.arange(comm.rank + 1))
             [tensor([0])]
+            >>> # on 2 ranks, each rank gets: [tensor([0]), tensor([0, 1])]
         """
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
+        if self._agreeing:
+            self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
@@ -405,7 +416,10 @@ class Communicator:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
-        self._strict(engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(
+                engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}"
+            )
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
@@ -430,13 +444,14 @@ class Communicator:
 
         Examples:
             >>> comm.gather(torch.tensor([comm.rank]), dst=0)
-            [tensor([0]), tensor([1])]   # rank 0
-            []                           # rank 1
+            [tensor([0])]
+            >>> # on 2 ranks: [tensor([0]), tensor([1])] on rank 0, [] on rank 1
         """
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
-        self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
         out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
@@ -462,7 +477,8 @@ class Communicator:
         engine = self._member("broadcast")
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         world = engine.world_size
         return engine.submit(
@@ -523,7 +539,10 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
-        self._strict(engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}")
+        if self._agreeing:
+            self._strict(
+                engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}"
+            )
         engine_op, back = _reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
@@ -552,7 +571,8 @@ class Communicator:
             True
         """
         engine = self._member("barrier")
-        self._strict(engine, "barrier", "")
+        if self._agreeing:
+            self._strict(engine, "barrier", "")
         if not async_op:
             engine.barrier(as_timedelta(timeout))
             return None
@@ -591,9 +611,10 @@ class Communicator:
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         name = check.reduce_op(op, tensor)
-        self._strict(
-            engine, "reduce", f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}"
-        )
+        if self._agreeing:
+            self._strict(
+                engine, "reduce", f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}"
+            )
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
@@ -642,7 +663,8 @@ class Communicator:
         if engine.rank == src:
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             parts = [engine.to_device(t) for t in scatter_list or ()]
-        self._strict(engine, "scatter", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
+        if self._agreeing:
+            self._strict(engine, "scatter", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         return engine.submit(
             "scatter",
@@ -682,7 +704,8 @@ class Communicator:
         check.tensor_list(input_tensor_list, world, "input_tensor_list")
         check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         dtype = input_tensor_list[0].dtype
-        self._strict(engine, "all_to_all", f"{dtype}, {world} tensors")
+        if self._agreeing:
+            self._strict(engine, "all_to_all", f"{dtype}, {world} tensors")
         outs = [engine.to_device(t) for t in output_tensor_list]
         ins = [engine.to_device(t) for t in input_tensor_list]
 
@@ -745,9 +768,10 @@ class Communicator:
                 f"all_to_all_single: rank {me} sends itself {to_me} rows of input but expects "
                 f"{from_me} rows of output from itself"
             )
-        self._strict(
-            engine, "all_to_all_single", f"{input.dtype}, rows of {tuple(input.shape[1:])}"
-        )
+        if self._agreeing:
+            self._strict(
+                engine, "all_to_all_single", f"{input.dtype}, rows of {tuple(input.shape[1:])}"
+            )
         out_t = engine.to_device(output)
         in_t = engine.to_device(input)
         return engine.submit(

@@ -124,6 +124,7 @@ class ResultHandle(Generic[T]):
         """Run the call to its end (at most ``timeout`` per round); keep a failure for ``wait()``.
 
         Examples:
+            >>> h = comm.gather_object("x", async_op=True)
             >>> h.complete()
             >>> h.is_completed()
             True

@@ -81,7 +81,9 @@ def plugin_manager() -> pluggy.PluginManager:
 
     Examples:
         >>> pm = plugin_manager()
-        >>> pm.register(my_plugin_module)
+        >>> pm.get_plugin("gloo")                  # each entry point, by its name
+        <module 'commlib_backends.gloo' from '...'>
+        >>> pm.register(my_plugin_module)   # with a commlib_backends hook  # doctest: +SKIP
         >>> commlib.plugins.refresh()
     """
     global _pm
@@ -185,6 +187,8 @@ def register_backend(backend: type[Backend] | Backend, *, replace: bool = False)
         ...     name = "traced"
         >>> commlib.register_backend(Traced)
         <Traced 'traced' torch_backend='gloo'>
+        >>> commlib.init_dist("pytorch", backend="traced")    # under torchrun  # doctest: +SKIP
+        >>> commlib.unregister_backend("traced")
     """
     instance = _instantiate(backend)
     with _lock:
@@ -201,7 +205,15 @@ def unregister_backend(name: str) -> None:
     """Remove a backend added with :func:`register_backend`.
 
     Examples:
+        >>> from commlib_backends.gloo import GlooBackend
+        >>> class Traced(GlooBackend):
+        ...     name = "traced"
+        >>> traced = commlib.register_backend(Traced)
         >>> commlib.unregister_backend("traced")
+        >>> commlib.unregister_backend("gloo")   # an entry point's: uninstall it instead
+        Traceback (most recent call last):
+        ...
+        ValueError: 'gloo' was not registered with register_backend()
     """
     with _lock:
         if name not in _runtime:
@@ -321,7 +333,7 @@ def default_backend() -> Backend:
     torch backend it drives (gloo over a wrapper of gloo), then by name.
 
     Examples:
-        >>> default_backend().name        # a machine without accelerators
+        >>> default_backend().name        # a machine without accelerators  # doctest: +SKIP
         'gloo'
     """
     ranked = []
@@ -388,8 +400,10 @@ def list_backends() -> list[BackendInfo]:
     """Every registered backend with its availability, broken plugins included.
 
     Examples:
-        >>> [(b.name, b.available) for b in list_backends()]
-        [('gloo', True), ('single', True)]
+        >>> [b.name for b in list_backends()]     # the built-in plugins
+        ['cncl', 'gloo', 'hccl', 'nccl', 'single']
+        >>> [(b.name, b.reason) for b in list_backends() if not b.available]  # doctest: +SKIP
+        [('cncl', 'torch_mlu is not installed'), ('hccl', ...), ('nccl', ...)]
     """
     reg = _current()
     rows = []

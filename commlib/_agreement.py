@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from commlib import _objects, _steps
+from commlib import _objects
 from commlib.errors import RemoteArgumentError
 
 if TYPE_CHECKING:
@@ -45,7 +45,5 @@ def agree(
     every = torch.empty(engine.world_size, dtype=torch.int64, device=mine.device)
     engine.run(what, engine.plugin.all_gather_into_tensor, every, mine)
     if len(set(every.tolist())) > 1:
-        texts = _steps.run(
-            engine, _objects.all_gather_object(engine, description, serializer, slot_size)
-        )
+        texts = _objects.all_gather_object(engine, description, serializer, slot_size)
         raise RemoteArgumentError(what, dict(enumerate(texts)), "ranks passed different arguments")

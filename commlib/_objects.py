@@ -23,8 +23,9 @@ Segments are laid out with every buffer at a 16-byte aligned offset, in the
 slot and in the blob alike, so the receiver can view any dtype over them
 without a copy.
 
-Each protocol is a generator of steps (:mod:`commlib._steps`): it runs
-blocking, or starts with ``async_op=True`` and finishes in its handle.
+Each protocol, ``*_steps``, is a generator of steps (:mod:`commlib._steps`):
+it runs blocking, or starts with ``async_op=True`` and finishes in its
+handle; the plain names (``all_gather_object``) run it blocking.
 ``scatter_object_list`` (:mod:`commlib._scatter_objects`) and the
 point-to-point ``send_object_list`` / ``recv_object_list``
 (:mod:`commlib._p2p_objects`) are built from the same slots and transfers.
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _validation as check
-from commlib._steps import Steps, call
+from commlib._steps import Steps, call, run
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import Payload, Serializer, uint8_view
 
@@ -493,7 +494,7 @@ def _large(slots: _RoundOne, world: int) -> list[int]:
     return [r for r in range(world) if slots.heads[r][0] in (TABLE, PACKED)]
 
 
-def all_gather_object(
+def all_gather_object_steps(
     engine: Engine, obj: Any, ser: Serializer, slot_size: int
 ) -> Steps[list[Any]]:
     """See :meth:`commlib.Communicator.all_gather_object`.
@@ -501,8 +502,8 @@ def all_gather_object(
     This rank's own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> from commlib._steps import run
-        >>> run(engine, all_gather_object(engine, {"rank": engine.rank}, serializer, 4096))
+        >>> steps = all_gather_object_steps(engine, {"rank": engine.rank}, serializer, 4096)
+        >>> run(engine, steps)
         [{'rank': 0}]
         >>> # on 2 ranks: [{'rank': 0}, {'rank': 1}]
     """
@@ -515,7 +516,7 @@ def all_gather_object(
     return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
 
 
-def gather_object(
+def gather_object_steps(
     engine: Engine, obj: Any, dst: int, ser: Serializer, slot_size: int
 ) -> Steps[list[Any] | None]:
     """See :meth:`commlib.Communicator.gather_object`.
@@ -523,8 +524,7 @@ def gather_object(
     On ``dst``, its own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> from commlib._steps import run
-        >>> run(engine, gather_object(engine, engine.rank, 0, serializer, 4096))
+        >>> run(engine, gather_object_steps(engine, engine.rank, 0, serializer, 4096))
         [0]
         >>> # on 2 ranks: [0, 1] on rank 0, None on rank 1
     """
@@ -542,15 +542,14 @@ def gather_object(
     return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
 
 
-def broadcast_object_list(
+def broadcast_object_list_steps(
     engine: Engine, object_list: Any, src: int, ser: Serializer, slot_size: int
 ) -> Steps[None]:
     """See :meth:`commlib.Communicator.broadcast_object_list`.
 
     Examples:
         >>> box = [{"lr": 0.1}] if engine.rank == 0 else [None]
-        >>> from commlib._steps import run
-        >>> run(engine, broadcast_object_list(engine, box, 0, serializer, 4096))
+        >>> run(engine, broadcast_object_list_steps(engine, box, 0, serializer, 4096))
         >>> box
         [{'lr': 0.1}]
     """
@@ -573,3 +572,38 @@ def broadcast_object_list(
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != src:
         object_list[:] = _load(ser, engine, slots, received, src)
+
+
+# -- blocking forms, for code that needs the result at once ---------------------------------
+def all_gather_object(engine: Engine, obj: Any, ser: Serializer, slot_size: int) -> list[Any]:
+    """:func:`all_gather_object_steps`, run to its end.
+
+    Examples:
+        >>> all_gather_object(engine, "x", serializer, 4096)
+        ['x']
+    """
+    return run(engine, all_gather_object_steps(engine, obj, ser, slot_size))
+
+
+def gather_object(
+    engine: Engine, obj: Any, dst: int, ser: Serializer, slot_size: int
+) -> list[Any] | None:
+    """:func:`gather_object_steps`, run to its end.
+
+    Examples:
+        >>> gather_object(engine, "x", 0, serializer, 4096)
+        ['x']
+    """
+    return run(engine, gather_object_steps(engine, obj, dst, ser, slot_size))
+
+
+def broadcast_object_list(
+    engine: Engine, object_list: Any, src: int, ser: Serializer, slot_size: int
+) -> None:
+    """:func:`broadcast_object_list_steps`, run to its end.
+
+    Examples:
+        >>> box = ["x"]
+        >>> broadcast_object_list(engine, box, 0, serializer, 4096)
+    """
+    run(engine, broadcast_object_list_steps(engine, object_list, src, ser, slot_size))

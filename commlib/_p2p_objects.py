@@ -57,7 +57,7 @@ def _list_length(objects: Any) -> int:
     return len(objects)
 
 
-def send_object_list(
+def send_object_list_steps(
     engine: Engine, objects: Any, dst: int, ser: Serializer, slot_size: int
 ) -> Steps[None]:
     """See :meth:`commlib.Communicator.send_object_list`.
@@ -65,7 +65,7 @@ def send_object_list(
     Examples:
         >>> from commlib._steps import run
         >>> if engine.world_size > 1:         # rank 1 calls recv_object_list(engine, box, 0, ...)
-        ...     run(engine, send_object_list(engine, [{"step": 3}], 1, serializer, 4096))
+        ...     run(engine, send_object_list_steps(engine, [{"step": 3}], 1, serializer, 4096))
     """
     me = engine.rank
     length = len(objects) if isinstance(objects, list) else -1
@@ -81,7 +81,7 @@ def send_object_list(
         yield from transfer_p2p(engine, [(me, dst)], {me: out.sizes}, out.segments, WHAT)
 
 
-def recv_object_list(
+def recv_object_list_steps(
     engine: Engine, objects: Any, src: int, ser: Serializer, slot_size: int
 ) -> Steps[int]:
     """See :meth:`commlib.Communicator.recv_object_list`; returns ``src``.
@@ -93,7 +93,7 @@ def recv_object_list(
         >>> from commlib._steps import run
         >>> box = [None]
         >>> if engine.rank == 1:
-        ...     run(engine, recv_object_list(engine, box, 0, serializer, 4096))   # 0
+        ...     run(engine, recv_object_list_steps(engine, box, 0, serializer, 4096))   # 0
     """
     me = engine.rank
     received = torch.empty(slot_size, dtype=torch.uint8, device=engine.plugin.device())

@@ -96,7 +96,7 @@ def _prepare_src(
     return parts
 
 
-def scatter_object_list(
+def scatter_object_list_steps(
     engine: Engine,
     output_list: Any,
     input_list: Any,
@@ -110,7 +110,7 @@ def scatter_object_list(
         >>> from commlib._steps import run
         >>> box = [None]
         >>> objs = [{"shard": i} for i in range(engine.world_size)]
-        >>> run(engine, scatter_object_list(engine, box, objs, 0, serializer, 4096))
+        >>> run(engine, scatter_object_list_steps(engine, box, objs, 0, serializer, 4096))
         >>> box                         # on rank 1 of 2: [{'shard': 1}]
         [{'shard': 0}]
     """

@@ -53,7 +53,7 @@ def run(engine: Engine, steps: Steps[T], timeout: datetime.timedelta | None = No
 
     Examples:
         >>> from commlib import _objects
-        >>> run(engine, _objects.all_gather_object(engine, {"a": 1}, serializer, 4096))
+        >>> run(engine, _objects.all_gather_object_steps(engine, {"a": 1}, serializer, 4096))
         [{'a': 1}]
     """
     return ResultHandle(steps, engine.wait, timeout).wait()
@@ -66,7 +66,7 @@ def start(
 
     Examples:
         >>> from commlib import _objects
-        >>> h = start(engine, _objects.all_gather_object(engine, {"a": 1}, serializer, 4096))
+        >>> h = start(engine, _objects.all_gather_object_steps(engine, {"a": 1}, serializer, 4096))
         >>> h.wait()
         [{'a': 1}]
     """
@@ -111,7 +111,7 @@ def first_of(steps: Steps[Any], box: list[Any]) -> Steps[Any]:
     Examples:
         >>> from commlib import _objects
         >>> box = [{"lr": 0.1}]
-        >>> steps = _objects.broadcast_object_list(engine, box, 0, serializer, 4096)
+        >>> steps = _objects.broadcast_object_list_steps(engine, box, 0, serializer, 4096)
         >>> run(engine, first_of(steps, box))
         {'lr': 0.1}
     """

@@ -1000,7 +1000,7 @@ class Communicator:
         if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
             return _steps.done([obj]) if async_op else [obj]
         ser = serializer or self.serializer
-        steps = _objects.all_gather_object(engine, obj, ser, self.slot_size)
+        steps = _objects.all_gather_object_steps(engine, obj, ser, self.slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
     @overload
@@ -1053,7 +1053,7 @@ class Communicator:
             check.rank_in_range(dst, 1, "dst")
             return _steps.done([obj]) if async_op else [obj]
         ser = serializer or self.serializer
-        steps = _objects.gather_object(engine, obj, dst, ser, self.slot_size)
+        steps = _objects.gather_object_steps(engine, obj, dst, ser, self.slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
     def broadcast_object_list(
@@ -1084,7 +1084,7 @@ class Communicator:
             check.rank_in_range(src, 1, "src")
             return _steps.done(None) if async_op else None
         ser = serializer or self.serializer
-        steps = _objects.broadcast_object_list(engine, object_list, src, ser, self.slot_size)
+        steps = _objects.broadcast_object_list_steps(engine, object_list, src, ser, self.slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
     @overload
@@ -1138,7 +1138,7 @@ class Communicator:
             return _steps.done(obj) if async_op else obj
         box = [obj]
         ser = serializer or self.serializer
-        steps = _objects.broadcast_object_list(engine, box, src, ser, self.slot_size)
+        steps = _objects.broadcast_object_list_steps(engine, box, src, ser, self.slot_size)
         return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
 
     def scatter_object_list(
@@ -1174,7 +1174,7 @@ class Communicator:
             output_list[0] = input_list[0]
             return _steps.done(None) if async_op else None
         ser = serializer or self.serializer
-        steps = _scatter_objects.scatter_object_list(
+        steps = _scatter_objects.scatter_object_list_steps(
             engine, output_list, input_list, src, ser, self.slot_size
         )
         return self._run_objects(engine, steps, timeout, async_op)
@@ -1203,7 +1203,7 @@ class Communicator:
         engine = self._member("send_object_list")
         check.peer(dst, engine.world_size, engine.rank, "dst")
         ser = serializer or self.serializer
-        steps = _p2p_objects.send_object_list(engine, object_list, dst, ser, self.slot_size)
+        steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self.slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
     def recv_object_list(
@@ -1230,7 +1230,7 @@ class Communicator:
         check.peer(src, engine.world_size, engine.rank, "src")
         ser = serializer or self.serializer
         steps = _received_nothing(
-            _p2p_objects.recv_object_list(engine, object_list, src, ser, self.slot_size)
+            _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self.slot_size)
         )
         return self._run_objects(engine, steps, timeout, async_op)
 

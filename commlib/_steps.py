@@ -29,7 +29,7 @@ T = TypeVar("T")
 #: a protocol: yields the engine calls it waits for, returns its result
 Steps = Generator["Pending", None, T]
 
-_unfinished: list[ResultHandle[Any]] = []
+_unfinished: list[tuple[Engine, ResultHandle[Any]]] = []
 
 
 def call(
@@ -72,7 +72,7 @@ def start(
     """
     handle = ResultHandle(steps, engine.wait, timeout)
     if not handle.is_completed():
-        _unfinished.append(handle)
+        _unfinished.append((engine, handle))
     return handle
 
 
@@ -102,7 +102,14 @@ def finish_pending() -> None:
         >>> finish_pending()    # before a communicator issues anything new
     """
     while _unfinished:
-        _unfinished.pop(0).complete()
+        engine, handle = _unfinished.pop(0)
+        # its rounds belong to the earlier call, not to the collective that drains them
+        # (observers see that one start at its own first engine call)
+        starting, engine.on_call = engine.on_call, None
+        try:
+            handle.complete()
+        finally:
+            engine.on_call = starting
 
 
 def first_of(steps: Steps[Any], box: list[Any]) -> Steps[Any]:

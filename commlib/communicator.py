@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -34,11 +34,14 @@ from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
 from commlib.handle import Handle, ResultHandle
+from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
 from commlib.serialization import Serializer
 from commlib.types import EngineOp, Group, P2PRequest, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def dist_ready() -> bool:
@@ -85,6 +88,15 @@ def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None
         _copy_back(result, target, world)
     else:
         target.copy_(torch.true_divide(result, world).view(target.shape))
+
+
+def _engine_of(comm: Communicator) -> Engine | None:
+    return comm._engine
+
+
+def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
+    """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`)."""
+    return observed(name, _engine_of, **facts)
 
 
 class Communicator:
@@ -265,6 +277,7 @@ class Communicator:
                 engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
             )
 
+    @_collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
         """Raise the same error on every rank unless all ranks pass the same ``description``.
 
@@ -281,6 +294,7 @@ class Communicator:
         if self._distributed:
             _agreement.agree(engine, what, description, self.serializer, self.slot_size)
 
+    @_collective("all_gather_shapes", payload="tensor")
     def all_gather_shapes(
         self, tensor: torch.Tensor, *, timeout: Timeout = None
     ) -> list[list[int]]:
@@ -302,6 +316,7 @@ class Communicator:
         return shapes
 
     # -- tensor collectives -------------------------------------------------------
+    @_collective("all_reduce", payload="tensor", op="op", uniform=True)
     def all_reduce(
         self,
         tensor: torch.Tensor,
@@ -338,6 +353,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("all_gather", payload="tensor")
     def all_gather(self, tensor: torch.Tensor, *, timeout: Timeout = None) -> list[torch.Tensor]:
         """Every rank's ``tensor``, as a list indexed by rank.
 
@@ -388,6 +404,7 @@ class Communicator:
         me = engine.rank
         return [tensor if r == me else t.to(tensor.device) for r, t in enumerate(out)]
 
+    @_collective("all_gather_into_tensor", payload="tensor", uniform=True)
     def all_gather_into_tensor(
         self,
         output: torch.Tensor,
@@ -435,6 +452,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("gather", payload="tensor", peer="dst", uniform=True)
     def gather(
         self, tensor: torch.Tensor, dst: int = 0, *, timeout: Timeout = None
     ) -> list[torch.Tensor]:
@@ -458,6 +476,7 @@ class Communicator:
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
 
+    @_collective("broadcast", payload="tensor", peer="src", uniform=True)
     def broadcast(
         self,
         tensor: torch.Tensor,
@@ -491,6 +510,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("reduce_scatter", payload="output", op="op", uniform=True)
     def reduce_scatter(
         self,
         output: torch.Tensor,
@@ -557,6 +577,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("barrier")
     def barrier(self, *, async_op: bool = False, timeout: Timeout = None) -> Handle | None:
         """Block until every rank of the group has arrived (at most ``timeout``).
 
@@ -586,6 +607,7 @@ class Communicator:
             async_op=True,
         )
 
+    @_collective("reduce", payload="tensor", peer="dst", op="op", uniform=True)
     def reduce(
         self,
         tensor: torch.Tensor,
@@ -634,6 +656,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("scatter", payload="tensor", peer="src", uniform=True)
     def scatter(
         self,
         tensor: torch.Tensor,
@@ -677,6 +700,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("all_to_all", payload="input_tensor_list")
     def all_to_all(
         self,
         output_tensor_list: Sequence[torch.Tensor],
@@ -723,6 +747,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("all_to_all_single", payload="input")
     def all_to_all_single(
         self,
         output: torch.Tensor,
@@ -787,6 +812,7 @@ class Communicator:
         )
 
     # -- point to point -------------------------------------------------------------
+    @_collective("send", payload="tensor", peer="dst")
     def send(
         self,
         tensor: torch.Tensor,
@@ -811,6 +837,7 @@ class Communicator:
         """
         return self._p2p("send", tensor, dst, tag, async_op, timeout)
 
+    @_collective("recv", payload="tensor", peer="src")
     def recv(
         self,
         tensor: torch.Tensor,
@@ -829,6 +856,7 @@ class Communicator:
         """
         return self._p2p("recv", tensor, src, tag, async_op, timeout)
 
+    @_collective("isend", payload="tensor", peer="dst")
     def isend(
         self, tensor: torch.Tensor, dst: int, *, tag: int = 0, timeout: Timeout = None
     ) -> Handle:
@@ -843,6 +871,7 @@ class Communicator:
         assert handle is not None
         return handle
 
+    @_collective("irecv", payload="tensor", peer="src")
     def irecv(
         self, tensor: torch.Tensor, src: int, *, tag: int = 0, timeout: Timeout = None
     ) -> Handle:
@@ -885,6 +914,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("batch_isend_irecv")
     def batch_isend_irecv(
         self, p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None
     ) -> list[Handle]:
@@ -975,6 +1005,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any]]: ...
+    @_collective("all_gather_object", payload="obj")
     def all_gather_object(
         self,
         obj: Any,
@@ -1033,6 +1064,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any] | None] | None: ...
+    @_collective("gather_object", payload="obj", peer="dst")
     def gather_object(
         self,
         obj: Any,
@@ -1056,6 +1088,7 @@ class Communicator:
         steps = _objects.gather_object_steps(engine, obj, dst, ser, self.slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
+    @_collective("broadcast_object_list", payload="object_list", peer="src")
     def broadcast_object_list(
         self,
         object_list: list[Any],
@@ -1117,6 +1150,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> Any: ...
+    @_collective("broadcast_object", payload="obj", peer="src")
     def broadcast_object(
         self,
         obj: Any = None,
@@ -1141,6 +1175,7 @@ class Communicator:
         steps = _objects.broadcast_object_list_steps(engine, box, src, ser, self.slot_size)
         return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
 
+    @_collective("scatter_object_list", payload="input_list", peer="src")
     def scatter_object_list(
         self,
         output_list: list[Any],
@@ -1179,6 +1214,7 @@ class Communicator:
         )
         return self._run_objects(engine, steps, timeout, async_op)
 
+    @_collective("send_object_list", payload="object_list", peer="dst")
     def send_object_list(
         self,
         object_list: list[Any],
@@ -1206,6 +1242,7 @@ class Communicator:
         steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self.slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
+    @_collective("recv_object_list", payload="object_list", peer="src")
     def recv_object_list(
         self,
         object_list: list[Any],

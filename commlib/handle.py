@@ -97,6 +97,7 @@ class ResultHandle(Generic[T]):
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
         # a failure before anything is waited for (a bad argument) is raised now
         self._advance(raise_now=True)
 
@@ -104,21 +105,43 @@ class ResultHandle(Generic[T]):
         try:
             self._current = next(self._steps)
         except StopIteration as stop:
-            self._done, self._result, self._current = True, stop.value, None
+            self._result = stop.value
+            self._end(None)
         except Exception as exc:
             if raise_now:
                 raise
-            self._done, self._error, self._current = True, exc, None
+            self._end(exc)
 
     def _step(self, limit: datetime.timedelta | None) -> None:
         """Wait for the round in flight, then start the next one."""
         try:
             self._wait_step(self._current, limit)
         except Exception as exc:
-            self._done, self._error, self._current = True, exc, None
             self._steps.close()
+            self._end(exc)
             return
         self._advance()
+
+    def _end(self, error: BaseException | None) -> None:
+        self._done, self._error, self._current = True, error, None
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(error)
+
+    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback(error)`` when the call has finished (at once if it has).
+
+        ``error`` is what ``wait()`` raises, or ``None``.
+
+        Examples:
+            >>> h = comm.all_gather_object("x", async_op=True)
+            >>> h.add_done_callback(lambda error: print("done", error))
+            done None
+        """
+        if self._done:
+            callback(self._error)
+        else:
+            self._callbacks.append(callback)
 
     def complete(self, timeout: datetime.timedelta | float | None = None) -> None:
         """Run the call to its end (at most ``timeout`` per round); keep a failure for ``wait()``.

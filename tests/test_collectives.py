@@ -412,3 +412,38 @@ def test_fabric_collective_interface_over_commlib(world2):
         assert got["gather_object"] == ([None, None] if r == 0 else [0, 1])
         assert got["scatter_object_list"] == ["ab"[r]]
         assert got["classmethods"] == (True, True, "sum", 2)
+
+
+def _on_recorded(comm):
+    """The flight recorder sees the new collectives; an async gather ends when it is waited for."""
+    from commlib.observe import disable_flight_recorder, enable_flight_recorder
+
+    recorder = enable_flight_recorder()
+    try:
+        n, r = comm.world_size, comm.rank
+        comm.reduce(torch.ones(3), dst=n - 1, op="max")
+        comm.all_to_all_single(torch.empty(n), torch.ones(n))
+        handle = comm.all_gather_object({"blob": bytes(50_000)}, async_op=True)
+        comm.scatter(torch.empty(1), [torch.ones(1)] * n if r == 0 else None)  # drains it
+        handle.wait()
+        if r == 0:
+            comm.send_object_list(["x"], dst=n - 1)
+        elif r == n - 1:
+            comm.recv_object_list([None], src=0)
+        entries = recorder.snapshot()["entries"]
+        return [(e["name"], e["state"], e["seq"]) for e in entries]
+    finally:
+        disable_flight_recorder()
+
+
+def test_observers_see_the_new_collectives(multi_world):
+    n = multi_world.size
+    results = multi_world.run(_on_recorded)
+    for r, entries in enumerate(results):
+        names = [name for name, _, _ in entries]
+        want = ["reduce", "all_to_all_single", "all_gather_object", "scatter"]
+        want += {0: ["send_object_list"], n - 1: ["recv_object_list"]}.get(r, [])
+        assert names == want
+        assert all(state == "completed" for _, state, _ in entries)
+    # the collectives every rank ran carry the same sequence numbers everywhere
+    assert len({tuple(seq for _, _, seq in entries[:4]) for entries in results}) == 1

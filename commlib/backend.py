@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 import torch.distributed as dist
 
-from commlib.types import EngineOp, Group, Work
+from commlib.types import EngineOp, Group, P2PRequest, Work
 
 if TYPE_CHECKING:
     from commlib.serialization import Serializer
@@ -339,9 +339,97 @@ class Backend:
             output, input, op=self.torch_reduce_op(op), group=group, async_op=async_op
         )
 
+    def reduce(
+        self, tensor: torch.Tensor, dst: int, op: EngineOp, group: Group, async_op: bool = False
+    ) -> Work | None:
+        """Reduce ``tensor`` across ``group`` with ``op`` into ``tensor`` on ``dst``.
+
+        On the other ranks the engine may use ``tensor`` as scratch space; the
+        Communicator hands it a copy there.
+        """
+        # torch reduces complex tensors as pairs of reals in all_reduce, not in reduce
+        wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+        return dist.reduce(
+            wire,
+            dst=global_rank(group, dst),
+            op=self.torch_reduce_op(op),
+            group=group,
+            async_op=async_op,
+        )
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: list[torch.Tensor] | None,
+        src: int,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Fill ``tensor`` on each rank ``i`` with ``src``'s ``scatter_list[i]``."""
+        return dist.scatter(
+            tensor, scatter_list, src=global_rank(group, src), group=group, async_op=async_op
+        )
+
+    def all_to_all(
+        self,
+        output_list: list[torch.Tensor],
+        input_list: list[torch.Tensor],
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Send ``input_list[i]`` to rank ``i``; receive rank ``i``'s into ``output_list[i]``."""
+        return dist.all_to_all(output_list, input_list, group=group, async_op=async_op)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Split ``input`` along dim 0 (``input_split_sizes`` rows to each rank, equal
+        parts when ``None``) and concatenate what each rank sends here into ``output``."""
+        return dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+        )
+
     def barrier(self, group: Group, timeout: datetime.timedelta | None = None) -> None:
         """Block until every rank of ``group`` has arrived."""
         dist.barrier(group=group, timeout=timeout)
+
+    # -- point to point ------------------------------------------------------------
+    def send(
+        self, tensor: torch.Tensor, dst: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """Send ``tensor`` to rank ``dst`` of ``group``."""
+        work = dist.isend(tensor, dst=global_rank(group, dst), group=group, tag=tag)
+        return WorkList([work]).result(async_op)
+
+    def recv(
+        self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """Receive into ``tensor`` what rank ``src`` of ``group`` sends."""
+        work = dist.irecv(tensor, src=global_rank(group, src), group=group, tag=tag)
+        return WorkList([work]).result(async_op)
+
+    def batch_isend_irecv(
+        self, requests: Sequence[P2PRequest], group: Group, async_op: bool = False
+    ) -> Work | None:
+        """Post every send and receive of ``requests`` at once; one work for all of them.
+
+        The default posts them one by one, which engines with asynchronous
+        point-to-point (gloo) complete in any order; an engine that deadlocks
+        on unbatched two-way exchange (NCCL) posts them as one group.
+        """
+        works = [
+            (dist.isend if r.kind == "send" else dist.irecv)(
+                r.tensor, global_rank(group, r.peer), group=group, tag=r.tag
+            )
+            for r in requests
+        ]
+        return WorkList(works).result(async_op)
 
     def exchange(
         self,
@@ -355,11 +443,11 @@ class Backend:
         With ``async_op`` it returns one :class:`WorkList` to ``wait(timeout)``
         on; otherwise it blocks until all complete. Both sides must agree on
         sizes; the object collectives guarantee that through their first round.
+        The default is :meth:`batch_isend_irecv`, receives first.
         """
-        works = [dist.irecv(t, src=global_rank(group, peer), group=group) for t, peer in recvs] + [
-            dist.isend(t, dst=global_rank(group, peer), group=group) for t, peer in sends
-        ]
-        return WorkList(works).result(async_op)
+        requests = [P2PRequest("recv", t, peer) for t, peer in recvs]
+        requests += [P2PRequest("send", t, peer) for t, peer in sends]
+        return self.batch_isend_irecv(requests, group, async_op)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"

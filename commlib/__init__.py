@@ -13,6 +13,7 @@ from commlib.backend import Backend
 from commlib.communicator import Communicator, Handle
 from commlib.errors import (
     BackendUnavailableError,
+    CommBrokenError,
     CommError,
     CommTimeoutError,
     DeserializationError,
@@ -60,6 +61,7 @@ from commlib.functional import (
     reduce_mean,
     reduce_scatter,
     set_default_communicator,
+    shrink,
     sync_random_seed,
     tensor2obj,
 )
@@ -80,6 +82,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "BackendUnavailableError",
+    "CommBrokenError",
     "CommError",
     "CommTimeoutError",
     "Communicator",
@@ -139,6 +142,7 @@ __all__ = [
     "reduce_scatter",
     "register_backend",
     "set_default_communicator",
+    "shrink",
     "sync_random_seed",
     "tensor2obj",
     "unregister_backend",

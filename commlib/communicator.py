@@ -14,18 +14,19 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from commlib import _agreement, _objects, _ragged, plugins
+from commlib import _agreement, _guard, _objects, _ragged, plugins
 from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
 from commlib.handle import Handle
+from commlib.reductions import reduce_locally
 from commlib.serialization import Serializer
 from commlib.types import EngineOp, Group, ReduceOp, Timeout
 
@@ -93,10 +94,17 @@ class Communicator:
             calls also take a per-call ``timeout=``.
         slot_size: bytes each rank contributes to the first round of an object
             collective; objects that fit complete in that one round.
-        strict: before each collective the ranks agree on a fingerprint of
-            what they pass (collective, dtypes, shapes, op, src/dst); a
-            mismatch raises on every rank with what each rank passed. Costs
-            one 8-byte all_gather per call. ``COMMLIB_STRICT=1`` turns it on.
+        strict: how much the ranks check that they pass matching arguments
+            (collective, dtypes, shapes, op, src/dst) before a collective; a
+            mismatch raises the same :class:`~commlib.errors.RemoteArgumentError`
+            on every rank, showing what each rank passed. ``None`` (the
+            default): the tensor collectives are checked where the backend's
+            engine would end the process on a mismatch
+            (:attr:`Backend.mismatch_aborts`, gloo). ``True`` (strict mode):
+            every collective is. ``False``: nothing is, for hot loops.
+            ``COMMLIB_STRICT=1`` / ``0`` set it for communicators that do not.
+            A check travels with small tensors (one round, as unchecked) and
+            costs one small round more for larger ones; see :attr:`checks`.
 
     ``src`` and ``dst`` arguments are ranks *within* the group.
 
@@ -124,7 +132,7 @@ class Communicator:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
         self.timeout: datetime.timedelta = as_timedelta(timeout) or default_timeout()
         self.slot_size = slot_size
-        self.strict = strict_from_env() if strict is None else bool(strict)
+        self.strict: bool | None = strict_from_env() if strict is None else bool(strict)
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -182,6 +190,24 @@ class Communicator:
         return self.plugin.device()
 
     @property
+    def checks(self) -> Literal["strict", "guard", "off"]:
+        """Which collectives check their arguments across ranks first (see ``strict``).
+
+        ``"strict"``: every collective; ``"guard"``: the tensor collectives,
+        whose mismatched sizes would end the process in this backend's
+        engine; ``"off"``: none.
+
+        Examples:
+            >>> comm.checks       # a world of one has nothing to mismatch with
+            'off'
+        """
+        if not self._distributed or self.strict is False or self.world_size == 1:
+            return "off"
+        if self.strict:
+            return "strict"
+        return "guard" if self.plugin.mismatch_aborts else "off"
+
+    @property
     def ranks(self) -> list[int]:
         """World ranks of the group's members, in group order."""
         if not self._distributed:
@@ -230,6 +256,54 @@ class Communicator:
             slot_size=self.slot_size,
         )
 
+    def shrink(
+        self, exclude: Sequence[int] | None = None, timeout: Timeout = None
+    ) -> Communicator:
+        """A communicator over the ranks of this group still alive, renumbered in order.
+
+        After a failure (a rank died, a collective timed out) this communicator
+        is broken; every surviving rank calls ``shrink`` and gets a new one
+        over a new process group, without any process restarting. Ranks named
+        in ``exclude`` (ranks of this group) and ranks that do not call
+        ``shrink`` within ``timeout`` (this communicator's by default) are
+        left out; a rank that died on this machine is known at once. The new
+        ranks follow the old order: survivors 0, 2, 3 of four become 0, 1, 2.
+        Settings (backend, serializer, timeout, slot size, checks) carry over.
+
+        The ranks meet in the rendezvous store, so the store's host must be
+        alive: torchrun's agent, or rank 0's process with ``env://``.
+
+        Examples:
+            >>> try:  # doctest: +SKIP
+            ...     comm.all_reduce(x)
+            ... except commlib.CommError:
+            ...     comm = comm.shrink(timeout=60)
+            >>> comm.world_size  # doctest: +SKIP
+            3
+        """
+        engine = self._member("shrink")
+        excluded = list(exclude or [])
+        for r in excluded:
+            check.rank_in_range(r, engine.world_size, "exclude")
+        if engine.rank in excluded:
+            raise ValueError(
+                f"rank {engine.rank} excludes itself: an excluded rank does not call shrink"
+            )
+        if not self._distributed:
+            return Communicator(
+                backend=self.plugin, serializer=self.serializer, timeout=self.timeout
+            )
+        limit = as_timedelta(timeout) or self.timeout
+        group, _ = engine.shrink(self.ranks, set(excluded), limit)
+        return Communicator(
+            group,
+            backend=self.plugin,
+            serializer=self.serializer,
+            timeout=self.timeout,
+            slot_size=self.slot_size,
+            strict=self.strict,
+        )
+
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:
         """The engine, for a member; a non-member gets :class:`NotInGroupError`."""
@@ -240,12 +314,42 @@ class Communicator:
             )
         return self._engine
 
-    def _strict(self, engine: Engine, what: str, description: str) -> None:
-        if self.strict and self._distributed:
-            # the title must not be this rank's own view: every rank raises alike
-            _agreement.agree(
-                engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
-            )
+    def _check(
+        self,
+        engine: Engine,
+        what: str,
+        description: str,
+        data: torch.Tensor | None = None,
+        timeout: Timeout = None,
+        *,
+        sized: bool = True,
+    ) -> list[torch.Tensor] | None:
+        """The argument check before ``what``, if this communicator checks it.
+
+        ``sized``: ranks passing different sizes to ``what`` would reach the
+        engine (the guard checks only those). Returns every rank's ``data``
+        when it travelled with the check, so the caller completes from it.
+        """
+        checks = self.checks
+        if checks == "off" or (checks == "guard" and not sized):
+            return None
+        return _guard.exchange(
+            engine,
+            what,
+            f"{what}({description})",
+            self.serializer,
+            self.slot_size,
+            data,
+            as_timedelta(timeout),
+        )
+
+    @staticmethod
+    def _finished(finish: Callable[[], None], async_op: bool) -> Handle | None:
+        """A call that completed within its check: finish now, or in ``wait()``."""
+        if async_op:
+            return Handle(None, finish, None)
+        finish()
+        return None
 
     def ensure_same(self, what: str, description: str) -> None:
         """Raise the same error on every rank unless all ranks pass the same ``description``.
@@ -304,10 +408,19 @@ class Communicator:
         engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
-        self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "all_reduce",
+            f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            work_t.copy_(reduce_locally(parts, engine_op))
+            return self._finished(lambda: back(work_t, tensor, world), async_op)
         return engine.submit(
             "all_reduce",
             self.plugin.all_reduce,
@@ -333,7 +446,8 @@ class Communicator:
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
+        description = f"{tensor.dtype}, ndim={tensor.dim()}"
+        self._check(engine, "all_gather", description, timeout=timeout, sized=False)
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
@@ -389,10 +503,19 @@ class Communicator:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
-        self._strict(engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}")
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "all_gather_into_tensor",
+            f"{tensor.dtype}, {tuple(tensor.shape)}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            out_t.view(-1).copy_(torch.cat([p.reshape(-1) for p in parts]))
+            return self._finished(lambda: _copy_back(out_t, output, world), async_op)
         return engine.submit(
             "all_gather_into_tensor",
             self.plugin.all_gather_into_tensor,
@@ -420,9 +543,13 @@ class Communicator:
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
-        self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
+        parts = self._check(
+            engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}", work_t, timeout
+        )
+        if parts is not None:
+            return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
         out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
@@ -446,9 +573,14 @@ class Communicator:
         engine = self._member("broadcast")
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        description = f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
+        parts = self._check(engine, "broadcast", description, work_t, timeout)
+        if parts is not None:
+            if engine.rank != src:
+                work_t.copy_(parts[src])
+            return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
         return engine.submit(
             "broadcast",
             self.plugin.broadcast,
@@ -507,10 +639,20 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
-        self._strict(engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}")
         engine_op, back = _reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
+        parts = self._check(
+            engine,
+            "reduce_scatter",
+            f"op={name}, {output.dtype}, {tuple(output.shape)}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            whole = reduce_locally(parts, engine_op)
+            out_t.copy_(whole.view(world, -1)[engine.rank])
+            return self._finished(lambda: back(out_t, output, world), async_op)
         return engine.submit(
             "reduce_scatter",
             self.plugin.reduce_scatter,
@@ -529,7 +671,7 @@ class Communicator:
             >>> comm.barrier(timeout=60)
         """
         engine = self._member("barrier")
-        self._strict(engine, "barrier", "")
+        self._check(engine, "barrier", "", timeout=timeout, sized=False)
         engine.barrier(as_timedelta(timeout))
 
     # -- object collectives -------------------------------------------------------

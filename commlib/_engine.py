@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from commlib import _failure_notes, _survivors
+from commlib import _failure_notes, _survivors, _waiting
 from commlib._health import health_of
 from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError
@@ -45,9 +45,6 @@ from commlib.types import Group, Work
 # a wait that raised within this much of its limit ran out of time, whatever
 # the engine's message says
 _TIMEOUT_SLACK = 0.05
-# an interruptible wait looks for a failure announced by another rank after
-# this long, then twice as long each time, up to the last
-_FIRST_LOOK, _LAST_LOOK = 0.05, 1.0
 
 
 # the engine's own limit on an operation: a little after commlib's, so each
@@ -67,15 +64,6 @@ def engine_limit(limit: datetime.timedelta) -> datetime.timedelta:
     return datetime.timedelta(
         seconds=seconds + min(_ENGINE_SLACK + _ENGINE_SLACK_SHARE * seconds, _ENGINE_SLACK_MAX)
     )
-
-
-class _PeerFailed(RuntimeError):
-    """Another rank announced that the group broke while this one was waiting."""
-
-    def __init__(self, reason: str, timed_out: bool):
-        super().__init__(reason)
-        self.reason = reason
-        self.timed_out = timed_out
 
 
 def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timedelta) -> bool:
@@ -157,7 +145,7 @@ class Engine:
     def _translate(
         self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float
     ) -> CommError:
-        if isinstance(exc, _PeerFailed):
+        if isinstance(exc, _waiting.PeerFailed):
             earlier: tuple[str, bool] | None = (exc.reason, exc.timed_out)
         elif _looks_like_timeout(exc, waited, limit):
             earlier = None
@@ -212,25 +200,10 @@ class Engine:
 
     def _wait_work(self, work: Work, limit: datetime.timedelta) -> None:
         """``work.wait(limit)``, ended early when another rank announces the group broke."""
-        if not self.plugin.interruptible_wait or self.group is None:
+        if self.plugin.interruptible_wait and self.group is not None:
+            _waiting.wait_watching(work, limit, self.group)
+        else:
             work.wait(limit)
-            return
-        deadline = time.monotonic() + limit.total_seconds()
-        look = _FIRST_LOOK
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                work.wait(datetime.timedelta(seconds=max(min(look, left), 0.001)))
-                return
-            except RuntimeError as exc:
-                # torch's Work says this when only the wait's own time ran out
-                sliced = "Operation timed out" in str(exc) and not work.is_completed()
-                if not sliced or time.monotonic() >= deadline:
-                    raise
-            earlier = _failure_notes.broken_elsewhere(self.group)
-            if earlier is not None:
-                raise _PeerFailed(*earlier)
-            look = min(2 * look, _LAST_LOOK)
 
     def start(
         self, what: str, call: Callable[..., Work | None], *args: Any, **kwargs: Any
@@ -314,20 +287,28 @@ class Engine:
 
     # -- recovery --------------------------------------------------------------------
     def shrink(
-        self, world_ranks: Sequence[int], exclude: Collection[int], timeout: datetime.timedelta
+        self,
+        world_ranks: Sequence[int],
+        exclude: Collection[int],
+        timeout: datetime.timedelta | None = None,
     ) -> tuple[Any, list[int]]:
         """The surviving ranks' new group, and which of this group's ranks it holds.
 
         Every surviving rank calls it; ``world_ranks`` are the group's
         members' world ranks in group order, ``exclude`` ranks of this group
         to leave out. Ranks that do not arrive within ``timeout`` are left
-        out. This group is broken afterwards, whatever it was before.
+        out; by default as long as a survivor may still be inside a call of
+        this group (the engine's limit, and the time to name missing ranks).
+        This group is broken afterwards, whatever it was before.
 
         Examples:
             >>> group, kept = engine.shrink([0, 1, 2, 3], {3}, datetime.timedelta(seconds=60))
             >>> kept
             [0, 1, 2]
         """
+        if timeout is None:
+            grace = datetime.timedelta(seconds=_failure_notes.GRACE)
+            timeout = engine_limit(self.timeout) + grace
         attempt = self.health.shrinks
         self.health.shrinks += 1
         name = f"{getattr(self.group, 'group_name', '') or 'world'}.shrunk{attempt}"

@@ -15,6 +15,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+# how long a rank that timed out waits for the others' notes, to name them
+GRACE = 1.0
+
 
 def _store_and_prefix(group: Any) -> tuple[Any, str] | tuple[None, None]:
     try:
@@ -41,7 +44,7 @@ def record(group: Any, rank: int, seq: int, what: str, how: str) -> None:
 
 
 def missing_ranks(
-    group: Any, rank: int, world_size: int, seq: int, what: str, grace: float = 1.0
+    group: Any, rank: int, world_size: int, seq: int, what: str, grace: float = GRACE
 ) -> dict[int, str]:
     """After a timeout: where the ranks that held up collective ``seq`` are (rank -> where).
 

@@ -72,6 +72,10 @@ class WorkList:
         True
     """
 
+    # point-to-point operations may end when a wait on them times out (gloo's
+    # do), so the engine never waits on them in slices (commlib._waiting)
+    interruptible = False
+
     def __init__(self, works: Sequence[Work | None]):
         self.works: list[Work] = [w for w in works if w is not None]
 
@@ -117,11 +121,13 @@ class Backend:
       throws on its own I/O thread); commlib then checks the arguments of the
       tensor collectives by default (see :attr:`commlib.Communicator.strict`).
       ``True`` unless a backend knows better: a check costs less than a lost job;
-    * ``interruptible_wait``: the engine's ``Work.wait(timeout)`` only waits
-      (when the timeout passes the operation goes on, nothing else changes),
-      so commlib waits in slices and looks in between for a failure another
-      rank announced: a rank waiting on a live peer that gave up learns it
-      within a moment rather than at its own timeout.
+    * ``interruptible_wait``: the ``Work`` of the engine's collectives only
+      waits in ``wait(timeout)`` (when the timeout passes the operation goes
+      on, nothing else changes), so commlib waits in slices and looks in
+      between for a failure another rank announced: a rank waiting on a live
+      peer that gave up learns it within a moment rather than at its own
+      timeout. Point-to-point works (a :class:`WorkList`) are not sliced (gloo
+      ends a receive whose wait timed out): a thread waits on them instead.
 
     Examples:
         >>> class LoggingGloo(Backend):

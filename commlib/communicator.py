@@ -265,8 +265,10 @@ class Communicator:
         is broken; every surviving rank calls ``shrink`` and gets a new one
         over a new process group, without any process restarting. Ranks named
         in ``exclude`` (ranks of this group) and ranks that do not call
-        ``shrink`` within ``timeout`` (this communicator's by default) are
-        left out; a rank that died on this machine is known at once. The new
+        ``shrink`` within ``timeout`` are left out; by default it is as long
+        as another survivor may still be inside a call on this communicator
+        (its timeout, plus a few seconds). A rank that died on this machine is
+        known at once; one elsewhere only by not arriving. The new
         ranks follow the old order: survivors 0, 2, 3 of four become 0, 1, 2.
         Settings (backend, serializer, timeout, slot size, checks) carry over.
 
@@ -293,8 +295,7 @@ class Communicator:
             return Communicator(
                 backend=self.plugin, serializer=self.serializer, timeout=self.timeout
             )
-        limit = as_timedelta(timeout) or self.timeout
-        group, _ = engine.shrink(self.ranks, set(excluded), limit)
+        group, _ = engine.shrink(self.ranks, set(excluded), as_timedelta(timeout))
         return Communicator(
             group,
             backend=self.plugin,

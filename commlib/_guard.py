@@ -23,7 +23,9 @@ own collective, after the check: one small round more.
 from __future__ import annotations
 
 import datetime
+import functools
 import struct
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,10 +39,12 @@ if TYPE_CHECKING:
     from commlib._engine import Engine
     from commlib.serialization import Serializer
 
-# magic, fingerprint, byte count, data follows: a slot any other protocol's
-# first round would not be mistaken for
-_HEADER = struct.Struct("<qqqq")
+# magic and fingerprint, then byte count and whether the data follows: a slot
+# any other protocol's first round would not be mistaken for
+_HEAD = struct.Struct("<qq")
+_TAIL = struct.Struct("<qq")
 _MAGIC = 0x434F4D4D4C494221  # "COMMLIB!"
+_HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
 
 
@@ -52,6 +56,37 @@ def room(slot_size: int) -> int:
         4032
     """
     return max(0, slot_size - _DATA)
+
+
+@functools.lru_cache(maxsize=4096)
+def _head(description: str) -> bytes:
+    # a hot loop passes the same few descriptions: hash each once
+    return _HEAD.pack(_MAGIC, fingerprint(description))
+
+
+class _HostSlots:
+    """One engine's slot and gathered slots in host memory, reused call after call.
+
+    Safe to reuse: a caller consumes the gathered data before its next call.
+    """
+
+    def __init__(self, world: int, slot_size: int):
+        self.slot_size = slot_size
+        self.raw = bytearray(slot_size)
+        self.mine = torch.frombuffer(self.raw, dtype=torch.uint8)
+        self.every_raw = bytearray(world * slot_size)
+        self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
+        self.rows = self.every.view(world, slot_size)
+
+
+_host_slots: weakref.WeakKeyDictionary[Engine, _HostSlots] = weakref.WeakKeyDictionary()
+
+
+def _slots(engine: Engine, slot_size: int) -> _HostSlots:
+    slots = _host_slots.get(engine)
+    if slots is None or slots.slot_size != slot_size:
+        slots = _host_slots[engine] = _HostSlots(engine.world_size, slot_size)
+    return slots
 
 
 def exchange(
@@ -67,8 +102,9 @@ def exchange(
 
     ``data`` (contiguous, on the backend's device) travels in the slot when
     it fits; then the result is every rank's ``data``, as views of the
-    gathered slots shaped like ``data``. Otherwise the result is ``None`` and
-    the caller runs the engine's collective.
+    gathered slots shaped like ``data``, valid until the engine's next call.
+    Otherwise the result is ``None`` and the caller runs the engine's
+    collective.
 
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
@@ -79,27 +115,28 @@ def exchange(
     world = engine.world_size
     nbytes = 0 if data is None else data.numel() * data.element_size()
     inline = data is not None and nbytes <= room(slot_size)
-    header = _HEADER.pack(_MAGIC, fingerprint(description), nbytes, int(inline))
+    header = _head(description) + _TAIL.pack(nbytes, int(inline))
     device = engine.device()
     if device.type == "cpu":
-        raw = bytearray(slot_size)
-        raw[: _HEADER.size] = header
-        mine = torch.frombuffer(raw, dtype=torch.uint8)
-        every_raw = bytearray(world * slot_size)
-        every = torch.frombuffer(every_raw, dtype=torch.uint8)
+        host = _slots(engine, slot_size)
+        host.raw[:_HEADER_SIZE] = header
+        if inline and nbytes and data is not None:
+            host.mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+        mine, every, rows = host.mine, host.every, host.rows
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
-        mine[: _HEADER.size].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+        mine[:_HEADER_SIZE].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+        if inline and nbytes and data is not None:
+            mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
         every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
-    if inline and nbytes and data is not None:
-        mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+        rows = every.view(world, slot_size)
     engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
-    rows = every.view(world, slot_size)
     if device.type == "cpu":
-        heads = [every_raw[r * slot_size : r * slot_size + _HEADER.size] for r in range(world)]
+        raw = host.every_raw
+        heads = [raw[r * slot_size : r * slot_size + _HEADER_SIZE] for r in range(world)]
     else:
-        host = rows[:, : _HEADER.size].cpu().numpy()
-        heads = [host[r].tobytes() for r in range(world)]
+        gathered = rows[:, :_HEADER_SIZE].cpu().numpy()
+        heads = [gathered[r].tobytes() for r in range(world)]
     if any(h != heads[0] for h in heads):
         # every rank saw the same slots, so every rank takes this path
         texts = _objects.all_gather_object(engine, description, serializer, slot_size)
@@ -109,10 +146,9 @@ def exchange(
         )
     if not inline or data is None:
         return None
-    parts = []
-    for r in range(world):
-        part = rows[r, _DATA : _DATA + nbytes]
-        if part.storage_offset() % 16:  # a slot size that is not a multiple of 16
-            part = part.clone()
-        parts.append(part.view(data.dtype).view(data.shape) if nbytes else torch.empty_like(data))
-    return parts
+    if not nbytes:
+        return [torch.empty_like(data) for _ in range(world)]
+    block = rows[:, _DATA : _DATA + nbytes]
+    if slot_size % 16:  # rows not aligned for every dtype
+        block = block.clone()
+    return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]

@@ -45,7 +45,7 @@ class DeviceRuntime:
 
     Examples:
         >>> rt = DeviceRuntime("cuda", torch.cuda, via_accelerator=False)
-        >>> rt.device_count()
+        >>> rt.device_count()                   # a machine with 8 GPUs  # doctest: +SKIP
         8
     """
 
@@ -141,7 +141,8 @@ class AcceleratorBackend(EngineGaps):
         """The device module (``torch.cuda``, ``torch.npu``, ...), importing its package.
 
         Examples:
-            >>> get_backend_plugin("hccl").vendor_module()
+            >>> hccl = commlib.plugins.get_backend_plugin("hccl")
+            >>> hccl.vendor_module()   # with torch_npu  # doctest: +SKIP
             <module 'torch_npu.npu' ...>
         """
         if self.vendor_package is not None:
@@ -157,7 +158,7 @@ class AcceleratorBackend(EngineGaps):
         """The first missing piece: vendor package, torch's engine, a visible device.
 
         Examples:
-            >>> get_backend_plugin("cncl").unavailable_reason()
+            >>> commlib.plugins.get_backend_plugin("cncl").unavailable_reason()
             'torch_mlu is not installed'
         """
         if self.vendor_package is not None:
@@ -195,7 +196,8 @@ class AcceleratorBackend(EngineGaps):
         this device type; the vendor module otherwise.
 
         Examples:
-            >>> get_backend_plugin("nccl").runtime()
+            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl.runtime()   # a CUDA build of torch  # doctest: +SKIP
             <DeviceRuntime cuda via torch.accelerator>
         """
         vendor = self.vendor_module()
@@ -209,7 +211,8 @@ class AcceleratorBackend(EngineGaps):
         """This process's current accelerator device (e.g. ``cuda:1``).
 
         Examples:
-            >>> get_backend_plugin("nccl").accelerator_device()
+            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl.accelerator_device()   # GPU rank 1  # doctest: +SKIP
             device(type='cuda', index=1)
         """
         return self.current_device()
@@ -218,7 +221,8 @@ class AcceleratorBackend(EngineGaps):
         """The current device of this type (e.g. ``cuda:1``).
 
         Examples:
-            >>> get_backend_plugin("nccl").current_device()
+            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl.current_device()   # GPU rank 1  # doctest: +SKIP
             device(type='cuda', index=1)
         """
         return torch.device(self.device_type, self.runtime().current_index())
@@ -227,7 +231,8 @@ class AcceleratorBackend(EngineGaps):
         """Wait for the work queued on this process's device.
 
         Examples:
-            >>> get_backend_plugin("nccl").synchronize()
+            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl.synchronize()      # with a GPU  # doctest: +SKIP
         """
         if self.accelerator_device().type == self.device_type:
             self.runtime().synchronize(self.accelerator_index())
@@ -236,7 +241,9 @@ class AcceleratorBackend(EngineGaps):
         """10 while a device is visible: an accelerator serves its machine before gloo.
 
         Examples:
-            >>> get_backend_plugin("nccl").default_priority()   # on a CPU-only machine
+            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl.default_priority()  # a GPU visible  # doctest: +SKIP
+            10
         """
         return 10 if self.unavailable_reason() is None else None
 
@@ -258,7 +265,8 @@ class AcceleratorBackend(EngineGaps):
         """Index of the device this process's collectives use.
 
         Examples:
-            >>> get_backend_plugin("nccl").accelerator_index()
+            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl.accelerator_index()   # GPU rank 1  # doctest: +SKIP
             1
         """
         return self.runtime().current_index()
@@ -269,7 +277,8 @@ class AcceleratorBackend(EngineGaps):
         A device the user already made current (any but 0) is kept.
 
         Examples:
-            >>> plugin.setup_device(int(os.environ["LOCAL_RANK"]))
+            >>> plugin = commlib.plugins.get_backend_plugin("nccl")
+            >>> plugin.setup_device(int(os.environ["LOCAL_RANK"]))   # torchrun  # doctest: +SKIP
         """
         reason = self.unavailable_reason()
         if reason is not None:
@@ -337,7 +346,7 @@ class AcceleratorBackend(EngineGaps):
         device memory and no device synchronisation.
 
         Examples:
-            >>> get_backend_plugin("nccl").for_group("cpu:gloo,cuda:nccl").device()
+            >>> commlib.plugins.get_backend_plugin("nccl").for_group("cpu:gloo,cuda:nccl").device()
             device(type='cpu')
         """
         parts = dict(part.split(":", 1) for part in torch_backend.split(",") if ":" in part)

@@ -75,7 +75,7 @@ class EngineGaps(Backend):
         """Whether the library reduces ``dtype`` with ``op`` (an engine op name).
 
         Examples:
-            >>> get_backend_plugin("nccl").reduces_natively("band", torch.int64)
+            >>> commlib.plugins.get_backend_plugin("nccl").reduces_natively("band", torch.int64)
             False
         """
         if dtype.is_complex:

@@ -70,8 +70,8 @@ class NcclBackend(AcceleratorBackend):
         """Whether torch and NCCL here shrink ``group``'s communicator in place.
 
         Examples:
-            >>> get_backend_plugin("nccl").can_shrink(dist.group.WORLD)
-            True
+            >>> commlib.plugins.get_backend_plugin("nccl").can_shrink(None)  # no group here
+            False
         """
         if getattr(dist, "shrink_group", None) is None or group is None:
             return False

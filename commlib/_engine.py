@@ -27,10 +27,9 @@ Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -75,6 +74,27 @@ def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timed
     )
 
 
+class _MapErrors:
+    """The context manager :meth:`Engine.map_errors` returns (a class: it runs on every call)."""
+
+    __slots__ = ("engine", "limit", "seq", "started", "what")
+
+    def __init__(self, engine: Engine, what: str, seq: int, limit: datetime.timedelta):
+        self.engine, self.what, self.seq, self.limit = engine, what, seq, limit
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        # commlib's own errors pass through; torch's DistError family is RuntimeError too
+        if exc is None or isinstance(exc, CommError) or not isinstance(exc, RuntimeError):
+            return
+        waited = time.monotonic() - self.started
+        raise self.engine._translate(self.what, self.seq, self.limit, exc, waited) from exc
+
+
 class Pending:
     """An engine call in flight: its work, and the name and number errors will use."""
 
@@ -95,8 +115,12 @@ class Engine:
         timeout: how long a call may wait for its peers unless it says otherwise.
 
     Examples:
-        >>> engine = Engine(plugin, group, timeout=datetime.timedelta(seconds=30))
+        >>> plugin = commlib.plugins.get_backend_plugin("single")   # a world of one
+        >>> engine = Engine(plugin, None, timeout=datetime.timedelta(seconds=30))
+        >>> t = torch.ones(2)
         >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")
+        >>> engine.seq, engine.rank, engine.world_size
+        (1, 0, 1)
     """
 
     def __init__(self, plugin: Backend, group: Group, timeout: datetime.timedelta):
@@ -109,6 +133,10 @@ class Engine:
         self.health = health_of(group)
         if group is not None:
             _survivors.record_process()
+        # commlib.observe: the user-level collective in progress, and who to tell
+        # when it makes its first engine call (None: nobody observes)
+        self.observed: Any = None
+        self.on_call: Callable[[str], None] | None = None
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -121,26 +149,27 @@ class Engine:
         return moved if moved.is_contiguous() else moved.contiguous()
 
     # -- errors ----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> Iterator[None]:
+    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> _MapErrors:
         """Turn an engine failure inside the block into the commlib error for it.
 
         A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
         the other ranks are; any other engine failure a
         :class:`~commlib.errors.CommError`. commlib's own errors pass through.
 
+        The failure also breaks the group: later calls raise
+        :class:`~commlib.errors.CommBrokenError` before anything is sent.
+
         Examples:
-            >>> with engine.map_errors("all_reduce", seq, engine.timeout):
-            ...     work.wait(engine.timeout)
+            >>> scratch = Engine(engine.plugin, None, engine.timeout)
+            >>> with scratch.map_errors("all_reduce", 7, scratch.timeout):
+            ...     raise RuntimeError("connection reset by peer")
+            Traceback (most recent call last):
+            ...
+            commlib.errors.CommError: all_reduce failed on rank 0: connection reset by peer
+            >>> scratch.health.broken
+            'all_reduce #7: all_reduce failed on rank 0: connection reset by peer'
         """
-        started = time.monotonic()
-        try:
-            yield
-        except CommError:
-            raise
-        except RuntimeError as exc:  # torch's DistError family is RuntimeError too
-            waited = time.monotonic() - started
-            raise self._translate(what, seq, limit, exc, waited) from exc
+        return _MapErrors(self, what, seq, limit)
 
     def _translate(
         self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float
@@ -214,12 +243,15 @@ class Engine:
         collective in errors.
 
         Examples:
+            >>> t = torch.ones(2)
             >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
             >>> engine.wait(pending)
         """
         self.health.check(what)
         self.seq += 1
         seq = self.seq
+        if self.on_call is not None:
+            self.on_call(what)
         with self.map_errors(what, seq, self.timeout):
             work = call(*args, group=self.group, async_op=True, **kwargs)
         return Pending(work, what, seq)
@@ -243,7 +275,10 @@ class Engine:
         """Start ``call`` and wait for it: one blocking collective.
 
         Examples:
+            >>> out, t = torch.empty(engine.world_size * 2), torch.ones(2)
             >>> engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, t)
+            >>> out
+            tensor([1., 1.])
         """
         self.bound_engine_wait(timeout or self.timeout)
         self.wait(self.start(what, call, *args, **kwargs), timeout)
@@ -264,6 +299,7 @@ class Engine:
         ``wait()`` waits for the engine and runs ``finish``.
 
         Examples:
+            >>> t = torch.ones(2)
             >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
             <Handle pending>
         """
@@ -280,6 +316,8 @@ class Engine:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""
         self.health.check("barrier")
         self.seq += 1
+        if self.on_call is not None:
+            self.on_call("barrier")
         limit = timeout or self.timeout
         self.bound_engine_wait(limit)
         with self.map_errors("barrier", self.seq, limit):
@@ -302,13 +340,15 @@ class Engine:
         This group is broken afterwards, whatever it was before.
 
         Examples:
-            >>> group, kept = engine.shrink([0, 1, 2, 3], {3}, datetime.timedelta(seconds=60))
-            >>> kept
+            >>> group, kept = engine.shrink([0, 1, 2, 3], {3})  # doctest: +SKIP
+            >>> kept  # doctest: +SKIP
             [0, 1, 2]
         """
         if timeout is None:
             grace = datetime.timedelta(seconds=_failure_notes.GRACE)
             timeout = engine_limit(self.timeout) + grace
+        if self.on_call is not None:
+            self.on_call("shrink")
         attempt = self.health.shrinks
         self.health.shrinks += 1
         name = f"{getattr(self.group, 'group_name', '') or 'world'}.shrunk{attempt}"

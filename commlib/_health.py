@@ -29,6 +29,7 @@ class GroupHealth:
         >>> health = GroupHealth()
         >>> health.check("all_reduce")
         >>> health.mark_broken("all_reduce #3 timed out on rank 0")
+        True
         >>> health.check("broadcast")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...

@@ -434,7 +434,8 @@ def all_gather_object(engine: Engine, obj: Any, ser: Serializer, slot_size: int)
 
     Examples:
         >>> all_gather_object(engine, {"rank": engine.rank}, serializer, 4096)
-        [{'rank': 0}, {'rank': 1}]
+        [{'rank': 0}]
+        >>> # on 2 ranks: [{'rank': 0}, {'rank': 1}]
     """
     world, me = engine.world_size, engine.rank
     out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
@@ -453,8 +454,9 @@ def gather_object(
     On ``dst``, its own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> gather_object(engine, engine.rank, 0, serializer, 4096)   # None on other ranks
-        [0, 1]
+        >>> gather_object(engine, engine.rank, 0, serializer, 4096)
+        [0]
+        >>> # on 2 ranks: [0, 1] on rank 0, None on rank 1
     """
     world, me = engine.world_size, engine.rank
     root = _root_field(dst)

@@ -52,8 +52,8 @@ def exchange(
 
     Examples:
         >>> shapes, tensors = exchange(engine, torch.ones(2), "all_gather", room=3808)
-        >>> shapes
-        [[2], [3]]
+        >>> shapes             # on 2 ranks, rank 1 passing torch.ones(3): [[2], [3]]
+        [[2]]
     """
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()

@@ -112,7 +112,7 @@ def agree(
     when this rank itself was left out.
 
     Examples:
-        >>> agree("0.shrunk0", 1, [0, 1, 2, 3], {3}, timedelta(seconds=60))
+        >>> agree("0.shrunk0", 1, [0, 1, 2, 3], {3}, timedelta(seconds=60))  # doctest: +SKIP
         [0, 1, 2]
     """
     kv = store()

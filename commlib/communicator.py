@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -26,11 +26,14 @@ from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
 from commlib.handle import Handle
+from commlib.observe.dispatch import observed
 from commlib.reductions import reduce_locally
 from commlib.serialization import Serializer
 from commlib.types import EngineOp, Group, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "dist_ready"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def dist_ready() -> bool:
@@ -65,6 +68,8 @@ def _reduction(
 
 
 def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    if result is target:
+        return
     if result.data_ptr() != target.data_ptr() or result.device != target.device:
         target.copy_(result.view(target.shape))
 
@@ -75,6 +80,15 @@ def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None
         _copy_back(result, target, world)
     else:
         target.copy_(torch.true_divide(result, world).view(target.shape))
+
+
+def _engine_of(comm: Communicator) -> Engine | None:
+    return comm._engine
+
+
+def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
+    """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`)."""
+    return observed(name, _engine_of, **facts)
 
 
 class Communicator:
@@ -256,6 +270,7 @@ class Communicator:
             slot_size=self.slot_size,
         )
 
+    @_collective("shrink")
     def shrink(
         self, exclude: Sequence[int] | None = None, timeout: Timeout = None
     ) -> Communicator:
@@ -319,7 +334,7 @@ class Communicator:
         self,
         engine: Engine,
         what: str,
-        description: str,
+        describe: Callable[[], str],
         data: torch.Tensor | None = None,
         timeout: Timeout = None,
         *,
@@ -327,6 +342,7 @@ class Communicator:
     ) -> list[torch.Tensor] | None:
         """The argument check before ``what``, if this communicator checks it.
 
+        ``describe`` formats what this rank passes (only when it is checked).
         ``sized``: ranks passing different sizes to ``what`` would reach the
         engine (the guard checks only those). Returns every rank's ``data``
         when it travelled with the check, so the caller completes from it.
@@ -337,7 +353,7 @@ class Communicator:
         return _guard.exchange(
             engine,
             what,
-            f"{what}({description})",
+            f"{what}({describe()})",
             self.serializer,
             self.slot_size,
             data,
@@ -352,6 +368,7 @@ class Communicator:
         finish()
         return None
 
+    @_collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
         """Raise the same error on every rank unless all ranks pass the same ``description``.
 
@@ -361,12 +378,14 @@ class Communicator:
         match, so a mismatch is an error instead of a hang.
 
         Examples:
+            >>> state = {"loss": torch.tensor(0.5), "acc": torch.tensor(0.9)}
             >>> comm.ensure_same("my_sync", f"keys={sorted(state)}")
         """
         engine = self._member(what)
         if self._distributed:
             _agreement.agree(engine, what, description, self.serializer, self.slot_size)
 
+    @_collective("all_gather_shapes", payload="tensor")
     def all_gather_shapes(
         self, tensor: torch.Tensor, *, timeout: Timeout = None
     ) -> list[list[int]]:
@@ -388,6 +407,7 @@ class Communicator:
         return shapes
 
     # -- tensor collectives -------------------------------------------------------
+    @_collective("all_reduce", payload="tensor", op="op", uniform=True)
     def all_reduce(
         self,
         tensor: torch.Tensor,
@@ -415,7 +435,7 @@ class Communicator:
         parts = self._check(
             engine,
             "all_reduce",
-            f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+            lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
             work_t,
             timeout,
         )
@@ -432,6 +452,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("all_gather", payload="tensor")
     def all_gather(self, tensor: torch.Tensor, *, timeout: Timeout = None) -> list[torch.Tensor]:
         """Every rank's ``tensor``, as a list indexed by rank.
 
@@ -441,14 +462,20 @@ class Communicator:
         with their shapes in one round; larger ones take a second round.
 
         Examples:
-            >>> comm.all_gather(torch.arange(comm.rank + 1))   # 2 ranks
-            [tensor([0]), tensor([0, 1])]
+            >>> comm.all_gather(torch.arange(comm.rank + 1))
+            [tensor([0])]
+            >>> # on 2 ranks, each rank gets: [tensor([0]), tensor([0, 1])]
         """
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        description = f"{tensor.dtype}, ndim={tensor.dim()}"
-        self._check(engine, "all_gather", description, timeout=timeout, sized=False)
+        self._check(
+            engine,
+            "all_gather",
+            lambda: f"{tensor.dtype}, ndim={tensor.dim()}",
+            timeout=timeout,
+            sized=False,
+        )
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
@@ -476,6 +503,7 @@ class Communicator:
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
         return [t.to(tensor.device) for t in out]
 
+    @_collective("all_gather_into_tensor", payload="tensor", uniform=True)
     def all_gather_into_tensor(
         self,
         output: torch.Tensor,
@@ -510,7 +538,7 @@ class Communicator:
         parts = self._check(
             engine,
             "all_gather_into_tensor",
-            f"{tensor.dtype}, {tuple(tensor.shape)}",
+            lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
             in_t,
             timeout,
         )
@@ -529,6 +557,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("gather", payload="tensor", peer="dst", uniform=True)
     def gather(
         self, tensor: torch.Tensor, dst: int = 0, *, timeout: Timeout = None
     ) -> list[torch.Tensor]:
@@ -538,8 +567,8 @@ class Communicator:
 
         Examples:
             >>> comm.gather(torch.tensor([comm.rank]), dst=0)
-            [tensor([0]), tensor([1])]   # rank 0
-            []                           # rank 1
+            [tensor([0])]
+            >>> # on 2 ranks: [tensor([0]), tensor([1])] on rank 0, [] on rank 1
         """
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
@@ -547,7 +576,11 @@ class Communicator:
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
         parts = self._check(
-            engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}", work_t, timeout
+            engine,
+            "gather",
+            lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
         )
         if parts is not None:
             return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
@@ -555,6 +588,7 @@ class Communicator:
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
 
+    @_collective("broadcast", payload="tensor", peer="src", uniform=True)
     def broadcast(
         self,
         tensor: torch.Tensor,
@@ -576,8 +610,13 @@ class Communicator:
         check.rank_in_range(src, engine.world_size, "src")
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        description = f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
-        parts = self._check(engine, "broadcast", description, work_t, timeout)
+        parts = self._check(
+            engine,
+            "broadcast",
+            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
         if parts is not None:
             if engine.rank != src:
                 work_t.copy_(parts[src])
@@ -592,6 +631,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("reduce_scatter", payload="output", op="op", uniform=True)
     def reduce_scatter(
         self,
         output: torch.Tensor,
@@ -646,7 +686,7 @@ class Communicator:
         parts = self._check(
             engine,
             "reduce_scatter",
-            f"op={name}, {output.dtype}, {tuple(output.shape)}",
+            lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
             in_t,
             timeout,
         )
@@ -665,6 +705,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("barrier")
     def barrier(self, *, timeout: Timeout = None) -> None:
         """Block until every rank of the group has arrived (at most ``timeout``).
 
@@ -672,10 +713,11 @@ class Communicator:
             >>> comm.barrier(timeout=60)
         """
         engine = self._member("barrier")
-        self._check(engine, "barrier", "", timeout=timeout, sized=False)
+        self._check(engine, "barrier", lambda: "", timeout=timeout, sized=False)
         engine.barrier(as_timedelta(timeout))
 
     # -- object collectives -------------------------------------------------------
+    @_collective("all_gather_object", payload="obj")
     def all_gather_object(self, obj: Any, *, serializer: Serializer | None = None) -> list[Any]:
         """Every rank's ``obj``, as a list indexed by rank.
 
@@ -694,6 +736,7 @@ class Communicator:
             engine, obj, serializer or self.serializer, self.slot_size
         )
 
+    @_collective("gather_object", payload="obj", peer="dst")
     def gather_object(
         self, obj: Any, dst: int = 0, *, serializer: Serializer | None = None
     ) -> list[Any] | None:
@@ -711,6 +754,7 @@ class Communicator:
             engine, obj, dst, serializer or self.serializer, self.slot_size
         )
 
+    @_collective("broadcast_object_list", payload="object_list", peer="src")
     def broadcast_object_list(
         self, object_list: list[Any], src: int = 0, *, serializer: Serializer | None = None
     ) -> None:
@@ -736,6 +780,7 @@ class Communicator:
             engine, object_list, src, serializer or self.serializer, self.slot_size
         )
 
+    @_collective("broadcast_object", payload="obj", peer="src")
     def broadcast_object(
         self, obj: Any = None, src: int = 0, *, serializer: Serializer | None = None
     ) -> Any:

@@ -76,11 +76,12 @@ def resolve_device(device: str | torch.device, current: Backend | None = None) -
     Examples:
         >>> resolve_device("cpu")
         device(type='cpu')
-        >>> resolve_device("cuda")               # on a machine with GPUs, rank 1
+        >>> resolve_device("cuda")               # rank 1 of a GPU machine  # doctest: +SKIP
         device(type='cuda', index=1)
         >>> resolve_device("npu")                # without torch_npu
         Traceback (most recent call last):
-        BackendUnavailableError: device 'npu' is not available here (... torch_npu is not ...)
+        ...
+        commlib.errors.BackendUnavailableError: device 'npu' is not available here (...)
     """
     kind, index = _parse(device)
     if kind == "cpu":

@@ -42,8 +42,8 @@ def get_communicator(group: Any = None) -> Communicator:
 
     Examples:
         >>> comm = get_communicator()          # the world
-        >>> comm.backend, comm.world_size
-        ('gloo', 4)
+        >>> comm.backend, comm.world_size      # 4 ranks under torchrun: ('gloo', 4)
+        ('single', 1)
     """
     if isinstance(group, Communicator):
         return group
@@ -75,7 +75,7 @@ def forget_communicators() -> None:
 
     Examples:
         >>> forget_communicators()
-        >>> torch.distributed.destroy_process_group()
+        >>> torch.distributed.destroy_process_group()   # after init  # doctest: +SKIP
     """
     with _lock:
         _cache.clear()
@@ -94,7 +94,7 @@ def set_default_communicator(comm: Communicator) -> None:
     """Use ``comm`` (e.g. one with a custom serializer) for ``group=None`` calls.
 
     Examples:
-        >>> set_default_communicator(Communicator(serializer=RestrictedSerializer()))
+        >>> set_default_communicator(Communicator(serializer=commlib.RestrictedSerializer()))
     """
     get_communicator()  # bring the cache up to date with the current world
     with _lock:
@@ -109,8 +109,9 @@ def new_group(
     The result can be passed as ``group=`` to every function here.
 
     Examples:
-        >>> pair = new_group([0, 1])
-        >>> if pair.is_member:
+        >>> x = torch.ones(2)
+        >>> pair = new_group([0, 1])           # every rank of a world of 2+  # doctest: +SKIP
+        >>> if pair.is_member:                 # doctest: +SKIP
         ...     all_reduce(x, group=pair)
     """
     return get_communicator().new_group(ranks, timeout)
@@ -149,10 +150,11 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
     any group is made. Not distributed, it only checks its arguments.
 
     Examples:
-        >>> # 2 machines x 4 ranks, under torchrun
-        >>> init_local_group(node_rank=int(os.environ["GROUP_RANK"]), num_gpus_per_node=4)
-        >>> get_local_rank(), get_local_size()
-        (1, 4)    # world rank 5
+        >>> # 2 machines x 4 ranks, under torchrun; on world rank 5:
+        >>> node = int(os.environ["GROUP_RANK"])                  # doctest: +SKIP
+        >>> init_local_group(node_rank=node, num_gpus_per_node=4)  # doctest: +SKIP
+        >>> get_local_rank(), get_local_size()                    # doctest: +SKIP
+        (1, 4)
     """
     for name, value, least in (
         ("node_rank", node_rank, 0),
@@ -207,7 +209,7 @@ def get_local_group() -> Any:
 
     Examples:
         >>> init_local_group(node_rank=0, num_gpus_per_node=2)
-        >>> all_reduce(x, group=get_local_group())
+        >>> all_reduce(torch.ones(2), group=get_local_group())   # this machine's ranks
     """
     if not is_distributed():
         return None
@@ -284,8 +286,9 @@ def get_backend(group: Any = None) -> str | None:
     """The torch.distributed backend of ``group``, or ``None`` when not distributed.
 
     Examples:
-        >>> get_backend()          # not distributed
-        >>> get_backend()          # under torchrun with gloo
+        >>> print(get_backend())   # not distributed
+        None
+        >>> get_backend()          # under torchrun with gloo  # doctest: +SKIP
         'gloo'
     """
     return get_communicator(group).plugin.torch_backend
@@ -295,7 +298,8 @@ def get_default_group() -> Any:
     """The default process group (``None`` when not distributed).
 
     Examples:
-        >>> get_default_group()
+        >>> print(get_default_group())        # not distributed
+        None
     """
     return dist.group.WORLD if dist_ready() else None
 
@@ -337,9 +341,10 @@ def cast_data_device(
     raises :class:`~commlib.errors.BackendUnavailableError` with the reason.
 
     Examples:
-        >>> cast_data_device({"x": torch.ones(2)}, torch.device("cpu"))
+        >>> batch = {"x": torch.ones(2)}
+        >>> cast_data_device(batch, torch.device("cpu"))
         {'x': tensor([1., 1.])}
-        >>> cast_data_device(batch, "gpu")        # the current CUDA / NPU / MLU device
+        >>> cast_data_device(batch, "gpu")   # the current CUDA/NPU/MLU device  # doctest: +SKIP
     """
     current = get_communicator().plugin if device == data_device.ACCELERATOR_ALIAS else None
     return data_device.move_to(data, data_device.resolve_device(device, current), out)
@@ -406,7 +411,9 @@ def all_reduce(
 
     Examples:
         >>> data = torch.arange(2) + 1 + 2 * get_rank()
-        >>> all_reduce(data)        # 2 ranks: tensor([4, 6]) everywhere
+        >>> all_reduce(data)
+        >>> data                    # 2 ranks: tensor([4, 6]) everywhere
+        tensor([1, 2])
     """
     return _collective_comm(group).all_reduce(data, op, async_op=async_op)
 
@@ -415,8 +422,8 @@ def all_gather(data: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     """Every rank's ``data``, as a list (shapes may differ across ranks).
 
     Examples:
-        >>> all_gather(torch.tensor([get_rank()]))
-        [tensor([0]), tensor([1])]
+        >>> all_gather(torch.tensor([get_rank()]))   # 2 ranks: [tensor([0]), tensor([1])]
+        [tensor([0])]
     """
     return _collective_comm(group).all_gather(data)
 
@@ -429,6 +436,8 @@ def all_gather_into_tensor(
     Examples:
         >>> out = torch.empty(2 * get_world_size())
         >>> all_gather_into_tensor(out, torch.ones(2))
+        >>> out
+        tensor([1., 1.])
     """
     return _collective_comm(group).all_gather_into_tensor(output, data, async_op=async_op)
 
@@ -449,9 +458,10 @@ def gather(
     ``group_dst`` a rank within it; by default the group's first rank.
 
     Examples:
-        >>> gather(torch.tensor([get_rank()]))
-        [tensor([0]), tensor([1])]     # rank 0
-        >>> gather(x, dst=2, group=pg_of_world_ranks_1_2)   # lands on world rank 2
+        >>> gather(torch.tensor([get_rank()]))   # 2 ranks: [tensor([0]), tensor([1])] on rank 0
+        [tensor([0])]
+        >>> pg = dist.new_group([1, 2])          # a world of 3 or more  # doctest: +SKIP
+        >>> gather(torch.ones(1), dst=2, group=pg)   # lands on world rank 2  # doctest: +SKIP
     """
     comm = _collective_comm(group)
     root = _root(comm, "gather", "dst", dst, group_dst, group)
@@ -474,8 +484,11 @@ def broadcast(
 
     Examples:
         >>> data = torch.tensor([get_rank()])
-        >>> broadcast(data)          # tensor([0]) everywhere
-        >>> broadcast(data, src=2, group=pg_of_world_ranks_1_2)   # world rank 2's data
+        >>> broadcast(data)
+        >>> data                     # tensor([0]) everywhere
+        tensor([0])
+        >>> pg = dist.new_group([1, 2])          # a world of 3 or more  # doctest: +SKIP
+        >>> broadcast(data, src=2, group=pg)     # world rank 2's data  # doctest: +SKIP
     """
     comm = _collective_comm(group)
     root = _root(comm, "broadcast", "src", src, group_src, group)
@@ -491,6 +504,8 @@ def reduce_scatter(
     Examples:
         >>> out = torch.empty(1)
         >>> reduce_scatter(out, torch.ones(get_world_size()))
+        >>> out                      # 2 ranks: tensor([2.]) on each
+        tensor([1.])
     """
     return _collective_comm(group).reduce_scatter(output, data, op, async_op=async_op)
 
@@ -500,8 +515,8 @@ def all_gather_object(data: Any, group: Any = None) -> list[Any]:
     """Every rank's picklable ``data``, as a list indexed by rank.
 
     Examples:
-        >>> all_gather_object({"rank": get_rank()})
-        [{'rank': 0}, {'rank': 1}]
+        >>> all_gather_object({"rank": get_rank()})   # 2 ranks: [{'rank': 0}, {'rank': 1}]
+        [{'rank': 0}]
     """
     comm = _collective_comm(group)
     with rank_args.world_ranks_in_errors(comm):
@@ -517,8 +532,8 @@ def gather_object(
     ``group_dst`` a rank within it; by default the group's first rank.
 
     Examples:
-        >>> gather_object(get_rank())
-        [0, 1]    # rank 0
+        >>> gather_object(get_rank())     # 2 ranks: [0, 1] on rank 0, None on rank 1
+        [0]
     """
     comm = _collective_comm(group)
     root = _root(comm, "gather_object", "dst", dst, group_dst, group)
@@ -537,6 +552,8 @@ def broadcast_object_list(
     Examples:
         >>> data = ["foo", 12, {1: 2}] if get_rank() == 0 else [None] * 3
         >>> broadcast_object_list(data)
+        >>> data
+        ['foo', 12, {1: 2}]
     """
     comm = _collective_comm(group)
     root = _root(comm, "broadcast_object_list", "src", src, group_src, group)
@@ -553,7 +570,9 @@ def broadcast_object(
     ``group_src`` a rank within it; by default the group's first rank.
 
     Examples:
-        >>> cfg = broadcast_object(cfg if get_rank() == 0 else None)
+        >>> cfg = {"lr": 0.1} if get_rank() == 0 else None
+        >>> broadcast_object(cfg)          # rank 0's object, on every rank
+        {'lr': 0.1}
     """
     comm = _collective_comm(group)
     root = _root(comm, "broadcast_object", "src", src, group_src, group)
@@ -568,6 +587,8 @@ def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum", group: Any =
     Examples:
         >>> d = {"loss": torch.tensor(1.0)}
         >>> all_reduce_dict(d, op="mean")
+        >>> d
+        {'loss': tensor(1.)}
     """
     helpers.all_reduce_dict(_collective_comm(group), data, op)
 
@@ -582,6 +603,7 @@ def all_reduce_params(
     """Reduce parameters in place, coalesced into per-dtype buckets.
 
     Examples:
+        >>> model = torch.nn.Linear(2, 1)
         >>> all_reduce_params(model.parameters(), op="mean")
     """
     helpers.all_reduce_params(_collective_comm(group), params, coalesce, bucket_size_mb, op)
@@ -613,6 +635,8 @@ def pad_to_largest_tensor(
 
     Examples:
         >>> sizes, padded = pad_to_largest_tensor(torch.ones(get_rank() + 1))
+        >>> sizes, padded.shape        # 2 ranks, on rank 0: ([1, 2], torch.Size([2]))
+        ([1], torch.Size([1]))
     """
     return helpers.pad_to_largest_tensor(_collective_comm(group), tensor)
 
@@ -634,8 +658,10 @@ def collect_results(
     here raises :class:`~commlib.errors.BackendUnavailableError` with its reason.
 
     Examples:
-        >>> results = collect_results(part, size=len(dataset), device="cpu")
-        >>> results = collect_results(part, len(dataset), device="npu")   # HCCL users
+        >>> part = [get_rank() * 10]         # this rank's results
+        >>> collect_results(part, size=1, device="cpu")   # 2 ranks, size=2: [0, 10] on rank 0
+        [0]
+        >>> collect_results(part, size=1, device="npu")   # HCCL users  # doctest: +SKIP
     """
     if not isinstance(device, str):
         raise TypeError(f"device must be a str such as 'cpu' or 'gpu', got {device!r}")
@@ -661,7 +687,8 @@ def collect_results_cpu(
     """Collect results on rank 0 through files in a shared directory.
 
     Examples:
-        >>> collect_results_cpu(part, size=100)
+        >>> collect_results_cpu([0, 2, 4], size=2)   # one rank: its part, cut to size
+        [0, 2]
     """
     return results.collect_results_cpu(_collective_comm(group), result_part, size, tmpdir)
 
@@ -670,6 +697,7 @@ def collect_results_gpu(result_part: list, size: int, group: Any = None) -> list
     """Collect results on rank 0 through the backend's object collective.
 
     Examples:
-        >>> collect_results_gpu(part, size=100)
+        >>> collect_results_gpu([0, 2, 4], size=2)   # one rank: its part, cut to size
+        [0, 2]
     """
     return results.collect_results_gpu(_collective_comm(group), result_part, size)

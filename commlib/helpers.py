@@ -30,8 +30,10 @@ def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:
     :class:`~commlib.errors.RemoteArgumentError` on every rank.
 
     Examples:
-        >>> d = {"loss": torch.tensor(1.0 * rank), "n": torch.tensor([2])}
+        >>> d = {"loss": torch.tensor(1.0 * comm.rank), "n": torch.tensor([2])}
         >>> all_reduce_dict(comm, d, op="sum")
+        >>> d              # 2 ranks: {'loss': tensor(1.), 'n': tensor([4])}
+        {'loss': tensor(0.), 'n': tensor([2])}
     """
     if not isinstance(data, dict):
         raise TypeError(f"all_reduce_dict needs a dict of tensors, got {type(data).__name__}")
@@ -101,6 +103,7 @@ def all_reduce_params(
     reduced one bucket per collective, and copied back.
 
     Examples:
+        >>> model = torch.nn.Linear(2, 1)
         >>> all_reduce_params(comm, model.parameters(), bucket_size_mb=25, op="mean")
     """
     op = check.reduce_op(op)
@@ -147,8 +150,8 @@ def reduce_mean(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
     """The mean of ``tensor`` over ranks, as a new tensor (the input is untouched).
 
     Examples:
-        >>> reduce_mean(comm, torch.tensor([float(comm.rank)]))   # 2 ranks
-        tensor([0.5000])
+        >>> reduce_mean(comm, torch.tensor([float(comm.rank)]))   # 2 ranks: tensor([0.5000])
+        tensor([0.])
     """
     check.tensor(tensor, "tensor")
     out = tensor.clone()
@@ -166,8 +169,8 @@ def pad_to_largest_tensor(
 
     Examples:
         >>> sizes, padded = pad_to_largest_tensor(comm, torch.ones(comm.rank + 1))
-        >>> sizes, padded.shape                    # 2 ranks, on rank 0
-        ([1, 2], torch.Size([2]))
+        >>> sizes, padded.shape          # 2 ranks, on rank 0: ([1, 2], torch.Size([2]))
+        ([1], torch.Size([1]))
     """
     check.tensor(tensor, "tensor")
     if tensor.dim() == 0:

@@ -33,7 +33,7 @@ def default_torch_backend() -> str:
     accelerator backend whose device is visible, gloo otherwise.
 
     Examples:
-        >>> default_torch_backend()      # on a CPU-only machine
+        >>> default_torch_backend()      # on a CPU-only machine  # doctest: +SKIP
         'gloo'
     """
     return str(plugins.default_backend().torch_backend)
@@ -49,7 +49,7 @@ def infer_launcher() -> str:
     Examples:
         >>> infer_launcher()            # python train.py
         'none'
-        >>> infer_launcher()            # torchrun --nproc-per-node 2 train.py
+        >>> infer_launcher()            # torchrun --nproc-per-node 2 train.py  # doctest: +SKIP
         'pytorch'
     """
     if "WORLD_SIZE" in os.environ:
@@ -65,7 +65,9 @@ def launched_world_size() -> int:
     """``WORLD_SIZE`` as a launcher set it (1 when unset or not a number).
 
     Examples:
-        >>> launched_world_size()       # under torchrun --nproc-per-node 4
+        >>> launched_world_size()       # python train.py
+        1
+        >>> launched_world_size()       # under torchrun --nproc-per-node 4  # doctest: +SKIP
         4
     """
     try:
@@ -86,7 +88,7 @@ def warn_if_launched_without_init() -> None:
 
     Examples:
         >>> # torchrun --nproc-per-node 2, no init_dist
-        >>> commlib.all_reduce(x)
+        >>> commlib.all_reduce(torch.ones(2))  # doctest: +SKIP
         UserWarning: WORLD_SIZE=2: a launcher started 2 ranks, but torch.distributed ...
     """
     if _warned_not_initialised[0] or (dist.is_available() and dist.is_initialized()):
@@ -127,8 +129,8 @@ def init_dist(
     Examples:
         >>> # torchrun --nproc-per-node 2 train.py
         >>> import commlib as dist
-        >>> dist.init_dist("pytorch")
-        >>> dist.get_world_size()
+        >>> dist.init_dist("pytorch")   # doctest: +SKIP
+        >>> dist.get_world_size()       # doctest: +SKIP
         2
     """
     if launcher not in _LAUNCHER_ENV:

@@ -31,8 +31,10 @@ def is_torch_group(group: Any) -> bool:
     """Whether ``group`` is a torch ``ProcessGroup`` (world ranks), not a Communicator.
 
     Examples:
-        >>> is_torch_group(None), is_torch_group(dist.group.WORLD)
-        (False, True)
+        >>> is_torch_group(None), is_torch_group(comm)
+        (False, False)
+        >>> is_torch_group(dist.group.WORLD)   # after init_process_group  # doctest: +SKIP
+        True
     """
     return group is not None and not isinstance(group, Communicator)
 
@@ -45,7 +47,10 @@ def describe(comm: Communicator, group_rank: int) -> str:
     """``"2 (world rank 3)"``: a group rank with its world rank, when they differ.
 
     Examples:
-        >>> describe(pair_of_world_ranks_1_and_3, 1)
+        >>> describe(comm, 0)                  # the world: the numbers agree
+        '0'
+        >>> pair = commlib.new_group([1, 3])   # in a world of 4  # doctest: +SKIP
+        >>> describe(pair, 1)                  # doctest: +SKIP
         '1 (world rank 3)'
     """
     members = comm.ranks
@@ -78,12 +83,13 @@ def group_rank(
     group, all before anything is sent.
 
     Examples:
-        >>> pair = get_communicator(pg_of_world_ranks_1_and_2)
-        >>> group_rank(pair, "broadcast", "src", 2, None, world_ranks=True)
+        >>> # world ranks 1 and 2 of a world of 3 or more:
+        >>> pair = commlib.get_communicator(dist.new_group([1, 2]))  # doctest: +SKIP
+        >>> group_rank(pair, "broadcast", "src", 2, None, world_ranks=True)  # doctest: +SKIP
         1
-        >>> group_rank(pair, "broadcast", "src", None, 1, world_ranks=True)
+        >>> group_rank(pair, "broadcast", "src", None, 1, world_ranks=True)  # doctest: +SKIP
         1
-        >>> group_rank(pair, "broadcast", "src", 0, None, world_ranks=True)
+        >>> group_rank(pair, "broadcast", "src", 0, None, world_ranks=True)  # doctest: +SKIP
         Traceback (most recent call last):
         ValueError: broadcast: src=0 is not a member of the group (world ranks [1, 2]); ...
     """
@@ -137,8 +143,10 @@ def world_ranks_in_errors(comm: Communicator) -> Iterator[None]:
     adds which world ranks those are, when the numbers differ.
 
     Examples:
-        >>> with world_ranks_in_errors(pair):
+        >>> pair = commlib.new_group([1, 3])   # in a world of 4  # doctest: +SKIP
+        >>> with world_ranks_in_errors(pair):   # a rank fails to pickle  # doctest: +SKIP
         ...     pair.broadcast_object_list(box, src=1)
+        Traceback (most recent call last):
         RemoteError: broadcast_object_list failed on rank(s) [1] (world rank(s) [3]): ...
     """
     try:

@@ -49,9 +49,9 @@ def collect_results_gpu(comm: Communicator, result_part: list, size: int) -> lis
     """Collect through the backend's object collective (on its device).
 
     Examples:
-        >>> collect_results_gpu(comm, [rank * 10], size=2)
-        [0, 10]      # rank 0
-        None         # other ranks
+        >>> collect_results_gpu(comm, [comm.rank * 10], size=1)
+        [0]
+        >>> # 2 ranks, size=2: [0, 10] on rank 0, None on rank 1
     """
     _check_part(result_part, size)
     if comm.world_size == 1:
@@ -72,7 +72,8 @@ def collect_results_cpu(
     makes every rank raise an error naming that rank.
 
     Examples:
-        >>> collect_results_cpu(comm, part, size=len(dataset))
+        >>> collect_results_cpu(comm, [0, 2, 4], size=2)   # one rank: its part, cut to size
+        [0, 2]
     """
     _check_part(result_part, size)
     if comm.world_size == 1:

@@ -168,7 +168,7 @@ def landing_device(device_type: str) -> torch.device:
     Examples:
         >>> landing_device("cpu")
         device(type='cpu')
-        >>> landing_device("cuda")          # doctest: +SKIP (after torch.cuda.set_device(1))
+        >>> landing_device("cuda")          # after torch.cuda.set_device(1)  # doctest: +SKIP
         device(type='cuda', index=1)
     """
     if device_type == "cpu":
@@ -482,6 +482,7 @@ class RefusedClassError(pickle.UnpicklingError):
         qualname (str): ``"module.QualName"`` of what was refused.
 
     Examples:
+        >>> from fractions import Fraction
         >>> try:
         ...     RestrictedSerializer().loads(*OutOfBandSerializer().dumps(Fraction(1, 3)))
         ... except RefusedClassError as err:
@@ -561,7 +562,8 @@ class RestrictedSerializer(OutOfBandSerializer):
         array([1., 1., 1.])
         >>> s.loads(*s.dumps(os.system))
         Traceback (most recent call last):
-        RefusedClassError: refusing to load 'posix.system': ...
+        ...
+        commlib.serialization.RefusedClassError: refusing to load 'posix.system': ...
     """
 
     name = "restricted"

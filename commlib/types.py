@@ -33,8 +33,11 @@ class Work(Protocol):
     """What an asynchronous collective returns; torch's ``Work`` is one.
 
     Examples:
-        >>> work = backend.all_reduce(t, "sum", group, async_op=True)
-        >>> work.wait(datetime.timedelta(seconds=30))
+        >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+        >>> work = gloo.all_reduce(torch.ones(2), "sum", None, async_op=True)  # doctest: +SKIP
+        >>> work.wait(datetime.timedelta(seconds=30))   # in a gloo world  # doctest: +SKIP
+        True
+        >>> isinstance(comm.all_reduce(torch.ones(2), async_op=True), Work)  # a Handle is one
         True
     """
 

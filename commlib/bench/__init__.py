@@ -35,7 +35,8 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
     error on stderr and status 1.
 
     Examples:
-        >>> run(BenchOptions(ops="all_reduce", max_bytes=64 << 10))   # prints the table
+        >>> opts = BenchOptions(ops="all_reduce", max_bytes=64 << 10)
+        >>> run(opts)                     # starts 2 ranks, prints the table  # doctest: +SKIP
         0
     """
     from commlib.bench import report

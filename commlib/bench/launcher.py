@@ -76,7 +76,8 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, timeout: float 
     is the caller's to set. Raises :class:`RankFailure` if any rank fails.
 
     Examples:
-        >>> launch_local(2, run_rank, BenchOptions(ops="all_reduce"))
+        >>> from commlib.bench import BenchOptions, run_rank
+        >>> launch_local(2, run_rank, BenchOptions(ops="all_reduce"))  # doctest: +SKIP
         [{'case': 'all_reduce', ...}, ...]
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -168,7 +169,7 @@ def note_failure(exc: BaseException) -> None:
     lost its peer can pass for the cause. Does nothing under other launchers.
 
     Examples:
-        >>> try:
+        >>> try:                                 # in a rank of launch_local  # doctest: +SKIP
         ...     sweep(comm, opts)
         ... except BaseException as exc:
         ...     note_failure(exc)

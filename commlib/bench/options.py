@@ -153,6 +153,8 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     """The :class:`BenchOptions` parsed flags describe (the sweep is validated here).
 
     Examples:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_arguments(parser)
         >>> options_from(parser.parse_args(["--ops", "all_reduce"])).ops
         'all_reduce'
     """
@@ -173,8 +175,14 @@ def check_backend(name: str) -> None:
 
     Examples:
         >>> check_backend("gloo")
-        >>> check_backend("nccl")        # on a machine without CUDA
-        ValueError: backend 'nccl' cannot run here: ...
+        >>> check_backend("single")
+        Traceback (most recent call last):
+        ...
+        ValueError: backend 'single' runs without a process group: nothing to compare
+        >>> check_backend("nccl")        # a torch without CUDA  # doctest: +SKIP
+        Traceback (most recent call last):
+        ...
+        ValueError: backend 'nccl' cannot run here: torch was built without NCCL
     """
     from commlib import plugins
 

@@ -49,9 +49,10 @@ def format_table(rows: Sequence[Row]) -> str:
     """The rows as a fixed-width text table, one block per case.
 
     Examples:
-        >>> print(format_table(rows))
-        case         size  iters |   time(us)   algbw  ...  ratio
-        all_reduce     1K     20 |       41.2    0.02  ...   1.03
+        >>> print(format_table(rows))           # rows: what run_rank returned  # doctest: +SKIP
+                                |               commlib               | ...
+        case         size iters |   time(us)   algbw   busbw rss(MiB) | ...
+        all_reduce     1K    20 |       41.2    0.02    0.02      0.1 | ...
     """
     name_w = max([len("case"), *(len(r["case"]) for r in rows)])
     left = [("size", 6, _size), ("iters", 5, lambda r: str(r["iters"]))]
@@ -90,8 +91,9 @@ def format_markdown(rows: Sequence[Row]) -> str:
     """The rows as a GitHub markdown table (commlib / torch side by side per cell).
 
     Examples:
-        >>> print(format_markdown(rows).splitlines()[0])
+        >>> print(format_markdown([]))          # the head; a line per row follows
         | case | size | commlib (us) | torch (us) | commlib / torch | ...
+        |---|---|---:|---:|---:|---:|---:|
     """
     head = [
         "case",
@@ -132,8 +134,8 @@ def summary(rows: Sequence[Row]) -> list[str]:
     """One line per kind of case: the geometric mean of commlib/torch time.
 
     Examples:
-        >>> summary(rows)[0]
-        'tensor collectives  commlib/torch time 1.01 (geometric mean of 40 rows)'
+        >>> summary([{"kind": "tensor", "ratio": 0.5}, {"kind": "tensor", "ratio": 2.0}])
+        ['tensor collectives   commlib/torch time  1.00 (geometric mean of 2 rows)']
     """
     names = {
         "tensor": "tensor collectives",
@@ -156,8 +158,9 @@ def header(rows: Sequence[Row]) -> list[str]:
     """The lines that say what was run and how to read the table.
 
     Examples:
+        >>> rows = [{"world_size": 2, "backend": "gloo", "device": "cpu", "op": "all_reduce"}]
         >>> header(rows)[0]
-        '# commlib bench: 2 ranks, backend gloo (cpu), torch 2.13.0+cpu, commlib 0.1.0'
+        '# commlib bench: 2 ranks, backend gloo (cpu), torch ..., commlib ...'
     """
     import torch
 
@@ -185,7 +188,7 @@ def print_table(rows: Sequence[Row], fmt: str = "text", out: TextIO | None = Non
     """Print the header, the table and the summary to ``out`` (stdout).
 
     Examples:
-        >>> print_table(rows, fmt="markdown")
+        >>> print_table(rows, fmt="markdown")   # rows: what run_rank returned  # doctest: +SKIP
     """
     out = out or sys.stdout
     if fmt == "markdown":
@@ -235,7 +238,7 @@ def write_json(path: str, rows: Sequence[Row], meta: dict[str, Any]) -> None:
     """Write ``{"meta": ..., "rows": [...]}``; every row has every column.
 
     Examples:
-        >>> write_json("bench.json", rows, metadata())
+        >>> write_json("bench.json", rows, metadata())  # writes a file  # doctest: +SKIP
     """
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": list(rows)}, f, indent=1, allow_nan=True)
@@ -246,7 +249,7 @@ def have_matplotlib() -> bool:
     """Whether ``--plot`` can work here.
 
     Examples:
-        >>> have_matplotlib()
+        >>> have_matplotlib()                   # with the plot extra  # doctest: +SKIP
         True
     """
     try:
@@ -262,7 +265,7 @@ def plot(path: str, rows: Sequence[Row]) -> None:
     Fixed-size cases (small-object latency) are left out: one point is no curve.
 
     Examples:
-        >>> plot("docs/bench.png", rows)
+        >>> plot("docs/bench.png", rows)        # writes a file  # doctest: +SKIP
     """
     try:
         import matplotlib

@@ -49,7 +49,7 @@ def run_rank(opts: BenchOptions) -> list[Row] | None:
 
     Examples:
         >>> # each rank of: torchrun --nproc-per-node 2 --no-python commlib bench
-        >>> rows = run_rank(BenchOptions(ops="all_reduce", max_bytes=4096))
+        >>> rows = run_rank(BenchOptions(ops="all_reduce", max_bytes=4096))  # doctest: +SKIP
     """
     started = not dist.is_initialized()
     if opts.memory:
@@ -83,8 +83,9 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
     probes, which change how the allocator behaves for the rest of the run.
 
     Examples:
-        >>> rows = sweep(commlib.get_communicator(), BenchOptions(ops="tensor"))
-        >>> rows[0]["case"], rows[0]["ratio"]
+        >>> comm = commlib.get_communicator()   # in every rank of a running group
+        >>> rows = sweep(comm, BenchOptions(ops="tensor"))  # doctest: +SKIP
+        >>> rows[0]["case"], rows[0]["ratio"]             # doctest: +SKIP
         ('all_reduce', 1.02)
     """
     steps = plan(select_cases(opts.ops), opts.sizes())

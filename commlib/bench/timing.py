@@ -78,9 +78,12 @@ def measure(
     collective. At least one warm-up call is made: its result is checked.
 
     Examples:
-        >>> m = measure(cases.CASES[0].prepare(comm, 1 << 20), iters=10, warmup=2)
-        >>> m.median("commlib"), m.median("torch")
-        (0.00041, 0.00040)
+        >>> from commlib.bench import cases
+        >>> # every rank of an initialised process group:
+        >>> prepared = cases.CASES[0].prepare(comm, 1 << 20)  # doctest: +SKIP
+        >>> m = measure(prepared, iters=10, warmup=2)       # doctest: +SKIP
+        >>> m.median("commlib"), m.median("torch")  # doctest: +SKIP
+        (0.00041, 0.0004)
     """
     calls = prepared.calls
     for i in range(max(1, warmup)):
@@ -118,7 +121,8 @@ def probe_memory(
     ``group`` must call it.
 
     Examples:
-        >>> probe_memory(cases.CASES[0].prepare(comm, 16 << 20))
+        >>> from commlib.bench import cases
+        >>> probe_memory(cases.CASES[0].prepare(comm, 16 << 20))  # every rank  # doctest: +SKIP
         {'commlib': 0, 'torch': 0}
     """
     grown = {}

@@ -13,11 +13,11 @@ module or package). Each is called as ``fn(comm, *args, **kwargs)`` with the
 world :class:`~commlib.Communicator`; its return value comes back pickled.
 
 Examples:
-    >>> def total(comm, x):
+    >>> def total(comm, x):                   # module-level in a test module
     ...     t = torch.tensor([x + comm.rank])
     ...     comm.all_reduce(t)
     ...     return int(t)
-    >>> with World(3) as world:
+    >>> with World(3) as world:               # starts 3 ranks  # doctest: +SKIP
     ...     world.run(total, 10)
     [33, 33, 33]
 """
@@ -254,7 +254,7 @@ class World:
         """Run ``fn(comm, *args, **kwargs)`` on every rank; each rank's :class:`Outcome`.
 
         Examples:
-            >>> [o.ok for o in world.outcomes(maybe_fails)]
+            >>> [o.ok for o in world.outcomes(maybe_fails)]   # doctest: +SKIP
             [True, False]
         """
         self.start()
@@ -268,7 +268,7 @@ class World:
         """Run ``fn`` on every rank; its return values by rank, or :class:`RankFailed`.
 
         Examples:
-            >>> world.run(lambda_free_function, 3)
+            >>> world.run(lambda_free_function, 3)   # doctest: +SKIP
             [3, 3]
         """
         outcomes = self.outcomes(fn, *args, timeout=timeout, **kwargs)

@@ -89,7 +89,7 @@ def register_objects(source: Callable[[], list[Any]]) -> None:
     """Add objects to :func:`fixed_objects` (``source`` must be importable by the ranks).
 
     Examples:
-        >>> register_objects(lambda: [MyConfig()])
+        >>> register_objects(lambda: [MyConfig()])   # for the whole process  # doctest: +SKIP
     """
     _extra_sources.append(source)
 

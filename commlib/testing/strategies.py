@@ -132,6 +132,7 @@ def tensors(
     payloads exceed a collective's first-round slot.
 
     Examples:
+        >>> from hypothesis import given
         >>> @given(tensors(dtypes=[torch.bfloat16]))
         ... def test_bf16(t):
         ...     assert t.dtype == torch.bfloat16
@@ -198,6 +199,7 @@ def arrays(
     read-only arrays. ``large`` sometimes draws an array of tens of KiB.
 
     Examples:
+        >>> from hypothesis import given
         >>> @given(arrays())
         ... def test_arrays(a):
         ...     assert isinstance(a, np.ndarray)
@@ -264,6 +266,8 @@ def picklable_objects(
         max_leaves: rough bound on the number of leaves.
 
     Examples:
+        >>> from hypothesis import given
+        >>> from commlib.serialization import OutOfBandSerializer
         >>> @given(picklable_objects())
         ... def test_round_trip(obj):
         ...     s = OutOfBandSerializer()

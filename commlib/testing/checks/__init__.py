@@ -46,6 +46,9 @@ def check(
         >>> @check("my_backend_extra", min_world=2)
         ... def _extra(comm, ctx):
         ...     expect(comm.world_size >= 2, "needs peers")
+        >>> CHECKS["my_backend_extra"].applies(1)
+        False
+        >>> del CHECKS["my_backend_extra"]      # a doctest leaves the registry as it was
     """
 
     def register(fn: Callable[[Any, dict], None]) -> Callable[[Any, dict], None]:
@@ -81,7 +84,9 @@ def expect_tensor(
     ``device`` defaults to ``expected``'s; ``close`` allows float rounding.
 
     Examples:
-        >>> expect_tensor(out, torch.tensor([3.0]), "all_reduce sum")
+        >>> out = torch.tensor([1.0])
+        >>> comm.all_reduce(out)
+        >>> expect_tensor(out, torch.tensor([float(comm.world_size)]), "all_reduce sum")
     """
     expect(isinstance(actual, torch.Tensor), f"{what}: got {type(actual).__name__}, not a tensor")
     want = expected.device if device is None else device
@@ -112,6 +117,7 @@ def expect_raises(
 
     Examples:
         >>> expect_raises(ValueError, comm.all_reduce, torch.ones(1), op="nope")
+        ValueError("unknown reduce op 'nope'; expected one of sum, mean, ...")
     """
     try:
         fn(*args, **kwargs)
@@ -142,7 +148,9 @@ def devices(comm: Any) -> list[torch.device]:
     """Where callers' tensors may live: the CPU and the backend's device.
 
     Examples:
-        >>> devices(comm)            # on nccl
+        >>> devices(comm)            # single, gloo
+        [device(type='cpu')]
+        >>> devices(comm)            # on nccl  # doctest: +SKIP
         [device(type='cpu'), device(type='cuda', index=0)]
     """
     out = [torch.device("cpu")]
@@ -197,6 +205,8 @@ def every_rank(comm: Any, dtype: torch.dtype, shape: Sequence[int] = (2, 3)) -> 
     """:func:`rank_tensor` of every rank of ``comm``, on the CPU.
 
     Examples:
-        >>> oracle(every_rank(comm, torch.float32), "max")
+        >>> oracle(every_rank(comm, torch.float32), "max")   # a world of one
+        tensor([[1., 2., 3.],
+                [1., 2., 3.]])
     """
     return [rank_tensor(r, dtype, shape) for r in range(comm.world_size)]

@@ -19,7 +19,8 @@ Install it in each rank before the process group starts, through the
 
 Examples:
     >>> from commlib.testing import World, simulated
-    >>> with World(3, backend="hccl", setup=simulated.setup("hccl", devices=4)) as world:
+    >>> setup = simulated.setup("hccl", devices=4)
+    >>> with World(3, backend="hccl", setup=setup) as world:   # doctest: +SKIP
     ...     world.run(fn)
 
 Installing changes torch process-wide for good (a private device can be
@@ -87,9 +88,10 @@ def install(
         The device state, for assertions (``history`` of ``set_device`` calls).
 
     Examples:
-        >>> devs = install("cncl", devices=2)
-        >>> import torch_mlu
-        >>> torch.mlu.device_count(), dist.get_default_backend_for_device("mlu")
+        >>> # in a rank or a subprocess: it changes torch for good
+        >>> devs = install("cncl", devices=2)   # doctest: +SKIP
+        >>> import torch_mlu                    # doctest: +SKIP
+        >>> torch.mlu.device_count(), dist.get_default_backend_for_device("mlu")  # doctest: +SKIP
         (2, 'cncl')
     """
     if kind not in KINDS:
@@ -153,7 +155,9 @@ def installed(kind: str) -> SimulatedDevices | None:
     """The device state :func:`install` created for ``kind`` in this process.
 
     Examples:
-        >>> installed("hccl").history
+        >>> print(installed("hccl"))            # not installed in this process
+        None
+        >>> installed("hccl").history           # after install("hccl", ...)  # doctest: +SKIP
         [1]
     """
     return _installed.get(kind)
@@ -167,7 +171,8 @@ def setup(kind: str, **options: object) -> Callable[[int, int], None]:
     """A picklable ``setup(rank, size)`` for :class:`~commlib.testing.World`: installs ``kind``.
 
     Examples:
-        >>> World(2, backend="nccl", setup=setup("nccl", devices=2))
+        >>> from commlib.testing import World
+        >>> world = World(2, backend="nccl", setup=setup("nccl", devices=2))  # starts on use
     """
     return functools.partial(_setup_rank, kind, dict(options))
 

@@ -86,9 +86,10 @@ def vendor_package(package: str, attr: str, devices: SimulatedDevices) -> types.
     """A stand-in vendor package (``torch_npu``) with its device module, in ``sys.modules``.
 
     Examples:
-        >>> pkg = vendor_package("torch_npu", "npu", SimulatedDevices("npu", 2))
-        >>> import torch_npu
-        >>> torch_npu.npu.device_count()
+        >>> # in a rank or a subprocess: sys.modules keeps it
+        >>> pkg = vendor_package("torch_npu", "npu", SimulatedDevices("npu", 2))  # doctest: +SKIP
+        >>> import torch_npu                    # doctest: +SKIP
+        >>> torch_npu.npu.device_count()        # doctest: +SKIP
         2
     """
     pkg = types.ModuleType(package, f"simulated {package} (commlib.testing.simulated)")
@@ -105,8 +106,8 @@ def patch_module(module: types.ModuleType, devices: SimulatedDevices) -> None:
     """Point an existing runtime module's device calls (``torch.cuda``) at ``devices``.
 
     Examples:
-        >>> patch_module(torch.cuda, SimulatedDevices("cuda", 4))
-        >>> torch.cuda.device_count()
+        >>> patch_module(torch.cuda, SimulatedDevices("cuda", 4))  # for good  # doctest: +SKIP
+        >>> torch.cuda.device_count()           # doctest: +SKIP
         4
     """
     for call in ("is_available", "device_count", "current_device", "set_device"):
@@ -122,8 +123,8 @@ def patch_accelerator(devices: SimulatedDevices, whole: bool) -> None:
     guard, which a real vendor package registers, is missing here.
 
     Examples:
-        >>> patch_accelerator(SimulatedDevices("cuda", 2), whole=True)
-        >>> torch.accelerator.current_accelerator()
+        >>> patch_accelerator(SimulatedDevices("cuda", 2), whole=True)  # doctest: +SKIP
+        >>> torch.accelerator.current_accelerator()  # doctest: +SKIP
         device(type='cuda')
     """
     accel = torch.accelerator

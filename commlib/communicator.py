@@ -26,6 +26,7 @@ from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
 from commlib.handle import Handle
+from commlib.launch import teardown_at_exit
 from commlib.observe.dispatch import observed
 from commlib.reductions import reduce_locally
 from commlib.serialization import Serializer
@@ -171,6 +172,8 @@ class Communicator:
         self._engine: Engine | None = (
             Engine(plugin, group, self.timeout) if self.is_member else None
         )
+        if self._distributed:
+            teardown_at_exit()
 
     # -- who am I ----------------------------------------------------------------
     @property

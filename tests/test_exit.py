@@ -109,11 +109,22 @@ def _report(name: str, ranks: list[dict]) -> None:
     print(f"\n[exit] {name} world={len(ranks)}: " + "; ".join(parts))
 
 
+# torch 2.13's gloo sometimes aborts a process in its C++ teardown, after Python
+# has finished, when peers are still connected: seen here in the baseline too
+# (no fault at all), about one run in ten to twenty. It happens after the error
+# was raised and reported, so it is told apart from an abort during the run
+# (gloo's EnforceNotMet on mismatched sizes, which is what the check prevents).
+_EXIT_RACE = "terminate called without an active exception"
+
+
 def _ended_by_itself(rank: dict) -> None:
     detail = f"rank {rank['rank']}: {rank}"
     assert rank["ended_at"] is not None, f"still running: {detail}"
-    assert rank["returncode"] == 1, f"not a plain error exit (a signal, or gloo's abort): {detail}"
-    assert "terminate called" not in rank["stderr"], detail
+    assert "EnforceNotMet" not in rank["stderr"], f"gloo aborted during the run: {detail}"
+    exit_race = rank["returncode"] == -6 and rank["stderr"].rstrip().endswith(_EXIT_RACE)
+    assert rank["returncode"] == 1 or exit_race, f"not a plain error exit: {detail}"
+    if exit_race:
+        print(f"\n[exit] rank {rank['rank']}: gloo's teardown abort at exit (see _EXIT_RACE)")
     assert _exit_after(rank) <= EXIT_WITHIN, detail
 
 

@@ -134,6 +134,11 @@ class AcceleratorBackend(EngineGaps):
     large_payload_transport = "collective"
     # the CPU backend of a multi-device group ("gloo" in "cpu:gloo,cuda:nccl")
     cpu_part: str | None = None
+    # a mismatch hangs or gives wrong results in these libraries (the hang ends
+    # at the engine's timeout) rather than ending the process at once, and a
+    # device-side check would cost a host synchronisation per call: unchecked
+    # by default, strict=True checks
+    mismatch_aborts = False
 
     # -- availability --------------------------------------------------------------
     def vendor_module(self) -> ModuleType:

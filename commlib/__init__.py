@@ -14,6 +14,7 @@ from commlib.backend import Backend
 from commlib.communicator import Communicator, Handle, ResultHandle
 from commlib.errors import (
     BackendUnavailableError,
+    CommBrokenError,
     CommError,
     CommTimeoutError,
     DeserializationError,
@@ -73,6 +74,7 @@ from commlib.functional import (
     send,
     send_object_list,
     set_default_communicator,
+    shrink,
     sync_random_seed,
     tensor2obj,
 )
@@ -94,6 +96,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "BackendUnavailableError",
+    "CommBrokenError",
     "CommError",
     "CommTimeoutError",
     "Communicator",
@@ -167,6 +170,7 @@ __all__ = [
     "send",
     "send_object_list",
     "set_default_communicator",
+    "shrink",
     "sync_random_seed",
     "tensor2obj",
     "unregister_backend",

@@ -75,6 +75,10 @@ class WorkList:
         True
     """
 
+    # point-to-point operations may end when a wait on them times out (gloo's
+    # do), so the engine never waits on them in slices (commlib._waiting)
+    interruptible = False
+
     def __init__(self, works: Sequence[Work | None]):
         self.works: list[Work] = [w for w in works if w is not None]
 
@@ -114,7 +118,19 @@ class Backend:
       that do not fit the first round: ``"collective"`` (padded all_gather /
       gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need
       them; much faster on gloo);
-    * ``description``: one line for ``commlib info``.
+    * ``description``: one line for ``commlib info``;
+    * ``mismatch_aborts``: the engine ends the process, beyond any caller's
+      reach, when ranks call the same collective with different sizes (gloo
+      throws on its own I/O thread); commlib then checks the arguments of the
+      tensor collectives by default (see :attr:`commlib.Communicator.strict`).
+      ``True`` unless a backend knows better: a check costs less than a lost job;
+    * ``interruptible_wait``: the ``Work`` of the engine's collectives only
+      waits in ``wait(timeout)`` (when the timeout passes the operation goes
+      on, nothing else changes), so commlib waits in slices and looks in
+      between for a failure another rank announced: a rank waiting on a live
+      peer that gave up learns it within a moment rather than at its own
+      timeout. Point-to-point works (a :class:`WorkList`) are not sliced (gloo
+      ends a receive whose wait timed out): a thread waits on them instead.
 
     Examples:
         >>> class LoggingGloo(Backend):
@@ -131,6 +147,8 @@ class Backend:
     description: ClassVar[str] = ""
     native_avg: ClassVar[bool] = False
     large_payload_transport: ClassVar[Literal["collective", "p2p"]] = "collective"
+    mismatch_aborts: ClassVar[bool] = True
+    interruptible_wait: ClassVar[bool] = False
 
     # -- identity and availability -------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -448,6 +466,91 @@ class Backend:
         requests = [P2PRequest("recv", t, peer) for t, peer in recvs]
         requests += [P2PRequest("send", t, peer) for t, peer in sends]
         return self.batch_isend_irecv(requests, group, async_op)
+
+    # -- failures and recovery -----------------------------------------------------
+    def set_timeout(self, group: Group, timeout: datetime.timedelta) -> None:
+        """Make the engine give up on ``group``'s operations issued from now on after ``timeout``.
+
+        The engine calls it with the timeout of each call before issuing it,
+        so an operation a communicator stopped waiting for also ends inside the
+        engine, and the process can exit. The default sets the process
+        group's own timeout (``ProcessGroup.set_timeout``); an engine without
+        one keeps its own.
+
+        Examples:
+            >>> plugin.set_timeout(group, datetime.timedelta(seconds=30))  # doctest: +SKIP
+        """
+        if group is None:
+            return
+        try:
+            group.set_timeout(timeout)
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass  # the engine has no per-group timeout; its own stays in force
+
+    def abort(self, group: Group) -> None:
+        """Stop what is in flight on ``group``; called once, when ``group`` broke.
+
+        The default asks the process group to abort (``ProcessGroup.abort``):
+        engines that have it end their pending operations; the others end them
+        by the timeout :meth:`set_timeout` gave them.
+
+        Examples:
+            >>> plugin.abort(group)  # doctest: +SKIP
+        """
+        if group is None:
+            return
+        try:
+            group.abort()
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass  # nothing to abort with; the operations' own timeouts end them
+
+    def shrink_group(
+        self, group: Group, keep: Sequence[int], name: str, timeout: datetime.timedelta
+    ) -> Group:
+        """A new process group over ``keep`` (ranks of ``group``, in order), made by them alone.
+
+        Called on every rank in ``keep`` (and only there: the others are dead
+        or left out) once they agreed on ``keep``; the new group's rank ``i``
+        is ``keep[i]``. ``name`` is the same on all of them and new each time.
+        The default builds a fresh process group of :attr:`torch_backend`
+        over the ranks' world ranks, connecting through the world's store
+        (as ``new_group`` does, but without the ranks that are gone), so it
+        works for engines that connect through the store (gloo, and custom
+        engines registered with torch). A backend whose engine can shrink
+        its communicators itself overrides it.
+
+        Examples:
+            >>> survivors = plugin.shrink_group(group, [0, 2, 3], "0.shrunk0", timedelta(60))
+            ... # doctest: +SKIP
+            >>> dist.get_world_size(survivors)  # doctest: +SKIP
+            3
+        """
+        from torch.distributed import distributed_c10d as c10d
+
+        world_ranks = dist.get_process_group_ranks(group)
+        members = [world_ranks[r] for r in keep]
+        try:
+            build = c10d._new_process_group_helper
+            world = c10d._world
+            store = c10d._get_default_store()
+            group_name: Any = getattr(c10d, "GroupName", str)(name)
+        except AttributeError as exc:  # private torch API; say so instead of guessing
+            raise NotImplementedError(
+                f"backend {self.name!r} cannot shrink a group with this torch "
+                f"({torch.__version__}): {exc}"
+            ) from exc
+        new, _ = build(
+            len(members),
+            members.index(dist.get_rank()),
+            members,
+            self.torch_backend,
+            store,
+            group_name,
+            timeout=timeout,
+            group_desc=f"commlib shrink of {getattr(group, 'group_name', 'world')}",
+        )
+        world.pg_group_ranks[new] = {g: i for i, g in enumerate(members)}
+        return new
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"

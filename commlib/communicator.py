@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from commlib import (
     _agreement,
+    _guard,
     _objects,
     _p2p_objects,
     _ragged,
@@ -34,8 +35,10 @@ from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
 from commlib.handle import Handle, ResultHandle
+from commlib.launch import teardown_at_exit
 from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
+from commlib.reductions import reduce_locally
 from commlib.serialization import Serializer
 from commlib.types import EngineOp, Group, P2PRequest, ReduceOp, Timeout
 
@@ -116,10 +119,17 @@ class Communicator:
             calls also take a per-call ``timeout=``.
         slot_size: bytes each rank contributes to the first round of an object
             collective; objects that fit complete in that one round.
-        strict: before each collective the ranks agree on a fingerprint of
-            what they pass (collective, dtypes, shapes, op, src/dst); a
-            mismatch raises on every rank with what each rank passed. Costs
-            one 8-byte all_gather per call. ``COMMLIB_STRICT=1`` turns it on.
+        strict: how much the ranks check that they pass matching arguments
+            (collective, dtypes, shapes, op, src/dst) before a collective; a
+            mismatch raises the same :class:`~commlib.errors.RemoteArgumentError`
+            on every rank, showing what each rank passed. ``None`` (the
+            default): the tensor collectives are checked where the backend's
+            engine would end the process on a mismatch
+            (:attr:`Backend.mismatch_aborts`, gloo). ``True`` (strict mode):
+            every collective is. ``False``: nothing is, for hot loops.
+            ``COMMLIB_STRICT=1`` / ``0`` set it for communicators that do not.
+            A check travels with small tensors (one round, as unchecked) and
+            costs one small round more for larger ones; see :attr:`checks`.
 
     ``src`` and ``dst`` arguments are ranks *within* the group.
 
@@ -147,7 +157,7 @@ class Communicator:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
         self.timeout: datetime.timedelta = as_timedelta(timeout) or default_timeout()
         self.slot_size = slot_size
-        self.strict = strict_from_env() if strict is None else bool(strict)
+        self.strict: bool | None = strict_from_env() if strict is None else bool(strict)
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -172,6 +182,8 @@ class Communicator:
         self._engine: Engine | None = (
             Engine(plugin, group, self.timeout) if self.is_member else None
         )
+        if self._distributed:
+            teardown_at_exit()
 
     # -- who am I ----------------------------------------------------------------
     @property
@@ -203,6 +215,24 @@ class Communicator:
     def device(self) -> torch.device:
         """The device the backend's collectives run on, for this process."""
         return self.plugin.device()
+
+    @property
+    def checks(self) -> Literal["strict", "guard", "off"]:
+        """Which collectives check their arguments across ranks first (see ``strict``).
+
+        ``"strict"``: every collective; ``"guard"``: the tensor collectives,
+        whose mismatched sizes would end the process in this backend's
+        engine; ``"off"``: none.
+
+        Examples:
+            >>> comm.checks       # a world of one has nothing to mismatch with
+            'off'
+        """
+        if not self._distributed or self.strict is False or self.world_size == 1:
+            return "off"
+        if self.strict:
+            return "strict"
+        return "guard" if self.plugin.mismatch_aborts else "off"
 
     @property
     def ranks(self) -> list[int]:
@@ -253,6 +283,56 @@ class Communicator:
             slot_size=self.slot_size,
         )
 
+    @_collective("shrink")
+    def shrink(
+        self, exclude: Sequence[int] | None = None, timeout: Timeout = None
+    ) -> Communicator:
+        """A communicator over the ranks of this group still alive, renumbered in order.
+
+        After a failure (a rank died, a collective timed out) this communicator
+        is broken; every surviving rank calls ``shrink`` and gets a new one
+        over a new process group, without any process restarting. Ranks named
+        in ``exclude`` (ranks of this group) and ranks that do not call
+        ``shrink`` within ``timeout`` are left out; by default it is as long
+        as another survivor may still be inside a call on this communicator
+        (its timeout, plus a few seconds). A rank that died on this machine is
+        known at once; one elsewhere only by not arriving. The new
+        ranks follow the old order: survivors 0, 2, 3 of four become 0, 1, 2.
+        Settings (backend, serializer, timeout, slot size, checks) carry over.
+
+        The ranks meet in the rendezvous store, so the store's host must be
+        alive: torchrun's agent, or rank 0's process with ``env://``.
+
+        Examples:
+            >>> try:  # doctest: +SKIP
+            ...     comm.all_reduce(x)
+            ... except commlib.CommError:
+            ...     comm = comm.shrink(timeout=60)
+            >>> comm.world_size  # doctest: +SKIP
+            3
+        """
+        engine = self._member("shrink")
+        excluded = list(exclude or [])
+        for r in excluded:
+            check.rank_in_range(r, engine.world_size, "exclude")
+        if engine.rank in excluded:
+            raise ValueError(
+                f"rank {engine.rank} excludes itself: an excluded rank does not call shrink"
+            )
+        if not self._distributed:
+            return Communicator(
+                backend=self.plugin, serializer=self.serializer, timeout=self.timeout
+            )
+        group, _ = engine.shrink(self.ranks, set(excluded), as_timedelta(timeout))
+        return Communicator(
+            group,
+            backend=self.plugin,
+            serializer=self.serializer,
+            timeout=self.timeout,
+            slot_size=self.slot_size,
+            strict=self.strict,
+        )
+
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:
         """The engine, for a member; a non-member gets :class:`NotInGroupError`."""
@@ -265,17 +345,43 @@ class Communicator:
         _steps.finish_pending()
         return self._engine
 
-    @property
-    def _agreeing(self) -> bool:
-        """Strict mode is on and there are peers to agree with."""
-        return self.strict and self._distributed
+    def _check(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        data: torch.Tensor | None = None,
+        timeout: Timeout = None,
+        *,
+        sized: bool = True,
+    ) -> list[torch.Tensor] | None:
+        """The argument check before ``what``, if this communicator checks it.
 
-    def _strict(self, engine: Engine, what: str, description: str) -> None:
-        if self._agreeing:
-            # the title must not be this rank's own view: every rank raises alike
-            _agreement.agree(
-                engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
-            )
+        ``describe`` formats what this rank passes (only when it is checked).
+        ``sized``: ranks passing different sizes to ``what`` would reach the
+        engine (the guard checks only those). Returns every rank's ``data``
+        when it travelled with the check, so the caller completes from it.
+        """
+        checks = self.checks
+        if checks == "off" or (checks == "guard" and not sized):
+            return None
+        return _guard.exchange(
+            engine,
+            what,
+            f"{what}({describe()})",
+            self.serializer,
+            self.slot_size,
+            data,
+            as_timedelta(timeout),
+        )
+
+    @staticmethod
+    def _finished(finish: Callable[[], None], async_op: bool) -> Handle | None:
+        """A call that completed within its check: finish now, or in ``wait()``."""
+        if async_op:
+            return Handle(None, finish, None)
+        finish()
+        return None
 
     @_collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
@@ -338,11 +444,19 @@ class Communicator:
         engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
-        if self._agreeing:
-            self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "all_reduce",
+            lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            work_t.copy_(reduce_locally(parts, engine_op))
+            return self._finished(lambda: back(work_t, tensor, world), async_op)
         return engine.submit(
             "all_reduce",
             self.plugin.all_reduce,
@@ -374,8 +488,13 @@ class Communicator:
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        if self._agreeing:
-            self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
+        self._check(
+            engine,
+            "all_gather",
+            lambda: f"{tensor.dtype}, ndim={tensor.dim()}",
+            timeout=timeout,
+            sized=False,
+        )
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
@@ -433,13 +552,19 @@ class Communicator:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
-        if self._agreeing:
-            self._strict(
-                engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}"
-            )
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "all_gather_into_tensor",
+            lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            out_t.view(-1).copy_(torch.cat([p.reshape(-1) for p in parts]))
+            return self._finished(lambda: _copy_back(out_t, output, world), async_op)
         return engine.submit(
             "all_gather_into_tensor",
             self.plugin.all_gather_into_tensor,
@@ -468,10 +593,17 @@ class Communicator:
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
-        if self._agreeing:
-            self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
+        parts = self._check(
+            engine,
+            "gather",
+            lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
         out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
@@ -496,10 +628,19 @@ class Communicator:
         engine = self._member("broadcast")
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        if self._agreeing:
-            self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "broadcast",
+            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            if engine.rank != src:
+                work_t.copy_(parts[src])
+            return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
         return engine.submit(
             "broadcast",
             self.plugin.broadcast,
@@ -559,13 +700,20 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
-        if self._agreeing:
-            self._strict(
-                engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}"
-            )
         engine_op, back = _reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
+        parts = self._check(
+            engine,
+            "reduce_scatter",
+            lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            whole = reduce_locally(parts, engine_op)
+            out_t.copy_(whole.view(world, -1)[engine.rank])
+            return self._finished(lambda: back(out_t, output, world), async_op)
         return engine.submit(
             "reduce_scatter",
             self.plugin.reduce_scatter,
@@ -592,8 +740,7 @@ class Communicator:
             True
         """
         engine = self._member("barrier")
-        if self._agreeing:
-            self._strict(engine, "barrier", "")
+        self._check(engine, "barrier", lambda: "", timeout=timeout, sized=False)
         if not async_op:
             engine.barrier(as_timedelta(timeout))
             return None
@@ -633,17 +780,25 @@ class Communicator:
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         name = check.reduce_op(op, tensor)
-        if self._agreeing:
-            self._strict(
-                engine, "reduce", f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}"
-            )
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         finish = None
         if engine.rank == dst:
             finish = lambda: back(work_t, tensor, world)  # noqa: E731
-        elif work_t is tensor:
+        parts = self._check(
+            engine,
+            "reduce",
+            lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            if finish is None:
+                return self._finished(lambda: None, async_op)
+            work_t.copy_(reduce_locally(parts, engine_op))
+            return self._finished(finish, async_op)
+        if finish is None and work_t is tensor:
             work_t = tensor.clone()
         return engine.submit(
             "reduce",
@@ -686,8 +841,12 @@ class Communicator:
         if engine.rank == src:
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             parts = [engine.to_device(t) for t in scatter_list or ()]
-        if self._agreeing:
-            self._strict(engine, "scatter", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
+        self._check(
+            engine,
+            "scatter",
+            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+            timeout=timeout,
+        )
         work_t = engine.to_device(tensor)
         return engine.submit(
             "scatter",
@@ -728,8 +887,12 @@ class Communicator:
         check.tensor_list(input_tensor_list, world, "input_tensor_list")
         check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         dtype = input_tensor_list[0].dtype
-        if self._agreeing:
-            self._strict(engine, "all_to_all", f"{dtype}, {world} tensors")
+        # what must match is pairwise (what j sends here, what this rank
+        # expects from j), not one description every rank shares: under the
+        # guard it is left to the engine, as torch leaves it
+        self._check(
+            engine, "all_to_all", lambda: f"{dtype}, {world} tensors", timeout=timeout, sized=False
+        )
         outs = [engine.to_device(t) for t in output_tensor_list]
         ins = [engine.to_device(t) for t in input_tensor_list]
 
@@ -793,10 +956,13 @@ class Communicator:
                 f"all_to_all_single: rank {me} sends itself {to_me} rows of input but expects "
                 f"{from_me} rows of output from itself"
             )
-        if self._agreeing:
-            self._strict(
-                engine, "all_to_all_single", f"{input.dtype}, rows of {tuple(input.shape[1:])}"
-            )
+        self._check(
+            engine,
+            "all_to_all_single",
+            lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
+            timeout=timeout,
+            sized=False,
+        )
         out_t = engine.to_device(output)
         in_t = engine.to_device(input)
         return engine.submit(

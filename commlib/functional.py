@@ -119,6 +119,28 @@ def new_group(
     return get_communicator().new_group(ranks, timeout)
 
 
+def shrink(
+    exclude: Sequence[int] | None = None, timeout: datetime.timedelta | float | None = None
+) -> Communicator:
+    """Shrink the default communicator to the ranks still alive, and make the result the default.
+
+    Every surviving rank calls it after a failure; ranks are renumbered in
+    order (see :meth:`Communicator.shrink`). Later calls with ``group=None``
+    run on the survivors.
+
+    Examples:
+        >>> try:  # doctest: +SKIP
+        ...     all_reduce(loss)
+        ... except CommError:
+        ...     shrink(timeout=60)
+        >>> get_world_size()  # doctest: +SKIP
+        3
+    """
+    comm = get_communicator().shrink(exclude, timeout)
+    set_default_communicator(comm)
+    return comm
+
+
 def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
     """Make the group of this machine's ranks; every rank calls it, with its own ``node_rank``.
 

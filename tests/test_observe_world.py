@@ -217,6 +217,7 @@ def _every_collective(comm):
     c.all_to_all([torch.empty(1) for _ in range(world)], [torch.ones(1)] * world)
     c.all_to_all_single(torch.empty(world), torch.ones(world))
     c.scatter_object_list([None], list(range(world)), src=1)
+    c.new_group(list(range(world))).shrink()  # a subgroup: the world stays usable
     return list(observer.seen)
 
 
@@ -267,7 +268,7 @@ def test_a_third_party_observer_sees_every_collective(observed_world):
         assert [(s[1], s[2]) for s in starts] == [(e[1], e[2]) for e in ends]
         assert all(e[4] == "completed" for e in ends)
         assert rank_seen[::2] == starts and rank_seen[1::2] == ends
-        assert len(starts) == 22
+        assert len(starts) == 23
         # point to point: each call ends, completed (isend and irecv overlap)
         assert sorted(s[1:3] for s in p2p_starts) == sorted(e[1:3] for e in p2p_ends)
         assert all(e[4] == "completed" for e in p2p_ends) and len(p2p_starts) == 7

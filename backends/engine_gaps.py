@@ -3,7 +3,9 @@
 A backend states what its library handles (``wire_dtypes``, ``reduce_dtypes``,
 ``reduce_ops``, ``native_gather``); :class:`EngineGaps` sends the rest as raw
 bytes, or as an all_gather followed by a reduction on this rank, in rank order.
-gloo and the accelerator backends share it.
+Where the library's own algorithm is slow for large gathers
+(``p2p_gather_bytes``), they go point to point instead. gloo and the
+accelerator backends share it.
 """
 
 from __future__ import annotations
@@ -60,7 +62,12 @@ class EngineGaps(Backend):
       gathered and reduced here, in rank order, so every rank gets the same bits);
     * ``native_gather``: whether it has ``gather`` (else an all_gather kept on dst);
     * ``native_scatter``: whether it has ``scatter`` (else a broadcast of the
-      whole list from src, each rank keeping its part).
+      whole list from src, each rank keeping its part);
+    * ``p2p_gather_bytes``: from how many bytes per rank ``all_gather``,
+      ``all_gather_into_tensor`` and ``gather`` go point to point, each rank
+      sending its tensor straight to every rank that needs it (``None``:
+      never). For engines whose point-to-point moves large tensors faster
+      than their gathers do (gloo).
     """
 
     reduce_ops: ClassVar[frozenset[str]] = frozenset(
@@ -70,6 +77,7 @@ class EngineGaps(Backend):
     wire_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
     native_gather: ClassVar[bool] = True
     native_scatter: ClassVar[bool] = True
+    p2p_gather_bytes: ClassVar[int | None] = None
 
     # -- what the library handles itself ---------------------------------------------
     def _wire_ok(self, dtype: torch.dtype) -> bool:
@@ -92,6 +100,57 @@ class EngineGaps(Backend):
         return (op in self.reduce_ops or (op == "avg" and self.native_avg)) and (
             dtype in self.reduce_dtypes
         )
+
+    def gathers_p2p(self, tensor: torch.Tensor, group: Group) -> bool:
+        """Whether gathering ``tensor`` from every rank of ``group`` goes point to point.
+
+        Every rank decides alike: on the size of its own ``tensor``, which
+        the gathers need to be the same everywhere.
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo.gathers_p2p(torch.empty(16 << 20, dtype=torch.uint8), None)
+            True
+            >>> gloo.gathers_p2p(torch.empty(1024, dtype=torch.uint8), None)
+            False
+        """
+        limit = self.p2p_gather_bytes
+        return limit is not None and tensor.numel() * tensor.element_size() >= limit
+
+    def gather_p2p(
+        self,
+        parts: Sequence[torch.Tensor] | None,
+        tensor: torch.Tensor,
+        dst: int | None,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Gather ``tensor`` into ``parts[r]`` (rank ``r``'s) point to point, directly.
+
+        ``dst=None`` gathers on every rank (all_gather), otherwise on ``dst``
+        only; ``parts`` is ``None`` where nothing is received. Each rank posts
+        its sends to every rank that needs its tensor and its receives from
+        every other rank at once, starting with its neighbours so that no rank
+        is every rank's first peer; the result is one
+        :class:`~commlib.backend.WorkList` (waited through the engine, with
+        its timeout) or, blocking, ``None`` once all completed. Measured on
+        gloo against a ring (one neighbour per step, n - 1 steps): as fast at
+        2 ranks, faster at 3 and 4.
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> parts = [torch.empty(4) for _ in range(2)]              # doctest: +SKIP
+            >>> gloo.gather_p2p(parts, torch.ones(4), None, group)    # every rank of 2
+            ... # doctest: +SKIP
+        """
+        world, me = self.world_size(group), self.rank(group)
+        others = [(me + k) % world for k in range(1, world)]
+        sends = [(tensor, r) for r in others if dst is None or r == dst]
+        recvs: list[tuple[torch.Tensor, int]] = []
+        if parts is not None and (dst is None or dst == me):
+            recvs = [(parts[(me - k) % world], (me - k) % world) for k in range(1, world)]
+            parts[me].copy_(tensor.view(parts[me].shape))
+        return self.exchange(sends, recvs, group, async_op)
 
     # -- tensor collectives ------------------------------------------------------------
     # The supplied paths (local reductions, gather by all_gather) complete before
@@ -130,7 +189,9 @@ class EngineGaps(Backend):
         group: Any,
         async_op: bool = False,
     ) -> Any:
-        """all_gather; dtypes the library cannot move travel as bytes."""
+        """all_gather; dtypes the library cannot move travel as bytes; large ones p2p."""
+        if self.gathers_p2p(tensor, group):
+            return self.gather_p2p(tensor_list, tensor, None, group, async_op)
         if self._wire_ok(tensor.dtype):
             return super().all_gather(tensor_list, tensor, group, async_op)
         raw = [as_bytes(t) for t in tensor_list]
@@ -139,7 +200,10 @@ class EngineGaps(Backend):
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool = False
     ) -> Any:
-        """all_gather_into_tensor; dtypes the library cannot move travel as bytes."""
+        """all_gather_into_tensor; dtypes the engine cannot move as bytes; large ones p2p."""
+        if self.gathers_p2p(tensor, group):
+            parts = output.view(self.world_size(group), *tensor.shape)
+            return self.gather_p2p(list(parts.unbind(0)), tensor, None, group, async_op)
         if self._wire_ok(tensor.dtype):
             return super().all_gather_into_tensor(output, tensor, group, async_op)
         return super().all_gather_into_tensor(as_bytes(output), as_bytes(tensor), group, async_op)
@@ -158,7 +222,9 @@ class EngineGaps(Backend):
         group: Any,
         async_op: bool = False,
     ) -> Any:
-        """The library's gather, or an all_gather whose result only ``dst`` keeps."""
+        """The library's gather (large ones p2p), or an all_gather only ``dst`` keeps."""
+        if self.native_gather and self.gathers_p2p(tensor, group):
+            return self.gather_p2p(gather_list, tensor, dst, group, async_op)
         if self.native_gather:
             if self._wire_ok(tensor.dtype):
                 return super().gather(tensor, gather_list, dst, group, async_op)

@@ -17,6 +17,15 @@ Facts about failures (torch 2.13), and what follows from them:
 * ``Work.wait(timeout)`` only waits: ``interruptible_wait``;
 * gloo cannot shrink a group (``supports_shrinking`` is false): the default
   ``shrink_group`` builds a new gloo group over the survivors through the store.
+
+Facts about speed (torch 2.13, 127.0.0.1, 2-4 ranks) and what follows:
+
+* point to point moves large tensors several times faster than gloo's
+  all_gather and gather do (16 MiB per rank, 2 ranks: 23 ms against 69 ms;
+  4 ranks: 104 ms against 318 ms), while below about a megabyte a message
+  costs a few milliseconds more than a collective round: so gathers of at
+  least 4 MiB per rank go point to point (``p2p_gather_bytes``), and so do the
+  large payloads of the object collectives (``large_payload_transport``).
 """
 
 from __future__ import annotations
@@ -31,11 +40,12 @@ _MOVES = STANDARD_DTYPES | {torch.float64}
 
 
 class GlooBackend(EngineGaps):
-    """gloo on the CPU; large object payloads go point to point.
+    """gloo on the CPU; large gathers and object payloads go point to point.
 
     On gloo, send/recv moved 64 MiB about 8x faster than all_gather did, so
     the object collectives use ``"p2p"`` for what does not fit their first
-    round.
+    round, and ``all_gather``, ``all_gather_into_tensor`` and ``gather`` of at
+    least 4 MiB per rank are sent point to point (``p2p_gather_bytes``).
     """
 
     name = "gloo"
@@ -44,6 +54,7 @@ class GlooBackend(EngineGaps):
     description = "CPU collectives over TCP (torch.distributed gloo)"
     native_avg = False
     large_payload_transport = "p2p"
+    p2p_gather_bytes = 4 << 20
     wire_dtypes = _MOVES
     reduce_dtypes = _MOVES
     mismatch_aborts = True

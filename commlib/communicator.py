@@ -474,7 +474,10 @@ class Communicator:
         Ranks may pass tensors of different shapes (same number of dims, same
         dtype); each rank receives every rank's true tensor. Results are on the
         caller's device. Tensors that fit the communicator's ``slot_size`` travel
-        with their shapes in one round; larger ones take a second round.
+        with their shapes in one round; larger ones take a second round, except
+        when the last calls gathered tensors at least as large (up to 1 MiB per
+        rank): the slot grows to what they needed, on every rank alike, so a
+        loop of steady shapes costs one round per call from its second call on.
 
         This rank's own entry is ``tensor`` itself, not a copy, so autograd
         flows through it (a metric used as a loss keeps its gradient, as with
@@ -498,7 +501,12 @@ class Communicator:
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
-            engine, work_t, "all_gather", room=_ragged.inline_room(self.slot_size), timeout=limit
+            engine,
+            work_t,
+            "all_gather",
+            room=_ragged.inline_room(self.slot_size),
+            timeout=limit,
+            rooms=_ragged.rooms_of(engine),
         )
         if out is not None:  # small: the data came with the shapes, one round
             pass

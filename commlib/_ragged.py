@@ -98,6 +98,19 @@ def rooms_of(engine: Engine) -> Rooms:
     return found
 
 
+# this rank's outgoing slot per engine, in host memory, reused call after call:
+# the engine's collective has read it before exchange returns
+_own: weakref.WeakKeyDictionary[Any, tuple[bytearray, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _own_slot(engine: Engine, size: int) -> tuple[bytearray, torch.Tensor]:
+    found = _own.get(engine)
+    if found is None or len(found[0]) != size:
+        raw = bytearray(size)
+        found = _own[engine] = (raw, torch.frombuffer(raw, dtype=torch.uint8))
+    return found
+
+
 def inline_room(slot_size: int) -> int:
     """Bytes of tensor data a slot of ``slot_size`` bytes carries after its header.
 
@@ -137,9 +150,8 @@ def exchange(
     fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
-    slot = bytearray(size)
+    slot, mine = _own_slot(engine, size)
     struct.pack_into(f"<{len(fields)}q", slot, 0, *fields)
-    mine = torch.frombuffer(slot, dtype=torch.uint8)
     if ok and 0 < nbytes <= room:
         mine[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(byte_view(tensor))
     world = engine.world_size
@@ -169,6 +181,9 @@ def exchange(
         rooms.learn(max(h[3] for h in heads))
     if any(h[3] > room for h in heads):
         return shapes, None
+    if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
+        block = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes].view(tensor.dtype)
+        return shapes, list(block.view(world, *shapes[0]).unbind(0))
     tensors = [
         rows[r, _HEADER_BYTES : _HEADER_BYTES + h[3]].view(tensor.dtype).reshape(shapes[r])
         for r, h in enumerate(heads)

@@ -95,6 +95,16 @@ def _never(step: Any, timeout: datetime.timedelta | None) -> None:
     raise AssertionError("a finished handle has nothing to wait for")
 
 
+def pending() -> bool:
+    """Whether an async object collective's rounds are still to run (a cheap test per call).
+
+    Examples:
+        >>> pending()
+        False
+    """
+    return bool(_unfinished)
+
+
 def finish_pending() -> None:
     """Run every unfinished handle to its end, oldest first (their failures wait for ``wait()``).
 

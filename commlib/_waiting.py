@@ -54,9 +54,26 @@ def wait_watching(work: Work, limit: datetime.timedelta, group: Any) -> None:
         _beside(work, limit, group)
 
 
+_FIRST_SLICE = datetime.timedelta(seconds=_FIRST_LOOK)
+
+
 def _in_slices(work: Work, limit: datetime.timedelta, group: Any) -> None:
+    if limit > _FIRST_SLICE:
+        # the first slice, the only one most waits need, without arithmetic
+        try:
+            work.wait(_FIRST_SLICE)
+            return
+        except RuntimeError as exc:
+            if "Operation timed out" not in str(exc) or work.is_completed():
+                raise
+        _look(group)
+        _rest_in_slices(work, limit - _FIRST_SLICE, group, 2 * _FIRST_LOOK)
+    else:
+        _rest_in_slices(work, limit, group, _FIRST_LOOK)
+
+
+def _rest_in_slices(work: Work, limit: datetime.timedelta, group: Any, look: float) -> None:
     deadline = time.monotonic() + limit.total_seconds()
-    look = _FIRST_LOOK
     while True:
         left = deadline - time.monotonic()
         try:

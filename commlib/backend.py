@@ -22,6 +22,7 @@ The types used here are in :mod:`commlib.types`.
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -49,6 +50,12 @@ _TORCH_OPS = {
     "bxor": "BXOR",
     "avg": "AVG",
 }
+
+
+@functools.cache
+def _device(device_type: str) -> torch.device:
+    # torch.device is immutable: one per type serves every call
+    return torch.device(device_type)
 
 
 def global_rank(group: Group, group_rank: int) -> int:
@@ -198,7 +205,7 @@ class Backend:
             >>> commlib.plugins.get_backend_plugin("gloo").device()
             device(type='cpu')
         """
-        return torch.device(self.device_type)
+        return _device(self.device_type)
 
     def setup_device(self, local_rank: int) -> None:
         """Select this process's device before the process group starts.

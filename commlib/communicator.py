@@ -342,7 +342,8 @@ class Communicator:
                 "communicator's group"
             )
         # an async object collective started earlier keeps its place in the order
-        _steps.finish_pending()
+        if _steps.pending():
+            _steps.finish_pending()
         return self._engine
 
     def _check(

@@ -1,4 +1,7 @@
-"""Large gathers on gloo go point to point: results equal torch's, failures stay errors.
+"""The fast paths of the gathers: results equal torch's, failures stay errors.
+
+``all_gather`` learns its slot's room from the last calls (one round for
+steady shapes, whatever the shapes do next).
 
 ``all_gather``, ``all_gather_into_tensor`` and ``gather`` of at least
 ``p2p_gather_bytes`` per rank are sent point to point by the gloo plugin
@@ -136,6 +139,35 @@ def test_subgroups_point_to_point(multi_world, pick):
     members = list(range(1, n, 2)) if pick == "odd" else list(range(1, n))
     for r, got in enumerate(multi_world.run(_on_subgroup, members)):
         assert got == ([float(m) for m in members] if r in members else None)
+
+
+# -- all_gather's learnt slot ------------------------------------------------------------
+def _on_learnt_rooms(comm) -> list[int]:
+    """A sequence of shapes (steady, growing, shrinking, uneven, past the cap): rounds per call."""
+    c = Communicator(timeout=60)
+    engine, me = c._engine, c.rank
+    rounds = []
+    plan = [(4000,)] * 3 + [(9000,), (9000,), (100,), (5000 + 700 * me,), (5000 + 700 * me,)]
+    plan += [(300_000,), (300_000,), (16, 3)]
+    for shape in plan:
+        x = _value(me, shape, torch.float32)
+        before = engine.seq
+        got = c.all_gather(x)
+        rounds.append(engine.seq - before)
+        expect = [_value(r, t.shape, torch.float32) for r, t in enumerate(got)]
+        assert all(torch.equal(g, e) for g, e in zip(got, expect)), shape
+        if 5000 <= shape[0] < 9000:
+            assert [t.shape[0] for t in got] == [5000 + 700 * r for r in range(c.world_size)]
+    return rounds
+
+
+def test_all_gather_learns_its_slot(world):
+    for rounds in world.run(_on_learnt_rooms):
+        if world.size == 1:
+            continue
+        # 16 KB: two rounds, then one; 36 KB: grows at once; 400 B: fits; uneven:
+        # the largest grows the room; 1.2 MB: past the cap, always two
+        assert rounds == [2, 1, 1, 2, 1, 1, 2, 1, 2, 2, 1], rounds
 
 
 # -- a rank dies in the middle of the schedule ------------------------------------------

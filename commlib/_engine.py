@@ -103,6 +103,10 @@ class Engine:
         self.seq = 0
         self.rank = plugin.rank(group)
         self.world_size = plugin.world_size(group)
+        # commlib.observe: the user-level collective in progress, and who to tell
+        # when it makes its first engine call (None: nobody observes)
+        self.observed: Any = None
+        self.on_call: Callable[[str], None] | None = None
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -162,6 +166,8 @@ class Engine:
         """
         self.seq += 1
         seq = self.seq
+        if self.on_call is not None:
+            self.on_call(what)
         with self.map_errors(what, seq, self.timeout):
             work = call(*args, group=self.group, async_op=True, **kwargs)
         return Pending(work, what, seq)
@@ -223,6 +229,8 @@ class Engine:
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""
         self.seq += 1
+        if self.on_call is not None:
+            self.on_call("barrier")
         limit = timeout or self.timeout
         with self.map_errors("barrier", self.seq, limit):
             self.plugin.barrier(self.group, timeout=limit)

@@ -1,4 +1,4 @@
-"""The ``commlib`` command: ``commlib info`` and ``commlib bench``."""
+"""The ``commlib`` command: ``commlib info``, ``commlib bench`` and ``commlib trace``."""
 
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ def info(out=None) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4], file=out)
+    from commlib.observe import dispatch
+
+    watching = plugins.list_observers()
+    print(f"observers: {', '.join(watching) if watching else 'none'}", file=out)
+    for name, why in dispatch.disabled().items():
+        print(f"observer disabled: {name}: {why}", file=out)
     return 0
 
 
@@ -70,6 +76,28 @@ def bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     return run(opts, ["commlib", *(sys.argv[1:] if argv is None else argv)])
 
 
+def trace(directory: str, as_json: bool = False, out=None) -> int:
+    """Read every rank's flight recorder file in ``directory`` and print where the ranks diverged.
+
+    Examples:
+        $ COMMLIB_TRACE_DIR=/tmp/trace torchrun --nproc-per-node 4 train.py
+        $ commlib trace /tmp/trace
+        $ commlib trace /tmp/trace --json
+    """
+    import json
+    from pathlib import Path
+
+    from commlib.observe.diagnosis import diagnose, render
+
+    out = out or sys.stdout
+    if not Path(directory).is_dir():
+        print(f"commlib trace: {directory} is not a directory", file=sys.stderr)
+        return 2
+    found = diagnose(directory)
+    print(json.dumps(found, indent=1) if as_json else render(found), file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``commlib`` console script."""
     parser = argparse.ArgumentParser(prog="commlib", description=__doc__)
@@ -84,11 +112,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from commlib.bench.options import add_arguments
 
     add_arguments(bench_parser)
+    trace_parser = sub.add_parser(
+        "trace",
+        help="read every rank's flight recorder (COMMLIB_TRACE_DIR) and name the rank that "
+        "diverged",
+        description="Read the files the flight recorder wrote into DIR (one per rank, from "
+        "this machine or others) and print the first collective where the ranks disagree, "
+        "what each rank was doing, the ranks that never arrived and the missing files.",
+    )
+    trace_parser.add_argument("directory", metavar="DIR")
+    trace_parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
     if args.command == "bench":
         return bench(args, argv)
+    if args.command == "trace":
+        return trace(args.directory, args.json)
     return 2
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -26,10 +26,13 @@ from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
 from commlib.handle import Handle
+from commlib.observe.dispatch import observed
 from commlib.serialization import Serializer
 from commlib.types import EngineOp, Group, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "dist_ready"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def dist_ready() -> bool:
@@ -76,6 +79,15 @@ def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None
         _copy_back(result, target, world)
     else:
         target.copy_(torch.true_divide(result, world).view(target.shape))
+
+
+def _engine_of(comm: Communicator) -> Engine | None:
+    return comm._engine
+
+
+def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
+    """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`)."""
+    return observed(name, _engine_of, **facts)
 
 
 class Communicator:
@@ -254,6 +266,7 @@ class Communicator:
                 engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
             )
 
+    @_collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
         """Raise the same error on every rank unless all ranks pass the same ``description``.
 
@@ -270,6 +283,7 @@ class Communicator:
         if self._distributed:
             _agreement.agree(engine, what, description, self.serializer, self.slot_size)
 
+    @_collective("all_gather_shapes", payload="tensor")
     def all_gather_shapes(
         self, tensor: torch.Tensor, *, timeout: Timeout = None
     ) -> list[list[int]]:
@@ -291,6 +305,7 @@ class Communicator:
         return shapes
 
     # -- tensor collectives -------------------------------------------------------
+    @_collective("all_reduce", payload="tensor", op="op", uniform=True)
     def all_reduce(
         self,
         tensor: torch.Tensor,
@@ -327,6 +342,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("all_gather", payload="tensor")
     def all_gather(self, tensor: torch.Tensor, *, timeout: Timeout = None) -> list[torch.Tensor]:
         """Every rank's ``tensor``, as a list indexed by rank.
 
@@ -372,6 +388,7 @@ class Communicator:
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
         return [t.to(tensor.device) for t in out]
 
+    @_collective("all_gather_into_tensor", payload="tensor", uniform=True)
     def all_gather_into_tensor(
         self,
         output: torch.Tensor,
@@ -419,6 +436,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("gather", payload="tensor", peer="dst", uniform=True)
     def gather(
         self, tensor: torch.Tensor, dst: int = 0, *, timeout: Timeout = None
     ) -> list[torch.Tensor]:
@@ -442,6 +460,7 @@ class Communicator:
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
 
+    @_collective("broadcast", payload="tensor", peer="src", uniform=True)
     def broadcast(
         self,
         tensor: torch.Tensor,
@@ -475,6 +494,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("reduce_scatter", payload="output", op="op", uniform=True)
     def reduce_scatter(
         self,
         output: torch.Tensor,
@@ -541,6 +561,7 @@ class Communicator:
             async_op=async_op,
         )
 
+    @_collective("barrier")
     def barrier(self, *, timeout: Timeout = None) -> None:
         """Block until every rank of the group has arrived (at most ``timeout``).
 
@@ -553,6 +574,7 @@ class Communicator:
         engine.barrier(as_timedelta(timeout))
 
     # -- object collectives -------------------------------------------------------
+    @_collective("all_gather_object", payload="obj")
     def all_gather_object(self, obj: Any, *, serializer: Serializer | None = None) -> list[Any]:
         """Every rank's ``obj``, as a list indexed by rank.
 
@@ -571,6 +593,7 @@ class Communicator:
             engine, obj, serializer or self.serializer, self.slot_size
         )
 
+    @_collective("gather_object", payload="obj", peer="dst")
     def gather_object(
         self, obj: Any, dst: int = 0, *, serializer: Serializer | None = None
     ) -> list[Any] | None:
@@ -588,6 +611,7 @@ class Communicator:
             engine, obj, dst, serializer or self.serializer, self.slot_size
         )
 
+    @_collective("broadcast_object_list", payload="object_list", peer="src")
     def broadcast_object_list(
         self, object_list: list[Any], src: int = 0, *, serializer: Serializer | None = None
     ) -> None:
@@ -613,6 +637,7 @@ class Communicator:
             engine, object_list, src, serializer or self.serializer, self.slot_size
         )
 
+    @_collective("broadcast_object", payload="obj", peer="src")
     def broadcast_object(
         self, obj: Any = None, src: int = 0, *, serializer: Serializer | None = None
     ) -> Any:

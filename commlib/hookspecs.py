@@ -14,6 +14,11 @@ three ways, all ending in the same hook call:
 * ``commlib.plugins.plugin_manager().register(module)`` for full pluggy control.
 
 What a backend must provide is the :class:`commlib.backend.Backend` class.
+
+A plugin may also *observe* collectives: it implements
+:func:`commlib_collective_start` and/or :func:`commlib_collective_end` (with or
+without backends of its own) and reaches commlib the same three ways. See
+:mod:`commlib.observe` and the observability page of the docs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from commlib.backend import Backend
+    from commlib.observe.event import CollectiveEvent
 
 PROJECT = "commlib"
 ENTRY_POINT_GROUP = "commlib.backends"
@@ -48,3 +54,41 @@ def commlib_backends() -> Iterable[type[Backend] | Backend]:
         ...     return [MyBackend]
     """
     raise NotImplementedError  # a hookspec's body never runs: pluggy calls the plugins
+
+
+@hookspec
+def commlib_collective_start(event: CollectiveEvent) -> None:
+    """A collective has started: it made its first call to the backend.
+
+    Called once per user-level collective (an object collective or a ragged
+    ``all_gather`` that takes several backend calls is one collective), on the
+    calling thread, before it blocks. ``event`` says what it is: communicator,
+    name, sequence number, group, sizes, dtypes, peers. A call refused before
+    anything was sent (a ``ValueError``) is no collective and is not reported.
+    Treat ``event`` as read-only; the same object comes back to
+    :func:`commlib_collective_end`.
+
+    Examples:
+        >>> from commlib import hookimpl
+        >>> @hookimpl
+        ... def commlib_collective_start(event):
+        ...     print(f"{event.name} #{event.seq} {event.nbytes} B")
+    """
+
+
+@hookspec
+def commlib_collective_end(event: CollectiveEvent) -> None:
+    """A collective has ended: ``event.duration`` and ``event.error`` are set.
+
+    For an ``async_op=True`` collective this is when its handle's ``wait()``
+    returns or raises. ``event.state`` is ``"completed"``, ``"failed"`` or
+    ``"timed out"``. An observer that raises is disabled with a warning; the
+    collective is not affected.
+
+    Examples:
+        >>> from commlib import hookimpl
+        >>> @hookimpl
+        ... def commlib_collective_end(event):
+        ...     if event.error is not None:
+        ...         print(f"{event.name} #{event.seq} {event.state}: {event.error}")
+    """

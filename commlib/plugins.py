@@ -9,6 +9,12 @@ A plugin that cannot be imported, whose hook raises, or that offers a name
 another plugin offers too breaks nothing else: it becomes a row of
 :func:`list_backends` (and ``commlib info``) that says why, and an error only
 for whoever selects that backend.
+
+The same manager serves observers (plugins that implement the
+``commlib_collective_*`` hooks, :mod:`commlib.observe`): the built-in ones are
+registered into it when it starts, as the environment asks
+(``COMMLIB_TRACE_DIR``, ``COMMLIB_STATS``), and any change of registrations
+tells :mod:`commlib.observe.dispatch` to look for observers again.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import torch.distributed as dist
 from commlib import hookspecs
 from commlib.backend import Backend
 from commlib.errors import BackendUnavailableError
+from commlib.observe import builtin as builtin_observers
+from commlib.observe import dispatch as observers
 
 _lock = threading.RLock()
 _pm: pluggy.PluginManager | None = None
@@ -73,6 +81,22 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
     return list(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
 
 
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager; a change of registrations makes commlib look for observers again."""
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        try:
+            return super().register(plugin, name)
+        finally:
+            observers.invalidate()
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            observers.invalidate()
+
+
 def plugin_manager() -> pluggy.PluginManager:
     """The process-wide pluggy manager, with the entry points that load registered.
 
@@ -89,7 +113,7 @@ def plugin_manager() -> pluggy.PluginManager:
     global _pm
     with _lock:
         if _pm is None:
-            pm = pluggy.PluginManager(hookspecs.PROJECT)
+            pm = _PluginManager(hookspecs.PROJECT)
             pm.add_hookspecs(hookspecs)
             for ep in _entry_points():
                 if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
@@ -102,6 +126,7 @@ def plugin_manager() -> pluggy.PluginManager:
                     _load_failures[ep.name] = f"{label}: {type(exc).__name__}: {exc}"
                     continue
                 _entry_point_owner[id(plugin)] = label
+            builtin_observers.register_from_env(pm)
             _pm = pm
         return _pm
 
@@ -429,10 +454,32 @@ def list_backends() -> list[BackendInfo]:
     return sorted(rows, key=lambda b: b.name)
 
 
+def list_observers() -> list[str]:
+    """The plugins that observe collectives, each as ``commlib info`` names it.
+
+    Examples:
+        >>> list_observers()          # nothing installed, no COMMLIB_TRACE_DIR
+        []
+    """
+    pm = plugin_manager()
+    seen: set[int] = set()
+    names = []
+    for caller in (pm.hook.commlib_collective_start, pm.hook.commlib_collective_end):
+        for impl in caller.get_hookimpls():
+            if id(impl.plugin) not in seen:
+                seen.add(id(impl.plugin))
+                name = _entry_point_owner.get(id(impl.plugin)) or pm.get_name(impl.plugin)
+                if not name or name == str(id(impl.plugin)):  # registered without a name
+                    name = type(impl.plugin).__name__
+                names.append(name)
+    return names
+
+
 def _reset_for_tests(pm: Any = None) -> None:
     global _pm, _registry
     with _lock:
         _pm, _registry = pm, None
+        observers.invalidate()
         _runtime.clear()
         _load_failures.clear()
         _entry_point_owner.clear()

@@ -84,6 +84,7 @@ def _process_state() -> dict[str, Any]:
     return {
         "backends": [(b.name, b.plugin, b.available) for b in plugins.list_backends()],
         "backends registered at run time": dict(plugins._runtime),
+        "observers": plugins.list_observers(),
         "conformance checks": sorted(CHECKS),
         "sample object sources": list(samples._extra_sources),
         "simulated devices": {kind: simulated.installed(kind) for kind in simulated.KINDS},

@@ -1,0 +1,315 @@
+"""``commlib trace DIR``: read every rank's flight recorder and say which rank diverged.
+
+Works on the files alone (:mod:`commlib.observe.trace_files`), so they may
+come from a job on other machines. For each communicator (group) it lines up
+the ranks' collectives by sequence number (the same on every rank) and finds
+the first number where they disagree:
+
+* ranks in different collectives, or with a different root, op, dtype or
+  shape where the collective needs them equal: "rank 2 called all_reduce #8
+  where ranks 0, 1 called broadcast #8";
+* ranks that never arrived: "rank 2 never arrived at all_reduce #8 (last:
+  all_gather_object #7, completed)";
+* ranks that left no file (killed, or the directory was not shared).
+
+:func:`diagnose` returns plain data (``commlib trace --json`` prints it);
+:func:`render` turns it into text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from commlib.observe.event import describe
+from commlib.observe.trace_files import read_all
+
+_BAD_STATES = ("failed", "timed out")
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What must be equal on every rank for the collective to match."""
+    peers = tuple(sorted((entry.get("peers") or {}).items()))
+    sig: tuple[Any, ...] = (entry["name"], peers, entry.get("op"))
+    if entry.get("uniform"):
+        sig += (tuple(entry.get("dtypes") or ()), tuple(map(tuple, entry.get("shapes") or ())))
+    return sig
+
+
+def _summary(entry: dict[str, Any], written: float | None) -> dict[str, Any]:
+    """One entry as the diagnosis shows it."""
+    out = {
+        "name": entry["name"],
+        "seq": entry["seq"],
+        "detail": describe(
+            entry.get("peers") or {},
+            entry.get("op"),
+            entry.get("dtypes") or (),
+            entry.get("shapes") or (),
+        ),
+        "state": entry["state"],
+    }
+    if entry.get("end") is not None:
+        out["seconds"] = round(entry["end"] - entry["start"], 6)
+    elif written is not None:
+        out["in_flight_seconds"] = round(written - entry["start"], 3)
+    if entry.get("error"):
+        out["error"] = entry["error"]
+    return out
+
+
+def _state_words(summary: dict[str, Any]) -> str:
+    words = summary["state"]
+    if "seconds" in summary and summary["state"] != "completed":
+        words += f" after {summary['seconds']:.1f}s"
+    if "in_flight_seconds" in summary:
+        words = f"in flight for {summary['in_flight_seconds']:.1f}s"
+    return words
+
+
+def _call(summary: dict[str, Any]) -> str:
+    detail = f" ({summary['detail']})" if summary["detail"] else ""
+    return f"{summary['name']} #{summary['seq']}{detail}"
+
+
+class _Rank:
+    """One rank's collectives on one group, by sequence number."""
+
+    def __init__(self, rank: int, snapshot: dict[str, Any], group: str):
+        self.rank = rank
+        self.written = snapshot.get("written")
+        entries = [e for e in snapshot.get("entries", []) if e.get("group") == group]
+        self.by_seq = {int(e["seq"]): e for e in entries}
+        dropped = int(snapshot.get("recorded", 0)) > len(snapshot.get("entries", []))
+        # with older records dropped, numbers below the oldest kept one are unknown here
+        self.known_from = min(self.by_seq) if (dropped and self.by_seq) else 0
+        self.last_seq = max(self.by_seq) if self.by_seq else 0
+
+    def before(self, seq: int) -> dict[str, Any] | None:
+        earlier = [s for s in self.by_seq if s < seq]
+        return self.by_seq[max(earlier)] if earlier else None
+
+    def summary(self, entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if entry is None else _summary(entry, self.written)
+
+
+def _diagnose_group(
+    name: str, members: list[int], files: dict[int, dict[str, Any]]
+) -> dict[str, Any] | None:
+    ranks = {r: _Rank(r, files[r], name) for r in members if r in files}
+    if not any(r.by_seq for r in ranks.values()):
+        return None
+    missing = [r for r in members if r not in files]
+    out: dict[str, Any] = {
+        "group": name,
+        "ranks": members,
+        "first_disagreement": None,
+        "parties": [],
+        "never_arrived": [],
+        "out_of_step": [],
+        "missing_files": missing,
+        "last": {str(r): rk.summary(rk.by_seq.get(rk.last_seq)) for r, rk in ranks.items()},
+        "verdict": [],
+    }
+    start = max(rk.known_from for rk in ranks.values())
+    seqs = sorted({s for rk in ranks.values() for s in rk.by_seq if s >= start})
+    for seq in seqs:
+        here = {r: rk.by_seq[seq] for r, rk in ranks.items() if seq in rk.by_seq}
+        lacking = [r for r in ranks if r not in here]
+        parties: dict[tuple[Any, ...], list[int]] = {}
+        for r, entry in here.items():
+            parties.setdefault(_signature(entry), []).append(r)
+        if len(parties) == 1 and not lacking:
+            continue
+        out["first_disagreement"] = seq
+        for sig_ranks in sorted(parties.values(), key=lambda rs: (-len(rs), rs)):
+            first = ranks[sig_ranks[0]].summary(here[sig_ranks[0]])
+            assert first is not None
+            states = {str(r): _state_words(_summary(here[r], ranks[r].written)) for r in sig_ranks}
+            out["parties"].append(
+                {
+                    "ranks": sig_ranks,
+                    "name": first["name"],
+                    "seq": seq,
+                    "detail": first["detail"],
+                    "states": states,
+                }
+            )
+        for r in lacking:
+            rk = ranks[r]
+            last = rk.summary(rk.before(seq))
+            if rk.last_seq < seq:
+                out["never_arrived"].append({"rank": r, "last": last})
+            else:
+                out["out_of_step"].append(
+                    {
+                        "rank": r,
+                        "before": last,
+                        "after": rk.summary(rk.by_seq[min(s for s in rk.by_seq if s > seq)]),
+                    }
+                )
+        break
+    out["verdict"] = _verdict(out, ranks)
+    return out
+
+
+def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
+    lines = []
+    parties = group["parties"]
+    seq = group["first_disagreement"]
+    if len(parties) > 1:
+        usual = parties[0]  # the most ranks (the lowest ranks on a tie)
+        tie = "" if len(usual["ranks"]) > len(parties[1]["ranks"]) else " (no majority)"
+        for odd in parties[1:]:
+            lines.append(
+                f"{_ranks(odd['ranks'])} called {_call(odd)} where "
+                f"{_ranks(usual['ranks'])} called {_call(usual)}{tie}"
+            )
+    for lost in group["never_arrived"]:
+        at = parties[0] if parties else None
+        target = f"{at['name']} #{seq}" if at else f"#{seq}"
+        last = lost["last"]
+        since = f" (last: {last['name']} #{last['seq']}, {last['state']})" if last else ""
+        lines.append(f"rank {lost['rank']} never arrived at {target}{since}")
+    for odd in group["out_of_step"]:
+        lines.append(
+            f"rank {odd['rank']} has no collective #{seq}: it was out of step "
+            f"(before: {_call(odd['before']) if odd['before'] else 'nothing'}, "
+            f"after: {_call(odd['after'])})"
+        )
+    if group["missing_files"]:
+        failing = _failing(ranks)
+        where = f"; {failing}" if failing else ""
+        lines.append(
+            f"{_ranks(group['missing_files'])} left no trace file (killed, or another "
+            f"directory){where}"
+        )
+    if not lines:
+        failing = _failing(ranks)
+        lines.append(
+            "the ranks agree on every collective recorded" + (f"; {failing}" if failing else "")
+        )
+    return lines
+
+
+def _failing(ranks: dict[int, _Rank]) -> str:
+    """ "ranks 0, 1 failed in all_reduce #5", from each rank's last collective."""
+    by_call: dict[tuple[str, int, str], list[int]] = {}
+    for r, rk in ranks.items():
+        entry = rk.by_seq.get(rk.last_seq)
+        if entry is not None and entry["state"] in (*_BAD_STATES, "started"):
+            state = "were still in" if entry["state"] == "started" else f"{entry['state']} in"
+            by_call.setdefault((entry["name"], entry["seq"], state), []).append(r)
+    return "; ".join(
+        f"{_ranks(rs)} {state.replace('were', 'was') if len(rs) == 1 else state} {name} #{seq}"
+        for (name, seq, state), rs in sorted(by_call.items(), key=lambda kv: kv[0][1])
+    )
+
+
+def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read every rank's trace file in ``directory`` and find where the ranks diverged.
+
+    Examples:
+        >>> import tempfile
+        >>> diagnose(tempfile.mkdtemp())["verdict"]
+        ['no commlib trace files here']
+    """
+    snapshots, unreadable = read_all(directory)
+    files = {int(s["rank"]): s for s in snapshots}
+    world = max([int(s.get("world_size", 1)) for s in snapshots] + [r + 1 for r in files] + [0])
+    out: dict[str, Any] = {
+        "directory": str(directory),
+        "world_size": world,
+        "ranks_with_files": sorted(files),
+        "missing_files": [r for r in range(world) if r not in files],
+        "unreadable": unreadable,
+        "written_because": {},
+        "groups": [],
+        "verdict": [],
+    }
+    for r, snap in sorted(files.items()):
+        reasons = snap.get("reasons") or [snap.get("reason", "")]
+        first = next((x for x in reasons if x and x != "exit"), reasons[-1] if reasons else "")
+        out["written_because"][str(r)] = first
+    if not files:
+        out["verdict"] = ["no commlib trace files here"]
+        return out
+    groups: dict[str, list[int]] = {}
+    for snap in snapshots:
+        for name, members in (snap.get("groups") or {}).items():
+            groups.setdefault(name, list(members))
+    order = sorted(groups, key=lambda g: (not g.startswith("world"), g))
+    for name in order:
+        found = _diagnose_group(name, groups[name], files)
+        if found is not None:
+            out["groups"].append(found)
+            prefix = "" if len(groups) == 1 else f"group {name}: "
+            out["verdict"] += [prefix + line for line in found["verdict"]]
+    if not out["groups"]:
+        out["verdict"] = ["the trace files record no collectives"]
+        if out["missing_files"]:
+            out["verdict"].append(f"{_ranks(out['missing_files'])} left no trace file")
+    return out
+
+
+def render(diagnosis: dict[str, Any]) -> str:
+    """The diagnosis as ``commlib trace`` prints it.
+
+    Examples:
+        >>> import tempfile
+        >>> print(render(diagnose(tempfile.mkdtemp())))  # doctest: +ELLIPSIS
+        commlib trace ...: no files
+        diagnosis:
+          no commlib trace files here
+    """
+    d = diagnosis
+    lines = []
+    if not d["ranks_with_files"]:
+        lines.append(f"commlib trace {d['directory']}: no files")
+    else:
+        lines.append(
+            f"commlib trace {d['directory']}: world size {d['world_size']}, "
+            f"files from {_ranks(d['ranks_with_files'])}"
+        )
+    if d["missing_files"]:
+        lines.append(f"  missing files: {_ranks(d['missing_files'])}")
+    for problem in d["unreadable"]:
+        lines.append(f"  unreadable: {problem}")
+    reasons: dict[str, list[int]] = {}
+    for r, why in d["written_because"].items():
+        reasons.setdefault(why, []).append(int(r))
+    for why, rs in reasons.items():
+        lines.append(f"  written by {_ranks(rs)} because: {why}")
+    for g in d["groups"]:
+        lines.append("")
+        lines.append(f"group {g['group']} ({_ranks(g['ranks'])})")
+        if g["first_disagreement"] is not None:
+            lines.append(f"  first disagreement at #{g['first_disagreement']}:")
+            width = max([len(_ranks(p["ranks"])) for p in g["parties"]] + [7])
+            for p in g["parties"]:
+                states = set(p["states"].values())
+                state = (
+                    states.pop()
+                    if len(states) == 1
+                    else ", ".join(f"rank {r} {s}" for r, s in p["states"].items())
+                )
+                lines.append(f"    {_ranks(p['ranks']).ljust(width)}  {_call(p)}: {state}")
+            for lost in g["never_arrived"]:
+                last = lost["last"]
+                where = f"last {_call(last)}: {last['state']}" if last else "no collective at all"
+                lines.append(f"    {_ranks([lost['rank']]).ljust(width)}  never arrived ({where})")
+        lines.append("  last collective of each rank:")
+        for r, last in g["last"].items():
+            text = f"{_call(last)}: {_state_words(last)}" if last else "none"
+            if last and last.get("error"):
+                text += f": {last['error'].splitlines()[0][:160]}"
+            lines.append(f"    rank {r}: {text}")
+    lines.append("diagnosis:")
+    lines += [f"  {v}" for v in d["verdict"]]
+    return "\n".join(lines)

@@ -1,0 +1,398 @@
+"""From a Communicator's collective to the observer hooks and the profiler.
+
+Every public collective of :class:`~commlib.Communicator` is wrapped by
+:func:`observed`. With no observer registered and no ``torch.profiler``
+running, the wrapper calls the method and does nothing else: which plugins
+observe is looked up once per change of registrations (:func:`invalidate`,
+called by the plugin manager), never per call.
+
+What an observer sees is the *user-level* collective. Its engine calls (an
+object collective's two rounds, a ragged ``all_gather``'s shape exchange,
+strict mode's agreement) are not reported on their own, and a collective the
+user called from inside another (``broadcast_object`` calls
+``broadcast_object_list``) is part of the outer one. A collective starts at
+its first engine call (the engine calls back through ``Engine.on_call``), so a
+call refused before anything was sent is no collective, and the sequence
+number is the engine's, the same on every rank.
+
+An observer that raises is disabled with a warning (:func:`disabled`); the
+collective goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import torch
+import torch.autograd.profiler as _profiler
+import torch.distributed as dist
+
+from commlib.errors import CommTimeoutError
+from commlib.handle import Handle
+from commlib.observe.event import CollectiveEvent, describe, payload_facts
+
+if TYPE_CHECKING:
+    from commlib._engine import Engine
+
+F = TypeVar("F", bound=Callable[..., Any])
+_Call = tuple[Any, Callable[..., Any], bool]  # (plugin, hook function, takes the event)
+
+_lock = threading.Lock()
+# id(plugin) -> (plugin, why it no longer observes); the plugin is held so that
+# its id cannot be reused while it is here, and dropped once it is unregistered
+_disabled: dict[int, tuple[Any, str]] = {}
+_labels: weakref.WeakKeyDictionary[Any, tuple[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_label_counts: dict[str, int] = {}
+
+
+class _Observers:
+    """The start and end hooks to call, newest-registered first, as pluggy would."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self, starts: list[_Call], ends: list[_Call]):
+        self.starts = starts
+        self.ends = ends
+
+    def __bool__(self) -> bool:
+        return bool(self.starts or self.ends)
+
+
+_observers: _Observers | None = None  # None: registrations changed, look again
+
+
+def invalidate() -> None:
+    """Forget which plugins observe; the next collective looks again.
+
+    The plugin manager calls it on every registration change.
+
+    Examples:
+        >>> from commlib.observe import dispatch
+        >>> dispatch.invalidate()
+    """
+    global _observers
+    _observers = None
+
+
+def _calls(caller: Any) -> list[_Call]:
+    out = []
+    for impl in reversed(caller.get_hookimpls()):
+        if getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False):
+            continue  # observers are plain hooks; a wrapper would have to wrap the call
+        if id(impl.plugin) not in _disabled:
+            out.append((impl.plugin, impl.function, bool(impl.argnames)))
+    return out
+
+
+def current() -> _Observers:
+    """The observers to tell, looked up again only after :func:`invalidate`.
+
+    Examples:
+        >>> from commlib.observe import dispatch
+        >>> bool(dispatch.current())   # nothing registered
+        False
+    """
+    global _observers
+    found = _observers
+    if found is None:
+        from commlib import plugins  # the manager imports this module
+
+        pm = plugins.plugin_manager()
+        for key, (plugin, _) in list(_disabled.items()):
+            if not pm.is_registered(plugin):
+                del _disabled[key]
+        hook = pm.hook
+        # a manager made without commlib's hookspecs has no observers, not an error
+        starts = getattr(hook, "commlib_collective_start", None)
+        ends = getattr(hook, "commlib_collective_end", None)
+        found = _Observers(
+            _calls(starts) if starts is not None else [],
+            _calls(ends) if ends is not None else [],
+        )
+        _observers = found
+    return found
+
+
+def disabled() -> dict[str, str]:
+    """Observers switched off because a hook raised: plugin name -> why.
+
+    Examples:
+        >>> from commlib.observe import dispatch
+        >>> dispatch.disabled()
+        {}
+    """
+    from commlib import plugins
+
+    current()  # forgets the ones unregistered since
+    pm = plugins.plugin_manager()
+    return {pm.get_name(plugin) or repr(plugin): why for plugin, why in _disabled.values()}
+
+
+def _disable(plugin: Any, exc: Exception) -> None:
+    with _lock:
+        if id(plugin) in _disabled:
+            return
+        _disabled[id(plugin)] = (plugin, f"{type(exc).__name__}: {exc}")
+    invalidate()
+    warnings.warn(
+        f"commlib observer {plugin!r} raised {type(exc).__name__}: {exc}; it is disabled",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _notify(calls: list[_Call], event: CollectiveEvent) -> None:
+    for plugin, function, takes_event in calls:
+        if id(plugin) in _disabled:
+            continue
+        try:
+            function(event) if takes_event else function()
+        except Exception as exc:  # an observer must never break a collective
+            _disable(plugin, exc)
+
+
+def _group_label(engine: Engine) -> tuple[str, tuple[int, ...]]:
+    """The communicator's name and its members' world ranks (cached per engine)."""
+    found = _labels.get(engine)
+    if found is None:
+        group = engine.group
+        if group is None or group is dist.GroupMember.WORLD:
+            name = "world"
+        else:
+            name = getattr(group, "group_name", None) or "group"
+        if group is not None and dist.is_initialized():
+            ranks = tuple(dist.get_process_group_ranks(group))
+        else:
+            ranks = tuple(range(engine.world_size))
+        with _lock:
+            count = _label_counts[name] = _label_counts.get(name, 0) + 1
+        found = (name if count == 1 else f"{name}#{count}", ranks)
+        _labels[engine] = found
+    return found
+
+
+class _Arguments:
+    """Finds a method's arguments by name, without binding its signature per call."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        params = list(inspect.signature(fn).parameters.values())[1:]  # after self
+        self.positions = {
+            p.name: i
+            for i, p in enumerate(params)
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        }
+        self.defaults = {p.name: None if p.default is p.empty else p.default for p in params}
+
+    def get(self, name: str | None, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if name is None:
+            return None
+        if name in kwargs:
+            return kwargs[name]
+        pos = self.positions.get(name)
+        if pos is not None and pos < len(args):
+            return args[pos]
+        return self.defaults.get(name)
+
+
+class _Collective:
+    """One wrapped Communicator method: its name and where its facts are."""
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        payload: str | None,
+        peer: str | None,
+        op: str | None,
+        uniform: bool,
+    ):
+        self.name, self.fn, self.uniform = name, fn, uniform
+        self.payload, self.peer, self.op = payload, peer, op
+        self.arguments = _Arguments(fn)
+
+    def facts(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        get = self.arguments.get
+        shapes, dtypes, nbytes = payload_facts(get(self.payload, args, kwargs))
+        peers: dict[str, int] = {}
+        if self.peer is not None:
+            root = get(self.peer, args, kwargs)
+            if isinstance(root, int):
+                peers[self.peer] = root
+        op = get(self.op, args, kwargs) if self.op is not None else None
+        if op is not None:
+            op = str(op).lower()
+        return {
+            "shapes": shapes,
+            "dtypes": dtypes,
+            "nbytes": nbytes,
+            "peers": peers,
+            "op": op,
+            "async_op": bool(kwargs.get("async_op", False)),
+        }
+
+    def label(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """The ``torch.profiler`` label: ``commlib.all_reduce(sum, float32 (4,))``."""
+        try:
+            f = self.facts(args, kwargs)
+        except Exception:  # a label is a courtesy; the name alone will do
+            return f"commlib.{self.name}"
+        return f"commlib.{self.name}({describe(f['peers'], f['op'], f['dtypes'], f['shapes'])})"
+
+    def call(
+        self, observers: _Observers, engine: Engine | None, comm: Any, args: Any, kwargs: Any
+    ) -> Any:
+        if engine is None or engine.observed is not None:
+            # a non-member (the method raises), or a collective inside another
+            return self.fn(comm, *args, **kwargs)
+        span = _Span(self, observers, engine, comm, args, kwargs)
+        engine.observed = span
+        if observers:
+            engine.on_call = span.begin
+        try:
+            label = self.label(args, kwargs) if _profiler._is_profiler_enabled else None
+            if label is not None:
+                with torch.profiler.record_function(label):
+                    result = self.fn(comm, *args, **kwargs)
+            else:
+                result = self.fn(comm, *args, **kwargs)
+        except BaseException as exc:
+            engine.observed = engine.on_call = None
+            span.end(exc)
+            raise
+        engine.observed = engine.on_call = None
+        if isinstance(result, Handle) and span.event is not None:
+            return Handle(functools.partial(span.wait, result), None, result)
+        span.end(None)
+        return result
+
+
+class _Span:
+    """A user-level collective in progress: its event once the engine was reached."""
+
+    __slots__ = ("args", "collective", "comm", "engine", "event", "kwargs", "observers", "t0")
+
+    def __init__(
+        self,
+        collective: _Collective,
+        observers: _Observers,
+        engine: Engine,
+        comm: Any,
+        args: Any,
+        kwargs: Any,
+    ):
+        self.collective, self.observers, self.engine = collective, observers, engine
+        self.comm, self.args, self.kwargs = comm, args, kwargs
+        self.t0 = time.perf_counter()
+        self.event: CollectiveEvent | None = None
+
+    def begin(self, what: str) -> None:
+        """The first engine call (``Engine.on_call``): the collective has started."""
+        engine = self.engine
+        engine.on_call = None
+        try:
+            group, ranks = _group_label(engine)
+            event = CollectiveEvent(
+                communicator=self.comm,
+                name=self.collective.name,
+                seq=engine.seq,
+                group=group,
+                group_ranks=ranks,
+                rank=engine.rank,
+                uniform=self.collective.uniform,
+                start=time.time() - (time.perf_counter() - self.t0),
+                **self.collective.facts(self.args, self.kwargs),
+            )
+        except Exception as exc:  # observing must never break the collective
+            _warn_once(f"commlib could not describe {self.collective.name} to observers: {exc!r}")
+            return
+        finally:
+            self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
+        self.event = event
+        _notify(self.observers.starts, event)
+
+    def end(self, error: BaseException | None) -> None:
+        event = self.event
+        if event is None:
+            return  # refused before anything was sent: not a collective
+        event.duration = time.perf_counter() - self.t0
+        event.error = error
+        if error is None:
+            event.state = "completed"
+        elif isinstance(error, CommTimeoutError):
+            event.state = "timed out"
+        else:
+            event.state = "failed"
+        _notify(self.observers.ends, event)
+
+    def wait(self, handle: Handle, timeout: Any) -> None:
+        """An async collective's handle: it ends when its ``wait()`` does."""
+        try:
+            handle.wait(timeout)
+        except BaseException as exc:
+            self.end(exc)
+            raise
+        self.end(None)
+
+
+def observed(
+    name: str,
+    engine_of: Callable[[Any], Engine | None],
+    *,
+    payload: str | None = None,
+    peer: str | None = None,
+    op: str | None = None,
+    uniform: bool = False,
+) -> Callable[[F], F]:
+    """Make a Communicator method a collective observers and the profiler see.
+
+    Args:
+        name: the collective's name in events and profiles.
+        engine_of: the communicator's engine (``None`` for a non-member).
+        payload: the argument whose tensors (or object) the event describes.
+        peer: the argument naming the root or peer (``"src"``, ``"dst"``).
+        op: the argument naming the reduce op.
+        uniform: whether every rank must pass the same shapes and dtypes.
+
+    Examples:
+        >>> from commlib.observe.dispatch import observed
+        >>> class Comm:
+        ...     _engine = None
+        ...     @observed("all_reduce", lambda c: c._engine, payload="tensor", op="op")
+        ...     def all_reduce(self, tensor, op="sum"):
+        ...         return tensor
+        >>> Comm().all_reduce(torch.ones(1))
+        tensor([1.])
+    """
+
+    def decorate(fn: F) -> F:
+        collective = _Collective(name, fn, payload, peer, op, uniform)
+
+        @functools.wraps(fn)
+        def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
+            found = _observers
+            if found is None:
+                found = current()
+            if not found and not _profiler._is_profiler_enabled:
+                return fn(comm, *args, **kwargs)
+            return collective.call(found, engine_of(comm), comm, args, kwargs)
+
+        wrapper.__commlib_collective__ = name  # type: ignore[attr-defined]
+        return cast(F, wrapper)
+
+    return decorate

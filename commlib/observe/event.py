@@ -1,0 +1,135 @@
+"""``CollectiveEvent``: what an observer is told about one collective."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: The states of a collective: started, then one of the other three.
+STATES = ("started", "completed", "failed", "timed out")
+
+
+@dataclass(eq=False)
+class CollectiveEvent:
+    """One user-level collective, as observers see it.
+
+    The same object is passed to ``commlib_collective_start`` and, with the
+    fields below ``start`` filled in, to ``commlib_collective_end``.
+
+    Attributes:
+        communicator: the :class:`~commlib.Communicator` it ran on.
+        name: the collective (``"all_reduce"``, ``"broadcast_object_list"``).
+        seq: its sequence number on this communicator, the same on every rank:
+            the engine's number of its first backend call, so a collective that
+            takes several calls leaves gaps (and error messages such as "failed
+            in broadcast #12" use the same numbers).
+        group: the communicator's name, the same on every rank: ``"world"``, or
+            the process group's name; a second communicator over the same
+            group gets ``#2`` appended (in the order each rank first used it).
+        group_ranks: the group's members as world ranks, in group order.
+        rank: this process's rank in the group.
+        shapes: the shape of each tensor passed (empty for objects).
+        dtypes: their dtypes (``"float32"``), or the object's type name.
+        nbytes: bytes of the tensors passed (0 for objects).
+        peers: the root or peer as a group rank (``{"src": 0}``), if any.
+        op: the reduce op, if any.
+        uniform: whether every rank must pass the same shapes and dtypes.
+        async_op: whether the call returned a handle.
+        start: wall-clock time (``time.time()``) the call was made.
+        duration: seconds from the call to its end (``None`` until it ended).
+        error: the exception it ended with, if any.
+        state: one of ``"started"``, ``"completed"``, ``"failed"``, ``"timed out"``.
+
+    Examples:
+        >>> from commlib.observe import CollectiveEvent
+        >>> e = CollectiveEvent(None, "all_reduce", 3, "world", (0,), 0, ((4,),), ("float32",), 16)
+        >>> e.describe()
+        'float32 (4,)'
+    """
+
+    communicator: Any
+    name: str
+    seq: int
+    group: str
+    group_ranks: tuple[int, ...]
+    rank: int
+    shapes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    nbytes: int = 0
+    peers: Mapping[str, int] = field(default_factory=dict)
+    op: str | None = None
+    uniform: bool = False
+    async_op: bool = False
+    start: float = 0.0
+    duration: float | None = None
+    error: BaseException | None = None
+    state: str = "started"
+
+    def describe(self) -> str:
+        """Peers, op, dtypes and shapes in a few words (``"src 0, float32 (4,)"``).
+
+        Examples:
+            >>> CollectiveEvent(None, "broadcast", 1, "world", (0, 1), 0, ((4,),),
+            ...                 ("float32",), 16, {"src": 0}).describe()
+            'src 0, float32 (4,)'
+        """
+        return describe(self.peers, self.op, self.dtypes, self.shapes)
+
+
+def describe(
+    peers: Mapping[str, int],
+    op: str | None,
+    dtypes: tuple[str, ...] | list[str],
+    shapes: tuple[tuple[int, ...], ...] | list[list[int]],
+) -> str:
+    """The words :meth:`CollectiveEvent.describe` and ``commlib trace`` use.
+
+    Examples:
+        >>> describe({"dst": 1}, None, ["int64"], [[2, 3]])
+        'dst 1, int64 (2, 3)'
+        >>> describe({}, "sum", ["float32", "float32"], [[2], [3]])
+        'sum, float32 (2,), float32 (3,)'
+    """
+    words = [f"{role} {rank}" for role, rank in peers.items()]
+    if op:
+        words.append(op)
+    for i, dtype in enumerate(dtypes):
+        shape = tuple(shapes[i]) if i < len(shapes) else None
+        words.append(dtype if shape is None else f"{dtype} {shape}")
+    return ", ".join(words)
+
+
+def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int]:
+    """Shapes, dtypes and bytes of what a caller passed: a tensor, a list of them, an object.
+
+    Examples:
+        >>> payload_facts(torch.zeros(2, 3))
+        (((2, 3),), ('float32',), 24)
+        >>> payload_facts({"a": 1})
+        ((), ('dict',), 0)
+    """
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape),), (_dtype_name(value.dtype),), value.nbytes
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        tensors = [t for t in value if isinstance(t, torch.Tensor)]
+        return (
+            tuple(tuple(t.shape) for t in tensors),
+            tuple(_dtype_name(t.dtype) for t in tensors),
+            sum(t.nbytes for t in tensors),
+        )
+    if value is None:
+        return (), (), 0
+    return (), (type(value).__name__,), 0
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name

@@ -1,0 +1,226 @@
+"""The flight recorder: each rank's bounded record of its recent collectives.
+
+A built-in observer on the same hooks third-party observers use. It keeps the
+last ``capacity`` collectives (sequence number, collective, shapes, dtypes,
+src/dst, group, start and end times, state, error) and writes them as one file
+per rank (:mod:`commlib.observe.trace_files`) when asked: by
+:mod:`commlib.observe.alarm` when a collective fails here or on another rank,
+on ``SIGUSR1``, and at exit. ``commlib trace DIR`` reads the files.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from commlib.hookspecs import hookimpl
+from commlib.observe import trace_files
+from commlib.observe.event import CollectiveEvent
+
+DEFAULT_CAPACITY = 2000
+_ERROR_CHARS = 500  # enough to name the ranks; a whole traceback would swamp the file
+
+
+class Record:
+    """One collective as the recorder keeps it: plain data, nothing of the caller's."""
+
+    __slots__ = (
+        "dtypes",
+        "end",
+        "error",
+        "group",
+        "name",
+        "nbytes",
+        "op",
+        "peers",
+        "rank",
+        "seq",
+        "shapes",
+        "start",
+        "state",
+        "uniform",
+    )
+
+    def __init__(self, event: CollectiveEvent):
+        self.group, self.seq, self.name, self.rank = event.group, event.seq, event.name, event.rank
+        self.shapes, self.dtypes, self.nbytes = event.shapes, event.dtypes, event.nbytes
+        self.peers, self.op, self.uniform = dict(event.peers), event.op, event.uniform
+        self.start = event.start
+        self.end: float | None = None
+        self.state = "started"
+        self.error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as the trace file stores it."""
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            "name": self.name,
+            "rank": self.rank,
+            "shapes": [list(s) for s in self.shapes],
+            "dtypes": list(self.dtypes),
+            "nbytes": self.nbytes,
+            "peers": self.peers,
+            "op": self.op,
+            "uniform": self.uniform,
+            "start": self.start,
+            "end": self.end,
+            "state": self.state,
+            "error": self.error,
+        }
+
+
+class FlightRecorder:
+    """Keep this process's last ``capacity`` collectives; write them to ``directory``.
+
+    Register it like any observer (``commlib.observe.enable_flight_recorder``
+    does, and ``COMMLIB_TRACE_DIR`` at start-up). Without a directory it only
+    keeps records (:meth:`snapshot`).
+
+    Args:
+        capacity: how many collectives to keep (the oldest go first).
+        directory: where :meth:`dump` writes, one file per rank.
+
+    Examples:
+        >>> from commlib.observe import FlightRecorder
+        >>> from commlib.plugins import plugin_manager
+        >>> recorder = FlightRecorder(capacity=100)
+        >>> _ = plugin_manager().register(recorder)
+        >>> comm.all_reduce(torch.ones(2))
+        >>> [(e["name"], e["state"]) for e in recorder.snapshot()["entries"]][-1]
+        ('all_reduce', 'completed')
+        >>> _ = plugin_manager().unregister(recorder)
+    """
+
+    def __init__(
+        self, capacity: int = DEFAULT_CAPACITY, directory: str | os.PathLike[str] | None = None
+    ):
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.directory = Path(directory) if directory else None
+        self.recorded = 0
+        self._records: deque[Record] = deque(maxlen=capacity)
+        self._open: dict[int, Record] = {}  # id(event) -> its record, until it ends
+        self._groups: dict[str, list[int]] = {}
+        self._rank: int | None = None
+        self._reasons: deque[str] = deque(maxlen=20)  # why the file was written, oldest first
+        self._world_size = 1
+        self._lock = threading.Lock()
+        #: called with a reason when a collective failed here (set by commlib.observe.alarm)
+        self.on_failure: Any = None
+
+    # -- the hooks ---------------------------------------------------------------------
+    @hookimpl
+    def commlib_collective_start(self, event: CollectiveEvent) -> None:
+        """Keep a record of ``event`` (the oldest record goes when full)."""
+        record = Record(event)
+        self._records.append(record)
+        self.recorded += 1
+        if len(self._open) >= self.capacity:  # handles nobody waits on must not pile up
+            self._open.pop(next(iter(self._open)))
+        self._open[id(event)] = record
+        if event.group not in self._groups:
+            self._groups[event.group] = list(event.group_ranks)
+            if self._rank is None:
+                self._learn_rank(event)
+
+    @hookimpl
+    def commlib_collective_end(self, event: CollectiveEvent) -> None:
+        """Complete the record; a failure writes the file (and tells the other ranks)."""
+        record = self._open.pop(id(event), None)
+        if record is None:
+            return
+        record.end = record.start + (event.duration or 0.0)
+        record.state = event.state
+        if event.error is not None:
+            text = f"{type(event.error).__name__}: {event.error}"
+            record.error = text[:_ERROR_CHARS]
+            if self.on_failure is not None:
+                self.on_failure(
+                    f"{event.name} #{event.seq} {event.state} on rank {self.rank} "
+                    f"(group {event.group}): {text.splitlines()[0][:200]}"
+                )
+
+    def _learn_rank(self, event: CollectiveEvent) -> None:
+        if dist.is_available() and dist.is_initialized():
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            self._rank = event.group_ranks[event.rank]
+            self._world_size = len(event.group_ranks)
+
+    # -- reading -----------------------------------------------------------------------
+    def identity(self) -> tuple[int, int]:
+        """This process's world rank and the world size.
+
+        Learnt from torch.distributed (or the first collective); ``RANK`` and
+        ``WORLD_SIZE`` until then.
+
+        Examples:
+            >>> FlightRecorder().identity()
+            (0, 1)
+        """
+        if self._rank is None and dist.is_available() and dist.is_initialized():
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        if self._rank is None:
+            return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return self._rank, self._world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's world rank (see :meth:`identity`)."""
+        return self.identity()[0]
+
+    def snapshot(self, reason: str = "") -> dict[str, Any]:
+        """The records as the trace file stores them, oldest first.
+
+        Examples:
+            >>> FlightRecorder().snapshot("asked")["reason"]
+            'asked'
+        """
+        rank, world = self.identity()
+        while True:
+            try:  # another thread may dump while this one records
+                records = list(self._records)
+                break
+            except RuntimeError:
+                continue
+        return {
+            "format": trace_files.FORMAT,
+            "rank": rank,
+            "world_size": world,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "written": time.time(),
+            "reason": reason,
+            "reasons": [*self._reasons, reason] if reason else list(self._reasons),
+            "capacity": self.capacity,
+            "recorded": self.recorded,
+            "groups": dict(self._groups),
+            "entries": [r.as_dict() for r in records],
+        }
+
+    def dump(self, reason: str, directory: str | Path | None = None) -> Path | None:
+        """Write this rank's file into ``directory`` (the recorder's by default).
+
+        Returns the file, or ``None`` when there is no directory.
+
+        Examples:
+            >>> import tempfile
+            >>> FlightRecorder().dump("asked", tempfile.mkdtemp()).name
+            'commlib_trace_rank0.json'
+        """
+        target = directory or self.directory
+        if target is None:
+            return None
+        with self._lock:  # the main thread and the watcher may both be asked
+            written = trace_files.write(target, self.snapshot(reason))
+            self._reasons.append(reason)
+            return written

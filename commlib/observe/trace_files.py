@@ -1,0 +1,79 @@
+"""The flight recorder's files: one JSON file per rank in the trace directory.
+
+The format is plain JSON so that files copied from other machines (or read
+by other tools) need nothing of the job that wrote them::
+
+    {"format": "commlib-trace/1", "rank": 2, "world_size": 3, "host": ..., "pid": ...,
+     "written": <time.time()>, "reason": "...", "capacity": 2000, "recorded": 41,
+     "groups": {"world": [0, 1, 2]},
+     "entries": [{"group": "world", "seq": 7, "name": "all_reduce", "rank": 2,
+                  "shapes": [[4]], "dtypes": ["float32"], "nbytes": 16, "peers": {},
+                  "op": "sum", "uniform": true, "start": ..., "end": ..., "state": "completed",
+                  "error": null}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FORMAT = "commlib-trace/1"
+_PREFIX = "commlib_trace_rank"
+
+
+def path_for(directory: str | os.PathLike[str], rank: int) -> Path:
+    """The file rank ``rank`` writes in ``directory``.
+
+    Examples:
+        >>> path_for("/tmp/trace", 3).name
+        'commlib_trace_rank3.json'
+    """
+    return Path(directory) / f"{_PREFIX}{rank}.json"
+
+
+def write(directory: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
+    """Write one rank's snapshot, whole or not at all (a reader never sees half a file).
+
+    Examples:
+        >>> import tempfile
+        >>> write(tempfile.mkdtemp(), {"format": FORMAT, "rank": 0, "entries": []}).name
+        'commlib_trace_rank0.json'
+    """
+    target = path_for(directory, int(snapshot["rank"]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(snapshot, f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the files from whoever diagnoses
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_all(directory: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every rank's snapshot in ``directory`` (by rank), and the files that could not be read.
+
+    Examples:
+        >>> import tempfile
+        >>> read_all(tempfile.mkdtemp())
+        ([], [])
+    """
+    snapshots, problems = [], []
+    for path in sorted(Path(directory).glob(f"{_PREFIX}*.json")):
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != FORMAT:
+                raise ValueError(f"not a {FORMAT} file (format {data.get('format')!r})")
+            int(data["rank"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{path.name}: {exc}")
+            continue
+        snapshots.append(data)
+    snapshots.sort(key=lambda d: int(d["rank"]))
+    return snapshots, problems

@@ -1,0 +1,389 @@
+"""Observers, the flight recorder, statistics, profiler labels and `commlib trace`, one process.
+
+The multi-rank behaviour (every rank writes when one fails, ``commlib trace``
+naming the rank that diverged, a third-party observer installed as a
+distribution) is in ``tests/test_observe_world.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pluggy
+import pytest
+import torch
+import torch.distributed as dist
+
+import commlib
+from commlib import Communicator, hookimpl
+from commlib.cli import main as cli
+from commlib.observe import (
+    CollectiveStats,
+    FlightRecorder,
+    diagnosis,
+    disable_flight_recorder,
+    dispatch,
+    enable_flight_recorder,
+    trace_files,
+)
+from commlib.plugins import list_observers, plugin_manager
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _not_distributed():
+    assert not dist.is_initialized()
+
+
+class Watcher:
+    """An observer that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    @hookimpl
+    def commlib_collective_start(self, event):
+        self.seen.append(("start", event.name, event.seq, event.describe(), event.state))
+
+    @hookimpl
+    def commlib_collective_end(self, event):
+        assert event.duration is not None and event.duration >= 0
+        self.seen.append(("end", event.name, event.seq, event.state, event.error))
+
+
+@pytest.fixture
+def watcher():
+    w = Watcher()
+    plugin_manager().register(w)
+    yield w
+    plugin_manager().unregister(w)
+
+
+def test_every_collective_reaching_the_engine_is_seen_once(watcher):
+    comm = Communicator()
+    comm.all_reduce(torch.ones(4), op="mean")
+    comm.broadcast(torch.ones(2, dtype=torch.int64), src=0)
+    comm.all_gather(torch.ones(3))
+    comm.barrier()
+    names = [s[1] for s in watcher.seen if s[0] == "start"]
+    assert names == ["all_reduce", "broadcast", "all_gather", "barrier"]
+    assert watcher.seen[0] == ("start", "all_reduce", 1, "mean, float32 (4,)", "started")
+    assert watcher.seen[1] == ("end", "all_reduce", 1, "completed", None)
+    assert watcher.seen[2][3] == "src 0, int64 (2,)"
+    seqs = [s[2] for s in watcher.seen if s[0] == "start"]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_a_refused_call_is_no_collective(watcher):
+    comm = Communicator()
+    with pytest.raises(ValueError):
+        comm.all_reduce(torch.ones(2), op="nope")
+    with pytest.raises(TypeError):
+        comm.broadcast([1, 2])
+    assert watcher.seen == []
+    comm.all_reduce(torch.ones(2))
+    assert [s[:3] for s in watcher.seen] == [("start", "all_reduce", 1), ("end", "all_reduce", 1)]
+
+
+def test_an_async_collective_ends_when_its_handle_is_waited_on(watcher):
+    comm = Communicator()
+    handle = comm.all_reduce(torch.ones(2), async_op=True)
+    assert [s[0] for s in watcher.seen] == ["start"]
+    assert handle.wait() is True and handle.is_completed()
+    assert [s[:4] for s in watcher.seen][-1] == ("end", "all_reduce", 1, "completed")
+    handle.wait()  # a second wait tells nobody again
+    assert len(watcher.seen) == 2
+
+
+def test_no_observer_costs_no_hook_lookup_per_call(monkeypatch):
+    comm = Communicator()
+    comm.barrier()  # the lookup after the last change of registrations
+    looked = []
+    original = pluggy.HookCaller.get_hookimpls
+
+    def counting(caller):
+        if caller.name == "commlib_collective_start":
+            looked.append(1)
+        return original(caller)
+
+    monkeypatch.setattr(pluggy.HookCaller, "get_hookimpls", counting)
+    for _ in range(20):
+        comm.all_reduce(torch.ones(1))
+    assert looked == []
+    w = Watcher()
+    plugin_manager().register(w)  # a change of registrations: looked up once more
+    looked.clear()
+    try:
+        for _ in range(5):
+            comm.all_reduce(torch.ones(1))
+        assert looked == [1]
+    finally:
+        plugin_manager().unregister(w)
+    assert len([s for s in w.seen if s[0] == "start"]) == 5
+
+
+class Raising:
+    @hookimpl
+    def commlib_collective_start(self, event):
+        raise RuntimeError("observer bug")
+
+
+def test_an_observer_that_raises_is_disabled_and_the_collective_goes_on(watcher):
+    bad = Raising()
+    plugin_manager().register(bad, name="raising-observer")
+    try:
+        comm = Communicator()
+        x = torch.ones(2)
+        with pytest.warns(RuntimeWarning, match="observer bug"):
+            comm.all_reduce(x)
+        comm.all_reduce(x)  # no second warning: it no longer observes
+        assert x.tolist() == [1.0, 1.0]
+        assert len([s for s in watcher.seen if s[0] == "end"]) == 2
+        assert "raising-observer" in dispatch.disabled()
+        out = _info()
+        assert "observer disabled: raising-observer: RuntimeError: observer bug" in out
+    finally:
+        plugin_manager().unregister(bad)
+    assert dispatch.disabled() == {}  # forgotten once unregistered
+
+
+def _info() -> str:
+    import io
+
+    from commlib.cli import info
+
+    buf = io.StringIO()
+    info(buf)
+    return buf.getvalue()
+
+
+def test_commlib_info_names_the_observers(watcher):
+    assert any("Watcher" in name for name in list_observers())
+    assert "observers: " in _info()
+
+
+def test_profiler_shows_commlib_collectives_with_their_sizes():
+    comm = Communicator()
+    with torch.profiler.profile() as prof:
+        comm.all_reduce(torch.ones(4))
+        comm.broadcast(torch.ones(2, 3), src=0)
+    names = {e.key for e in prof.key_averages()}
+    assert "commlib.all_reduce(sum, float32 (4,))" in names
+    assert "commlib.broadcast(src 0, float32 (2, 3))" in names
+
+
+def test_flight_recorder_keeps_the_last_collectives(tmp_path):
+    recorder = FlightRecorder(capacity=3)
+    plugin_manager().register(recorder)
+    try:
+        comm = Communicator()
+        for _ in range(5):
+            comm.all_reduce(torch.ones(2))
+        comm.barrier()
+    finally:
+        plugin_manager().unregister(recorder)
+    snap = recorder.snapshot("asked")
+    assert snap["recorded"] == 6 and len(snap["entries"]) == 3
+    assert [e["name"] for e in snap["entries"]] == ["all_reduce", "all_reduce", "barrier"]
+    assert all(e["state"] == "completed" and e["end"] >= e["start"] for e in snap["entries"])
+    # every Communicator() here is a new one over the same (absent) group: world#N
+    assert list(snap["groups"].values()) == [[0]] and snap["rank"] == 0
+    assert next(iter(snap["groups"])).startswith("world")
+    path = recorder.dump("asked", tmp_path)
+    assert path == trace_files.path_for(tmp_path, 0)
+    assert json.loads(path.read_text())["entries"] == snap["entries"]
+
+
+def test_enable_flight_recorder_registers_once():
+    try:
+        first = enable_flight_recorder()
+        assert enable_flight_recorder() is first
+        assert "commlib.flight_recorder" in list_observers()
+    finally:
+        disable_flight_recorder()
+    assert "commlib.flight_recorder" not in list_observers()
+
+
+def test_statistics(tmp_path):
+    stats = CollectiveStats()
+    plugin_manager().register(stats)
+    try:
+        comm = Communicator()
+        comm.all_reduce(torch.ones(4))
+        comm.all_reduce(torch.ones(8))
+        comm.barrier()
+    finally:
+        plugin_manager().unregister(stats)
+    (group,) = stats.as_dict()
+    row = stats.as_dict()[group]["all_reduce"]
+    assert row["count"] == 2 and row["bytes"] == 48 and row["errors"] == 0
+    assert "all_reduce" in stats.table() and "barrier" in stats.table()
+    written = stats.report(str(tmp_path))
+    assert json.loads(written.read_text())["groups"][group]["barrier"]["count"] == 1
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+RUN = "import torch, commlib; [commlib.all_reduce(torch.ones(3)) for _ in range(4)]"
+
+
+def test_environment_switches_the_built_in_observers_on(tmp_path):
+    proc = _python(RUN, COMMLIB_TRACE_DIR=str(tmp_path), COMMLIB_STATS="1")
+    assert proc.returncode == 0, proc.stderr
+    assert "commlib statistics, rank 0:" in proc.stderr and "all_reduce" in proc.stderr
+    snap = json.loads(trace_files.path_for(tmp_path, 0).read_text())
+    assert snap["reason"] == "exit" and len(snap["entries"]) == 4
+    bad = _python(RUN, COMMLIB_TRACE_DIR=str(tmp_path), COMMLIB_TRACE_CAPACITY="lots")
+    assert "COMMLIB_TRACE_CAPACITY must be a whole number" in bad.stderr
+
+
+# -- commlib trace on files written by hand: the cases the diagnosis must name -----------
+def _entry(seq, name, state="completed", **extra):
+    entry = {
+        "group": "world",
+        "seq": seq,
+        "name": name,
+        "rank": 0,
+        "shapes": [[4]],
+        "dtypes": ["float32"],
+        "nbytes": 16,
+        "peers": {},
+        "op": None,
+        "uniform": True,
+        "start": 100.0 + seq,
+        "end": None if state == "started" else 100.5 + seq,
+        "state": state,
+        "error": None,
+    }
+    entry.update(extra)
+    return entry
+
+
+def _write(directory, rank, entries, world=3, recorded=None, reason="exit"):
+    trace_files.write(
+        directory,
+        {
+            "format": trace_files.FORMAT,
+            "rank": rank,
+            "world_size": world,
+            "written": 200.0,
+            "reason": reason,
+            "recorded": len(entries) if recorded is None else recorded,
+            "groups": {"world": list(range(world))},
+            "entries": entries,
+        },
+    )
+
+
+def test_trace_names_the_rank_in_a_different_collective(tmp_path, capsys):
+    for r in (0, 1):
+        _write(
+            tmp_path,
+            r,
+            [_entry(1, "all_reduce"), _entry(3, "broadcast", "timed out", peers={"src": 0})],
+        )
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(3, "all_reduce", "timed out", op="sum")])
+    found = diagnosis.diagnose(tmp_path)
+    (group,) = found["groups"]
+    assert group["first_disagreement"] == 3
+    assert [p["ranks"] for p in group["parties"]] == [[0, 1], [2]]
+    assert found["verdict"] == [
+        "rank 2 called all_reduce #3 (sum, float32 (4,)) where ranks 0, 1 called "
+        "broadcast #3 (src 0, float32 (4,))"
+    ]
+    assert cli(["trace", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "first disagreement at #3:" in text and "ranks 0, 1" in text
+    assert cli(["trace", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == found["verdict"]
+
+
+def test_trace_names_a_rank_that_never_arrived(tmp_path):
+    for r in (0, 1):
+        _write(
+            tmp_path,
+            r,
+            [
+                _entry(1, "all_reduce"),
+                _entry(2, "all_gather_object", uniform=False),
+                _entry(4, "all_reduce", "started"),
+            ],
+        )
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(2, "all_gather_object", uniform=False)])
+    found = diagnosis.diagnose(tmp_path)
+    assert found["verdict"] == [
+        "rank 2 never arrived at all_reduce #4 (last: all_gather_object #2, completed)"
+    ]
+    assert "in flight for 96.0s" in diagnosis.render(found)
+
+
+def test_trace_names_missing_files_and_where_the_others_failed(tmp_path):
+    for r in (0, 1):
+        _write(
+            tmp_path,
+            r,
+            [
+                _entry(1, "all_reduce"),
+                _entry(2, "all_gather_object", "failed", error="CommError: reset"),
+            ],
+        )
+    found = diagnosis.diagnose(tmp_path)
+    assert found["missing_files"] == [2]
+    assert found["verdict"] == [
+        "rank 2 left no trace file (killed, or another directory); "
+        "ranks 0, 1 failed in all_gather_object #2"
+    ]
+
+
+def test_trace_compares_only_what_every_rank_still_holds(tmp_path):
+    # rank 0 dropped its oldest records: numbers below its oldest kept one are not compared
+    _write(tmp_path, 0, [_entry(5, "all_reduce"), _entry(6, "barrier")], world=2, recorded=6)
+    _write(
+        tmp_path,
+        1,
+        [_entry(s, "all_reduce") for s in range(1, 6)] + [_entry(6, "barrier")],
+        world=2,
+    )
+    found = diagnosis.diagnose(tmp_path)
+    assert found["groups"][0]["first_disagreement"] is None
+    assert found["verdict"] == ["the ranks agree on every collective recorded"]
+
+
+def test_trace_of_an_empty_or_missing_directory(tmp_path, capsys):
+    assert diagnosis.diagnose(tmp_path)["verdict"] == ["no commlib trace files here"]
+    (tmp_path / "commlib_trace_rank0.json").write_text("{not json")
+    assert diagnosis.diagnose(tmp_path)["unreadable"]
+    assert cli(["trace", str(tmp_path / "nope")]) == 2
+
+
+# -- the shape of the code ---------------------------------------------------------------
+def test_every_communicator_method_that_reaches_the_engine_is_observed():
+    tree = ast.parse((ROOT / "commlib" / "communicator.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Communicator"]
+    missing = []
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef) or fn.name.startswith("_"):
+            continue
+        calls_member = any(
+            isinstance(n, ast.Attribute) and n.attr == "_member" for n in ast.walk(fn)
+        )
+        decorated = any(
+            isinstance(d, ast.Call) and getattr(d.func, "id", "") == "_collective"
+            for d in fn.decorator_list
+        )
+        if calls_member and not decorated:
+            missing.append(fn.name)
+    assert not missing, f"collectives observers would not see (add @_collective): {missing}"
+    assert commlib.Communicator.all_reduce.__commlib_collective__ == "all_reduce"

@@ -1,0 +1,258 @@
+"""Observability at world 3 on gloo: ``commlib trace`` names the rank that diverged.
+
+Each fault starts its own world (a fault can leave a process group unusable)
+with ``COMMLIB_TRACE_DIR`` set in every rank. In each case one rank misbehaves
+(calls a different collective, never arrives, is killed, or the job hangs and
+is asked with SIGUSR1), every live rank writes its flight recorder, and the
+diagnosis of ``commlib trace`` names that rank and the collective. A
+third-party observer, installed as a distribution, sees every collective.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from commlib import Communicator
+from commlib.errors import CommError
+from commlib.observe import diagnosis
+from commlib.testing import RankDied, World
+
+from .conftest import pip_install_into
+
+pytestmark = pytest.mark.multirank
+TIMEOUT = 3.0
+
+
+def _trace_into(directory: str, rank: int, size: int) -> None:
+    os.environ["COMMLIB_TRACE_DIR"] = directory
+
+
+@pytest.fixture
+def traced_world(tmp_path):
+    world = World(
+        3, timeout=90, pg_timeout=30, setup=functools.partial(_trace_into, str(tmp_path))
+    )
+    world.start()
+    yield world, tmp_path
+    world.kill()
+
+
+def _files(directory: Path, count: int, deadline: float = 30.0) -> None:
+    """Wait until ``count`` ranks have written (the last ones may write a moment later)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if len(list(directory.glob("commlib_trace_rank*.json"))) >= count:
+            return
+        time.sleep(0.1)
+
+
+def _warm_up(c: Communicator) -> None:
+    c.all_reduce(torch.ones(4))
+    c.all_gather_object({"rank": c.rank})
+
+
+def _different_collective(comm):
+    c = Communicator(timeout=TIMEOUT)
+    _warm_up(c)
+    if c.rank == 2:
+        c.all_reduce(torch.ones(4))
+    else:
+        c.broadcast(torch.ones(4), src=0)
+
+
+def test_trace_names_the_rank_that_called_a_different_collective(traced_world):
+    world, directory = traced_world
+    outcomes = world.outcomes(_different_collective)
+    assert any(isinstance(o.error, CommError) for o in outcomes), outcomes
+    _files(directory, 3)
+    found = diagnosis.diagnose(directory)
+    assert found["missing_files"] == []
+    (group,) = found["groups"]
+    assert [p["ranks"] for p in group["parties"]] == [[0, 1], [2]]
+    assert [p["name"] for p in group["parties"]] == ["broadcast", "all_reduce"]
+    seq = group["first_disagreement"]
+    assert found["verdict"] == [
+        f"rank 2 called all_reduce #{seq} (sum, float32 (4,)) where ranks 0, 1 called "
+        f"broadcast #{seq} (src 0, float32 (4,))"
+    ]
+
+
+def _never_arrives(comm):
+    c = Communicator(timeout=TIMEOUT)
+    _warm_up(c)
+    if c.rank != 2:
+        c.all_reduce(torch.ones(4))
+    return "left early"
+
+
+def test_trace_names_the_rank_that_never_arrived(traced_world):
+    world, directory = traced_world
+    outcomes = world.outcomes(_never_arrives)
+    assert outcomes[2].value == "left early"
+    # rank 2's own calls all succeeded: it writes because the others asked
+    _files(directory, 3)
+    found = diagnosis.diagnose(directory)
+    assert "asked by rank" in found["written_because"]["2"]
+    (group,) = found["groups"]
+    seq = group["first_disagreement"]
+    assert found["verdict"] == [
+        f"rank 2 never arrived at all_reduce #{seq} (last: all_gather_object #{seq - 1}, "
+        "completed)"
+    ]
+
+
+def _killed_mid_collective(comm):
+    c = Communicator(timeout=20)
+    _warm_up(c)
+    big = torch.ones(1 << 21)
+    if c.rank == 2:
+        # die while the ranks are in the middle of a stream of large all_reduces
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    for _ in range(10_000):
+        c.all_reduce(big)
+
+
+def test_trace_names_the_rank_killed_mid_collective(traced_world):
+    world, directory = traced_world
+    outcomes = world.outcomes(_killed_mid_collective)
+    assert isinstance(outcomes[2].error, RankDied)
+    assert all(isinstance(o.error, CommError) for o in outcomes[:2]), outcomes
+    _files(directory, 2)
+    found = diagnosis.diagnose(directory)
+    assert found["missing_files"] == [2]
+    (verdict,) = found["verdict"]
+    assert verdict.startswith("rank 2 left no trace file")
+    assert "all_reduce #" in verdict and "ranks 0, 1" in verdict
+
+
+def _hang(comm):
+    c = Communicator(timeout=60)
+    _warm_up(c)
+    if c.rank != 2:
+        c.all_reduce(torch.ones(4))
+
+
+def test_sigusr1_makes_every_rank_of_a_live_hang_write(traced_world):
+    world, directory = traced_world
+    pids = world.pids
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            world.outcomes(_hang, timeout=120)
+        except Exception:
+            pass  # the world is killed below
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    # ranks 0 and 1 are blocked in a collective: their main threads are not in Python
+    time.sleep(3)
+    os.kill(pids[0], signal.SIGUSR1)
+    _files(directory, 3)
+    found = diagnosis.diagnose(directory)
+    world.kill()
+    done.wait(30)
+    assert found["written_because"]["0"] == "SIGUSR1 on rank 0"
+    assert found["written_because"]["1"].startswith("asked by rank 0: SIGUSR1")
+    (group,) = found["groups"]
+    (party,) = group["parties"]
+    assert party["ranks"] == [0, 1] and party["name"] == "all_reduce"
+    assert all(state.startswith("in flight") for state in party["states"].values())
+    assert found["verdict"][0].startswith("rank 2 never arrived at all_reduce #")
+
+
+# -- a third-party observer installed as a distribution ----------------------------------
+def _with_site(site: str, rank: int, size: int) -> None:
+    # spawned ranks take the parent's sys.path, not PYTHONPATH: put the site there
+    import importlib
+    import sys
+
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+
+
+@pytest.fixture(scope="module")
+def observed_world(tmp_path_factory):
+    site = pip_install_into(Path(__file__).parent / "observer_dist", tmp_path_factory)
+    world = World(3, timeout=120, setup=functools.partial(_with_site, str(site))).start()
+    yield world
+    world.close()
+
+
+def _every_collective(comm):
+    import commlib_test_observer as observer
+
+    observer.seen.clear()
+    c = Communicator(timeout=60)
+    me, world = c.rank, c.world_size
+    c.all_reduce(torch.ones(2), op="mean")
+    c.all_reduce(torch.ones(2), async_op=True).wait()
+    c.broadcast(torch.ones(3), src=1)
+    c.all_gather(torch.ones(me + 1))  # ragged: a shape round, then the data
+    c.all_gather(torch.ones(5000))  # too big for one round
+    c.all_gather_into_tensor(torch.empty(2 * world), torch.ones(2))
+    c.gather(torch.ones(2), dst=0)
+    c.reduce_scatter(torch.empty(1), torch.ones(world))
+    c.barrier()
+    c.all_gather_object({"rank": me})
+    c.all_gather_object(np.ones(20_000))  # two rounds: one collective
+    c.gather_object(me, dst=1)
+    c.broadcast_object_list([me, "x"], src=0)
+    c.broadcast_object("hello", src=2)
+    c.all_gather_shapes(torch.ones(2, me + 1))
+    c.ensure_same("check", "same everywhere")
+    Communicator(timeout=60, strict=True).all_reduce(torch.ones(1))
+    return list(observer.seen)
+
+
+def test_a_third_party_observer_sees_every_collective(observed_world):
+    seen = observed_world.run(_every_collective)
+    every = {
+        name
+        for name in dir(Communicator)
+        if getattr(getattr(Communicator, name), "__commlib_collective__", None)
+    }
+    for rank_seen in seen:
+        starts = [s for s in rank_seen if s[0] == "start"]
+        ends = [s for s in rank_seen if s[0] == "end"]
+        assert {s[1] for s in starts} == every
+        # one start and one completed end per collective, in order
+        assert [(s[1], s[2]) for s in starts] == [(e[1], e[2]) for e in ends]
+        assert all(e[4] == "completed" for e in ends)
+        assert rank_seen[::2] == starts and rank_seen[1::2] == ends
+        assert len(starts) == 17
+    # the same collectives, numbers and communicators on every rank
+    assert len({tuple((s[0], s[1], s[2], s[3]) for s in r) for r in seen}) == 1
+
+
+def test_an_observer_distribution_that_fails_to_import_is_a_row_of_info(tmp_path):
+    import subprocess
+    import sys
+
+    info = tmp_path / "bad_observer-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-observer\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[commlib.backends]\nbadobs = bad_observer_mod\n")
+    (tmp_path / "bad_observer_mod.py").write_text("raise ImportError('libobs.so: missing')\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    code = (
+        "import torch, commlib; from commlib.cli import main; x = torch.ones(1); "
+        "commlib.all_reduce(x); raise SystemExit(main(['info']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "libobs.so: missing" in proc.stdout and "badobs (bad-observer 0.1)" in proc.stdout

@@ -10,8 +10,9 @@ The expectations are those of Fabric's own ``TorchCollective`` tests:
   non-member passing ``barrier``; groups torn down leave torch's group map;
 * ops by name or ``ReduceOp``, create/teardown errors as Fabric words them;
 * ``setup()`` starts the default group and the last ``teardown()`` destroys it
-  (Fabric's launcher, as its tests launch), and the collective works inside
-  ``Fabric(...).launch``.
+  (a world of one, in this process), and the collective works beside a
+  ``Fabric(...)`` that joined a running world (as under torchrun), at 2 and 3
+  ranks, giving what Fabric's own collectives give.
 
 Functions named ``_on_*`` run inside the harness's ranks (``fn(comm, ...)``).
 """
@@ -19,7 +20,6 @@ Functions named ``_on_*`` run inside the harness's ranks (``fn(comm, ...)``).
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 from unittest import mock
 
@@ -33,11 +33,7 @@ pytest.importorskip(
 
 import torch.distributed as dist
 from lightning_fabric import Fabric
-from lightning_fabric.accelerators import CPUAccelerator
 from lightning_fabric.plugins.collectives import Collective, TorchCollective
-from lightning_fabric.plugins.environments import LightningEnvironment
-from lightning_fabric.strategies import DDPStrategy
-from lightning_fabric.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
 from commlib import Communicator, NotInGroupError
 from commlib.integrations.lightning import CommlibCollective
@@ -229,85 +225,66 @@ def test_two_overlapping_groups(world3):
         assert left_over == [] and added == 0  # torn down; the default group stays
 
 
-# -- the default group's life cycle, launched as Fabric's own tests launch -------------------
-def _launch(fn, world_size: int, num_groups: int = 1):
-    strategy = DDPStrategy(
-        accelerator=CPUAccelerator(),
-        parallel_devices=[torch.device("cpu")] * world_size,
-        cluster_environment=LightningEnvironment(),
-        start_method="spawn",
-    )
-    collectives = [CommlibCollective() for _ in range(num_groups)]
-    wrapped = functools.partial(_set_up_and_tear_down, fn, strategy, collectives)
-    with mock.patch.dict(os.environ, os.environ.copy(), clear=True):
-        return _MultiProcessingLauncher(strategy=strategy).launch(wrapped, strategy, *collectives)
-
-
-def _set_up_and_tear_down(fn, strategy, collectives, *args):
-    strategy._set_world_ranks()
-    collectives[0].setup(  # one setup starts the default group for all
-        world_size=strategy.num_processes,
-        main_address="127.0.0.1",
-        backend=strategy._get_process_group_backend(),
-        rank=strategy.global_rank,
-    )
-    assert CommlibCollective.manages_default_group and dist.is_initialized()
-    with (
-        mock.patch.object(
-            CommlibCollective, "new_group", wraps=CommlibCollective.new_group
-        ) as made,
-        mock.patch.object(
-            CommlibCollective, "destroy_group", wraps=CommlibCollective.destroy_group
-        ) as destroyed,
-    ):
-        result = fn(*args)
-        for c in collectives:
-            c.teardown()
-    # as Fabric's check_destroy_group: every group made is destroyed, and so is the default
-    assert made.call_count == destroyed.call_count - 1, (made.call_count, destroyed.call_count)
-    assert not dist.distributed_c10d._pg_map and not CommlibCollective.is_initialized()
-    assert not CommlibCollective.manages_default_group
-    return result
-
-
-def _fabric_collectives_fn(strategy, collective):
-    # Fabric's _test_distributed_collectives_fn, on commlib
-    collective.create_group()
-    n, rank = strategy.num_processes, strategy.global_rank
-    tensor_list = [torch.zeros(2, dtype=torch.long) for _ in range(n)]
-    out = collective.all_gather(tensor_list, torch.arange(2, dtype=torch.long) + 2 * rank)
-    torch.testing.assert_close(tuple(out), torch.arange(2 * n).split(2))
-    this = torch.tensor(rank + 1)
-    out = collective.reduce(this, dst=0, op="max")
-    torch.testing.assert_close(out, torch.tensor(n) if rank == 0 else this)
-    out = collective.all_reduce(torch.tensor(rank + 1), op=ReduceOp.MIN)
-    torch.testing.assert_close(out, torch.tensor(1))
-
-
+# -- the default group's life cycle, and Fabric(...) itself ------------------------------------
 def test_setup_starts_and_teardown_destroys_the_default_group():
-    _launch(_fabric_collectives_fn, world_size=2)
+    # Fabric's check_destroy_group, in this process (a world of one): every group
+    # made is destroyed, and the last teardown destroys the default group setup started
+    assert not CommlibCollective.is_initialized()
+    collective = CommlibCollective()
+    try:
+        with (
+            mock.patch.dict(os.environ, clear=True),
+            mock.patch.object(
+                CommlibCollective, "new_group", wraps=CommlibCollective.new_group
+            ) as made,
+            mock.patch.object(
+                CommlibCollective, "destroy_group", wraps=CommlibCollective.destroy_group
+            ) as destroyed,
+        ):
+            collective.setup(
+                main_address="127.0.0.1",
+                main_port=29500,
+                backend="gloo",
+                store=dist.HashStore(),
+                world_size=1,
+                rank=0,
+            )
+            assert not os.environ  # the address and port were there only while it started
+            assert CommlibCollective.manages_default_group and dist.is_initialized()
+            assert collective.setup() is collective  # already up: nothing more
+            collective.create_group()
+            this = torch.tensor([3.0])
+            assert collective.all_reduce(this, op=ReduceOp.MIN) is this and this.item() == 3.0
+            collective.teardown()
+        assert made.call_count == destroyed.call_count - 1 == 1
+        assert not dist.distributed_c10d._pg_map and not CommlibCollective.is_initialized()
+        assert not CommlibCollective.manages_default_group
+    finally:
+        if dist.is_initialized():  # never leave this process distributed
+            dist.destroy_process_group()
+        CommlibCollective.manages_default_group = False
 
 
-def _inside_fabric(fabric):
-    # Fabric started the world; the collective uses it and leaves it to Fabric
+def _inside_fabric(comm):
+    # as under torchrun: the processes exist and torch.distributed runs; Fabric joins
+    fabric = Fabric(accelerator="cpu", devices=comm.world_size, strategy="ddp")
+    fabric.launch()
     c = CommlibCollective()
     rank = fabric.global_rank
     mine = torch.tensor([float(rank + 1)])
     theirs = fabric.all_reduce(mine.clone(), reduce_op="sum")
     assert torch.equal(c.all_reduce(mine.clone(), "sum"), theirs)
     assert c.broadcast_object_list([rank], src=1) == [fabric.broadcast(rank, src=1)]
-    fabric_gathered = fabric.all_gather(mine)
-    ours = c.all_gather([torch.zeros(1), torch.zeros(1)], mine)
-    assert torch.equal(torch.stack(ours), fabric_gathered)
-    pair = CommlibCollective().create_group()  # ranks=None: every rank, a new group
-    assert pair.all_gather_object([None, None], rank) == [0, 1]
-    pair.teardown()
+    ours = c.all_gather([torch.zeros(1) for _ in range(fabric.world_size)], mine)
+    assert torch.equal(torch.stack(ours), fabric.all_gather(mine))
+    everyone = CommlibCollective().create_group()  # ranks=None: a new group of all ranks
+    gathered = everyone.all_gather_object([None] * fabric.world_size, rank)
+    everyone.teardown()
     assert dist.is_initialized() and not CommlibCollective.manages_default_group
     fabric.barrier()
-    return rank
+    return gathered
 
 
-def test_inside_fabric_launch():
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
-    with mock.patch.dict(os.environ, os.environ.copy(), clear=True):
-        assert fabric.launch(_inside_fabric) == 0
+def test_inside_fabric(world2, world3):
+    for world in (world2, world3):
+        assert world.run(_inside_fabric) == [list(range(world.size))] * world.size

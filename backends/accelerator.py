@@ -12,8 +12,10 @@ them into behaviour:
 * what the library lacks is supplied here: reductions it cannot do run as an
   all_gather plus a local reduction (exact, in rank order); dtypes it cannot
   move travel as raw bytes; ``gather`` without a native one is an all_gather
-  kept on ``dst``; ``barrier`` is an all_reduce of one element on this
-  process's own device (never a device guessed from the rank).
+  kept on ``dst``, ``scatter`` without one a broadcast each rank keeps its
+  part of; point-to-point batches are posted as one group; ``barrier`` is an
+  all_reduce of one element on this process's own device (never a device
+  guessed from the rank).
 
 A simulated accelerator (:mod:`commlib.testing.simulated`) is a subclass of
 the vendor plugin that keeps "device memory" in host memory: it overrides
@@ -34,7 +36,8 @@ import torch.distributed as dist
 
 from commlib.backend import Backend, WorkList, global_rank
 from commlib.errors import BackendUnavailableError
-from commlib_backends.engine_gaps import EngineGaps, as_bytes
+from commlib.types import P2PRequest
+from commlib_backends.engine_gaps import EngineGaps
 
 
 class DeviceRuntime:
@@ -112,7 +115,8 @@ class AcceleratorBackend(EngineGaps):
     * ``device_label``: how messages name the device (``"NPU"``);
     * ``reduce_ops`` / ``reduce_dtypes``: what the library reduces itself;
     * ``wire_dtypes``: what it moves at all (others travel as bytes);
-    * ``native_gather``: whether its ``gather`` may be called.
+    * ``native_gather`` / ``native_scatter``: whether its ``gather`` /
+      ``scatter`` may be called.
 
     Examples:
         >>> class Xccl(AcceleratorBackend):
@@ -130,6 +134,11 @@ class AcceleratorBackend(EngineGaps):
     large_payload_transport = "collective"
     # the CPU backend of a multi-device group ("gloo" in "cpu:gloo,cuda:nccl")
     cpu_part: str | None = None
+    # a mismatch hangs or gives wrong results in these libraries (the hang ends
+    # at the engine's timeout) rather than ending the process at once, and a
+    # device-side check would cost a host synchronisation per call: unchecked
+    # by default, strict=True checks
+    mismatch_aborts = False
 
     # -- availability --------------------------------------------------------------
     def vendor_module(self) -> ModuleType:
@@ -305,30 +314,26 @@ class AcceleratorBackend(EngineGaps):
         else:
             work.wait(timeout)
 
-    def exchange(
-        self,
-        sends: Sequence[tuple[torch.Tensor, int]],
-        recvs: Sequence[tuple[torch.Tensor, int]],
-        group: Any,
-        async_op: bool = False,
+    def batch_isend_irecv(
+        self, requests: Sequence[P2PRequest], group: Any, async_op: bool = False
     ) -> WorkList | None:
-        """Post every send and receive as one batch, then wait for all of them.
+        """Post every send and receive as one group (torch's ``batch_isend_irecv``).
 
         NCCL-style libraries deadlock on unbatched two-way send/recv. (The
         object collectives use collectives on these backends anyway: each
         peer pair would need a communicator of its own.)
         """
         ops = [
-            dist.P2POp(dist.irecv, self._wire(t), global_rank(group, peer), group)
-            for t, peer in recvs
-        ] + [
-            dist.P2POp(dist.isend, self._wire(t), global_rank(group, peer), group)
-            for t, peer in sends
+            dist.P2POp(
+                dist.isend if r.kind == "send" else dist.irecv,
+                self._wire(r.tensor),
+                global_rank(group, r.peer),
+                group,
+                r.tag,
+            )
+            for r in requests
         ]
         return WorkList(dist.batch_isend_irecv(ops) if ops else []).result(async_op)
-
-    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if self._wire_ok(tensor.dtype) else as_bytes(tensor)
 
     # -- multi-device process groups ----------------------------------------------------
     def for_group(self, torch_backend: str) -> Backend:

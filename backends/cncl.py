@@ -11,8 +11,9 @@ and what the plugin does about them:
   locally after an all_gather;
 * reductions take sum, product, min, max (``band``/``bor``/``bxor`` raise
   "Cannot use ReduceOp.BAND with CNCL"); the rest reduce locally;
-* older torch_mlu raises "Not supported yet" for gather: the plugin gathers
-  with all_gather and keeps the result on ``dst``, on every version.
+* older torch_mlu raises "Not supported yet" for gather and scatter: the
+  plugin gathers with all_gather and keeps the result on ``dst``, and
+  scatters with a broadcast each rank keeps its part of, on every version.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class CnclBackend(AcceleratorBackend):
     wire_dtypes = _MOVES
     reduce_dtypes = _MOVES
     native_gather = False
+    native_scatter = False  # older torch_mlu raises "Not supported yet"
 
 
 @hookimpl

@@ -8,74 +8,21 @@ gloo and the accelerator backends share it.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from commlib.backend import Backend
 from commlib.dtypes import byte_view
-from commlib.types import EngineOp, Group, Work
-
-# the reductions commlib needs, computed locally on gathered tensors; torch.add
-# and torch.mul on bool are logical or / and, as gloo does them
-_LOCAL_REDUCE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "sum": torch.add,
-    "product": torch.mul,
-    "min": torch.minimum,
-    "max": torch.maximum,
-    "band": torch.bitwise_and,
-    "bor": torch.bitwise_or,
-    "bxor": torch.bitwise_xor,
-}
+from commlib.reductions import reduce_locally
+from commlib.types import EngineOp, Group, P2PRequest, Work
 
 _REAL_OF_COMPLEX = {
     torch.complex32: torch.float16,
     torch.complex64: torch.float32,
     torch.complex128: torch.float64,
 }
-
-
-# torch cannot add or compare these on the CPU: reduce in a wider dtype, then
-# narrow back (integer narrowing wraps, as the sum would have)
-_WIDER = {
-    torch.uint16: torch.int32,
-    torch.uint32: torch.int64,
-    **{
-        d: torch.float32
-        for d in (
-            getattr(torch, n, None)
-            for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-        )
-        if d is not None
-    },
-}
-_SIGN64 = -(2**63)
-
-
-def reduce_locally(parts: Sequence[torch.Tensor], op: str) -> torch.Tensor:
-    """Reduce equally shaped tensors with one of commlib's engine op names.
-
-    Dtypes torch cannot reduce on the CPU are reduced exactly in a wider one;
-    uint64 as int64 bits (min/max with the sign bit flipped).
-
-    Examples:
-        >>> reduce_locally([torch.tensor([1, 2]), torch.tensor([3, 4])], "max")
-        tensor([3, 4])
-    """
-    dtype = parts[0].dtype
-    if dtype == torch.uint64:
-        bits = [p.view(torch.int64) for p in parts]
-        if op in ("min", "max"):
-            flipped = [b ^ _SIGN64 for b in bits]
-            return (functools.reduce(_LOCAL_REDUCE[op], flipped) ^ _SIGN64).view(torch.uint64)
-        return reduce_locally(bits, op).view(torch.uint64)
-    if dtype in _WIDER:
-        return reduce_locally([p.to(_WIDER[dtype]) for p in parts], op).to(dtype)
-    if op == "avg":
-        return functools.reduce(torch.add, parts) / len(parts)
-    return functools.reduce(_LOCAL_REDUCE[op], parts)
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,7 +58,9 @@ class EngineGaps(Backend):
     * ``wire_dtypes``: dtypes the engine moves (others travel as bytes);
     * ``reduce_dtypes`` / ``reduce_ops``: what it reduces itself (others are
       gathered and reduced here, in rank order, so every rank gets the same bits);
-    * ``native_gather``: whether it has ``gather`` (else an all_gather kept on dst).
+    * ``native_gather``: whether it has ``gather`` (else an all_gather kept on dst);
+    * ``native_scatter``: whether it has ``scatter`` (else a broadcast of the
+      whole list from src, each rank keeping its part).
     """
 
     reduce_ops: ClassVar[frozenset[str]] = frozenset(
@@ -120,6 +69,7 @@ class EngineGaps(Backend):
     reduce_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
     wire_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
     native_gather: ClassVar[bool] = True
+    native_scatter: ClassVar[bool] = True
 
     # -- what the library handles itself ---------------------------------------------
     def _wire_ok(self, dtype: torch.dtype) -> bool:
@@ -219,3 +169,114 @@ class EngineGaps(Backend):
             out = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
         self.all_gather(out, tensor, group)
         return None
+
+    def reduce(
+        self, tensor: torch.Tensor, dst: int, op: EngineOp, group: Group, async_op: bool = False
+    ) -> Work | None:
+        """The library's reduce, or a gather to ``dst`` and a local reduction in rank order."""
+        if self.reduces_natively(op, tensor.dtype):
+            return super().reduce(tensor, dst, op, group, async_op)
+        me = self.rank(group)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
+        self.gather(tensor, parts if me == dst else None, dst, group)
+        if me == dst:
+            tensor.copy_(reduce_locally(parts, op))
+        return None
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: list[torch.Tensor] | None,
+        src: int,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """The library's scatter, or a broadcast of the whole list keeping this rank's part."""
+        if self.native_scatter:
+            if self._wire_ok(tensor.dtype):
+                return super().scatter(tensor, scatter_list, src, group, async_op)
+            raw = None if scatter_list is None else [as_bytes(t) for t in scatter_list]
+            return super().scatter(as_bytes(tensor), raw, src, group, async_op)
+        world, me = self.world_size(group), self.rank(group)
+        if me == src and scatter_list is not None:
+            whole = torch.stack([t.reshape(tensor.shape) for t in scatter_list])
+        else:
+            whole = tensor.new_empty((world, *tensor.shape))
+        self.broadcast(whole, src, group)
+        tensor.copy_(whole[me])
+        return None
+
+    def all_to_all(
+        self,
+        output_list: list[torch.Tensor],
+        input_list: list[torch.Tensor],
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """all_to_all; tensors of different shapes go as one all_to_all_single.
+
+        gloo's own all_to_all takes tensors of one shape only; dtypes the
+        library cannot move travel as bytes.
+        """
+        if len({tuple(t.shape) for t in (*output_list, *input_list)}) > 1:
+            out_sizes = [t.numel() for t in output_list]
+            in_sizes = [t.numel() for t in input_list]
+            flat_out = output_list[0].new_empty(sum(out_sizes))
+            flat_in = torch.cat([t.reshape(-1) for t in input_list])
+            self.all_to_all_single(flat_out, flat_in, out_sizes, in_sizes, group)
+            for t, part in zip(output_list, flat_out.split(out_sizes)):
+                t.copy_(part.view(t.shape))
+            return None
+        if self._wire_ok(input_list[0].dtype):
+            return super().all_to_all(output_list, input_list, group, async_op)
+        raw_out = [as_bytes(t) for t in output_list]
+        return super().all_to_all(raw_out, [as_bytes(t) for t in input_list], group, async_op)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """all_to_all_single; dtypes the library cannot move travel as bytes (splits in bytes)."""
+        if self._wire_ok(input.dtype):
+            return super().all_to_all_single(
+                output, input, output_split_sizes, input_split_sizes, group, async_op
+            )
+        raw_out, raw_in = as_bytes(output), as_bytes(input)
+        out_row = raw_out.numel() // max(output.shape[0], 1) if output.dim() else 0
+        in_row = raw_in.numel() // max(input.shape[0], 1) if input.dim() else 0
+        return super().all_to_all_single(
+            raw_out,
+            raw_in,
+            None if output_split_sizes is None else [n * out_row for n in output_split_sizes],
+            None if input_split_sizes is None else [n * in_row for n in input_split_sizes],
+            group,
+            async_op,
+        )
+
+    # -- point to point: dtypes the library cannot move travel as bytes ------------------
+    def send(
+        self, tensor: torch.Tensor, dst: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """send; dtypes the library cannot move travel as bytes."""
+        return super().send(self._wire(tensor), dst, group, async_op, tag)
+
+    def recv(
+        self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """recv; dtypes the library cannot move travel as bytes."""
+        return super().recv(self._wire(tensor), src, group, async_op, tag)
+
+    def batch_isend_irecv(
+        self, requests: Sequence[P2PRequest], group: Group, async_op: bool = False
+    ) -> Work | None:
+        """batch_isend_irecv; dtypes the library cannot move travel as bytes."""
+        wired = [r._replace(tensor=self._wire(r.tensor)) for r in requests]
+        return super().batch_isend_irecv(wired, group, async_op)
+
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self._wire_ok(tensor.dtype) else as_bytes(tensor)

@@ -7,7 +7,8 @@ the CANN HCCL reference, and what the plugin does about them:
   (device ``npu``);
 * ProcessGroupHCCL raises "does not support gather" (torch_npu's Python layer
   falls back to all_gather with a warning): the plugin gathers with all_gather
-  and keeps the result on ``dst``;
+  and keeps the result on ``dst``; older versions also raise "does not support
+  scatter": the plugin scatters with a broadcast each rank keeps its part of;
 * reductions take sum, product, min, max only (``band``/``bor``/``bxor``
   raise "Cannot use ReduceOp.BAND with HCCL"), and only int8, int16, int32,
   int64, float16, float32 and bfloat16 ("HCCL AllReduce & Reduce:
@@ -60,6 +61,7 @@ class HcclBackend(AcceleratorBackend):
         }
     )
     native_gather = False
+    native_scatter = False  # older torch_npu raises "does not support scatter"
 
 
 @hookimpl

@@ -68,11 +68,32 @@ class SingleBackend(Backend):
     def reduce_scatter(self, output, input, op, group, async_op=False):
         output.copy_(input.reshape(output.shape))
 
+    def reduce(self, tensor, dst, op, group, async_op=False):
+        return None
+
+    def scatter(self, tensor, scatter_list, src, group, async_op=False):
+        if scatter_list:
+            tensor.copy_(scatter_list[0].reshape(tensor.shape))
+
+    def all_to_all(self, output_list, input_list, group, async_op=False):
+        output_list[0].copy_(input_list[0].reshape(output_list[0].shape))
+
+    def all_to_all_single(
+        self, output, input, output_split_sizes, input_split_sizes, group, async_op=False
+    ):
+        output.copy_(input.reshape(output.shape))
+
     def barrier(self, group, timeout=None) -> None:
         return None
 
-    def exchange(self, sends, recvs, group, async_op=False) -> None:
-        if sends or recvs:
+    def send(self, tensor, dst, group, async_op=False, tag=0):
+        raise ValueError("a single-process world has no peer to send to")
+
+    def recv(self, tensor, src, group, async_op=False, tag=0):
+        raise ValueError("a single-process world has no peer to receive from")
+
+    def batch_isend_irecv(self, requests, group, async_op=False) -> None:
+        if requests:
             raise ValueError("a single-process world has no peers to exchange with")
 
 

@@ -1,11 +1,14 @@
-"""What strict mode costs: all_reduce / broadcast with and without it, against torch.
+"""What the argument check costs, per size: all_reduce and broadcast, checked and not.
 
-Strict mode agrees on a fingerprint (one 8-byte all_gather) before each
-collective. This measures that price at a few sizes, in the same run as plain
-``torch.distributed`` and commlib without strict mode.
+Four ways, in the same run, on the same data: plain ``torch.distributed``;
+commlib with the check off (``strict=False``, the opt-out for hot loops);
+commlib's default (on gloo the tensor collectives are checked: the data
+travels with the check when it fits the 4 KiB slot, otherwise the check is
+one small round before the engine's collective); and strict mode. Sizes span
+the slot: just inside it, just past it, and up to 16 MiB.
 
 Usage:
-    python benchmarks/bench_strict.py [--nproc 2] [--iters 200]
+    python benchmarks/bench_strict.py [--nproc 2] [--iters 200] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch.distributed as tdist
 from commlib import Communicator
 from commlib.testing import World
 
-SIZES = [8, 4096, 1 << 20, 16 << 20]
+SIZES = [8, 1024, 4000, 8192, 65536, 1 << 20, 16 << 20]
+WAYS = ("torch", "unchecked", "default", "strict")
 
 
 def _time(fn, iters: int) -> float:
@@ -32,22 +36,37 @@ def _time(fn, iters: int) -> float:
     return statistics.median(samples)
 
 
-def _on_measure(comm, iters: int) -> dict:
-    loose = Communicator(timeout=120)
-    strict = Communicator(timeout=120, strict=True)
-    out = {}
-    for nbytes in SIZES:
-        x = torch.ones(max(1, nbytes // 4))
-        n = max(5, iters if nbytes <= 1 << 20 else iters // 20)
-        cases = {
-            "torch": lambda x=x: tdist.all_reduce(x),
-            "commlib": lambda x=x: loose.all_reduce(x),
-            "commlib strict": lambda x=x: strict.all_reduce(x),
-        }
-        for name, fn in cases.items():
-            fn()
-            tdist.barrier()
-            out[(nbytes, name)] = _time(fn, n)
+def _calls(comm, op: str, x: torch.Tensor) -> dict:
+    comms = {
+        "unchecked": Communicator(timeout=300, strict=False),
+        "default": Communicator(timeout=300),
+        "strict": Communicator(timeout=300, strict=True),
+    }
+    if op == "all_reduce":
+        out = {"torch": lambda: tdist.all_reduce(x)}
+        out.update({k: (lambda c=c: c.all_reduce(x)) for k, c in comms.items()})
+    else:
+        out = {"torch": lambda: tdist.broadcast(x, src=0)}
+        out.update({k: (lambda c=c: c.broadcast(x, src=0)) for k, c in comms.items()})
+    return out
+
+
+def _on_measure(comm, iters: int, rounds: int) -> dict:
+    out: dict = {}
+    for op in ("all_reduce", "broadcast"):
+        for nbytes in SIZES:
+            x = torch.ones(max(1, nbytes // 4))
+            n = max(5, iters if nbytes <= 1 << 16 else iters // 20)
+            calls = _calls(comm, op, x)
+            # the ways take turns, so a busy moment on the machine hits them alike
+            runs: dict = {way: [] for way in WAYS}
+            for _ in range(rounds):
+                for way in WAYS:
+                    calls[way]()
+                    tdist.barrier()
+                    runs[way].append(_time(calls[way], n))
+            for way in WAYS:
+                out[(op, nbytes, way)] = statistics.median(runs[way])
     return out
 
 
@@ -55,21 +74,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    with World(args.nproc, timeout=600) as world:
-        per_rank = world.run(_on_measure, args.iters)
+    with World(args.nproc, timeout=1800) as world:
+        per_rank = world.run(_on_measure, args.iters, args.rounds, timeout=1800)
     slowest = {k: max(r[k] for r in per_rank) for k in per_rank[0]}
-    print(f"all_reduce, gloo, {args.nproc} ranks, median of iterations, slowest rank")
-    print(
-        f"{'bytes':>10} {'torch us':>10} {'commlib us':>11} {'strict us':>10} "
-        f"{'commlib/torch':>14} {'strict/torch':>13} {'strict cost us':>15}"
-    )
-    for nbytes in SIZES:
-        t, c, s = (slowest[(nbytes, k)] * 1e6 for k in ("torch", "commlib", "commlib strict"))
-        print(
-            f"{nbytes:>10} {t:>10.1f} {c:>11.1f} {s:>10.1f} {c / t:>14.2f} {s / t:>13.2f} "
-            f"{s - c:>15.1f}"
-        )
+    print(f"gloo, {args.nproc} ranks, median time per call (us), slowest rank")
+    head = f"{'op':<11} {'bytes':>9} " + " ".join(f"{w:>10}" for w in WAYS)
+    print(head + f" {'check cost':>11} {'default/unchecked':>18}")
+    for op in ("all_reduce", "broadcast"):
+        for nbytes in SIZES:
+            t = {w: slowest[(op, nbytes, w)] * 1e6 for w in WAYS}
+            print(
+                f"{op:<11} {nbytes:>9} "
+                + " ".join(f"{t[w]:>10.1f}" for w in WAYS)
+                + f" {t['default'] - t['unchecked']:>11.1f} "
+                f"{t['default'] / t['unchecked']:>18.2f}"
+            )
 
 
 if __name__ == "__main__":

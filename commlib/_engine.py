@@ -6,11 +6,18 @@ communicator's collectives share and nothing else:
 * the backend plugin and the process group it serves (the plugin's methods
   are handed the group here, never by callers);
 * sequence numbers, one per call, that name a collective in error messages;
-* timeouts: the communicator's, or a call's own;
+* timeouts: the communicator's, or a call's own, which also bound the
+  engine's own wait (:meth:`~commlib.Backend.set_timeout`), so an abandoned
+  operation ends inside the engine too and the process can exit;
 * :meth:`Engine.map_errors`, the one place where what an engine raises
   (torch's ``DistError`` family, gloo's and NCCL's ``RuntimeError``) becomes a
   commlib error: :class:`~commlib.errors.CommTimeoutError` naming the ranks
-  that held the call up, or :class:`~commlib.errors.CommError`.
+  that held the call up, or :class:`~commlib.errors.CommError`;
+* the group's health (:mod:`commlib._health`): the first engine failure marks
+  the group broken, and every later call raises
+  :class:`~commlib.errors.CommBrokenError` before anything is sent;
+* :meth:`Engine.shrink`: the surviving ranks agree on who goes on
+  (:mod:`commlib._survivors`) and the plugin builds their new group.
 
 Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
 :mod:`commlib._agreement`) pass the plugin's bound methods::
@@ -22,12 +29,13 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
 
-from commlib import _failure_notes
+from commlib import _failure_notes, _survivors, _waiting
+from commlib._health import health_of
 from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
@@ -36,6 +44,25 @@ from commlib.types import Group, Work
 # a wait that raised within this much of its limit ran out of time, whatever
 # the engine's message says
 _TIMEOUT_SLACK = 0.05
+
+
+# the engine's own limit on an operation: a little after commlib's, so each
+# rank's wait ends first (naming the ranks it waited for), and soon enough
+# after it that the process can exit
+_ENGINE_SLACK, _ENGINE_SLACK_SHARE, _ENGINE_SLACK_MAX = 2.0, 0.05, 60.0
+
+
+def engine_limit(limit: datetime.timedelta) -> datetime.timedelta:
+    """How long the engine itself may take on an operation commlib waits ``limit`` for.
+
+    Examples:
+        >>> engine_limit(datetime.timedelta(seconds=10))
+        datetime.timedelta(seconds=12, microseconds=500000)
+    """
+    seconds = limit.total_seconds()
+    return datetime.timedelta(
+        seconds=seconds + min(_ENGINE_SLACK + _ENGINE_SLACK_SHARE * seconds, _ENGINE_SLACK_MAX)
+    )
 
 
 def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timedelta) -> bool:
@@ -103,6 +130,9 @@ class Engine:
         self.seq = 0
         self.rank = plugin.rank(group)
         self.world_size = plugin.world_size(group)
+        self.health = health_of(group)
+        if group is not None:
+            _survivors.record_process()
         # commlib.observe: the user-level collective in progress, and who to tell
         # when it makes its first engine call (None: nobody observes)
         self.observed: Any = None
@@ -126,31 +156,84 @@ class Engine:
         the other ranks are; any other engine failure a
         :class:`~commlib.errors.CommError`. commlib's own errors pass through.
 
+        The failure also breaks the group: later calls raise
+        :class:`~commlib.errors.CommBrokenError` before anything is sent.
+
         Examples:
-            >>> with engine.map_errors("all_reduce", 7, engine.timeout):
+            >>> scratch = Engine(engine.plugin, None, engine.timeout)
+            >>> with scratch.map_errors("all_reduce", 7, scratch.timeout):
             ...     raise RuntimeError("connection reset by peer")
             Traceback (most recent call last):
             ...
             commlib.errors.CommError: all_reduce failed on rank 0: connection reset by peer
+            >>> scratch.health.broken
+            'all_reduce #7: all_reduce failed on rank 0: connection reset by peer'
         """
         return _MapErrors(self, what, seq, limit)
 
     def _translate(
         self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float
     ) -> CommError:
-        if _looks_like_timeout(exc, waited, limit):
+        if isinstance(exc, _waiting.PeerFailed):
+            earlier: tuple[str, bool] | None = (exc.reason, exc.timed_out)
+        elif _looks_like_timeout(exc, waited, limit):
+            earlier = None
+        else:
+            # a closed connection may be a peer that gave up or failed first: say why
+            earlier = _failure_notes.broken_elsewhere(self.group)
+        error: CommError
+        if earlier is not None:
+            text, timed_out = earlier
+            how = "timed out" if timed_out else "failed"
+            _failure_notes.record(self.group, self.rank, seq, what, how)
+            if timed_out:
+                error = CommTimeoutError(
+                    f"{what} did not complete on rank {self.rank} of {self.world_size}: "
+                    f"another rank gave up on it first: {text}"
+                )
+            else:
+                error = CommError(
+                    f"{what} failed on rank {self.rank}: another rank failed first: {text}"
+                )
+        elif _looks_like_timeout(exc, waited, limit):
             missing = _failure_notes.missing_ranks(
                 self.group, self.rank, self.world_size, seq, what
             )
             detail = "; ".join(f"rank {r}: {w}" for r, w in sorted(missing.items()))
-            return CommTimeoutError(
+            error = CommTimeoutError(
                 f"{what} did not complete within {limit.total_seconds():g}s on rank "
                 f"{self.rank} of {self.world_size}" + (f" ({detail})" if detail else "")
             )
-        _failure_notes.record(self.group, self.rank, seq, what, "failed")
-        return CommError(f"{what} failed on rank {self.rank}: {exc}")
+        else:
+            _failure_notes.record(self.group, self.rank, seq, what, "failed")
+            error = CommError(f"{what} failed on rank {self.rank}: {exc}")
+        # the group's state is unknown now: a later call must not pair with this one
+        if self.health.mark_broken(f"{what} #{seq}: {error}"):
+            timed_out = isinstance(error, CommTimeoutError)
+            _failure_notes.announce_broken(self.group, str(error), timed_out)
+            self.plugin.abort(self.group)
+        return error
 
-    # -- calls -----------------------------------------------------------------------
+    def bound_engine_wait(self, limit: datetime.timedelta) -> None:
+        """Make the engine itself give up on operations issued from now on, soon after ``limit``.
+
+        A little later than commlib does (:func:`engine_limit`), so that every
+        rank's own wait ends first and names the ranks it waited for.
+
+        Examples:
+            >>> engine.bound_engine_wait(datetime.timedelta(seconds=30))
+        """
+        if self.health.engine_timeout != limit:
+            self.plugin.set_timeout(self.group, engine_limit(limit))
+            self.health.engine_timeout = limit
+
+    def _wait_work(self, work: Work, limit: datetime.timedelta) -> None:
+        """``work.wait(limit)``, ended early when another rank announces the group broke."""
+        if self.plugin.interruptible_wait and self.group is not None:
+            _waiting.wait_watching(work, limit, self.group)
+        else:
+            work.wait(limit)
+
     def start(
         self, what: str, call: Callable[..., Work | None], *args: Any, **kwargs: Any
     ) -> Pending:
@@ -164,6 +247,7 @@ class Engine:
             >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
             >>> engine.wait(pending)
         """
+        self.health.check(what)
         self.seq += 1
         seq = self.seq
         if self.on_call is not None:
@@ -178,7 +262,7 @@ class Engine:
             return
         limit = timeout or self.timeout
         with self.map_errors(pending.what, pending.seq, limit):
-            pending.work.wait(limit)
+            self._wait_work(pending.work, limit)
 
     def run(
         self,
@@ -196,6 +280,7 @@ class Engine:
             >>> out
             tensor([1., 1.])
         """
+        self.bound_engine_wait(timeout or self.timeout)
         self.wait(self.start(what, call, *args, **kwargs), timeout)
 
     def submit(
@@ -218,6 +303,7 @@ class Engine:
             >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
             <Handle pending>
         """
+        self.bound_engine_wait(timeout or self.timeout)
         pending = self.start(what, call, *args, **kwargs)
         if not async_op:
             self.wait(pending, timeout)
@@ -228,9 +314,51 @@ class Engine:
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""
+        self.health.check("barrier")
         self.seq += 1
         if self.on_call is not None:
             self.on_call("barrier")
         limit = timeout or self.timeout
+        self.bound_engine_wait(limit)
         with self.map_errors("barrier", self.seq, limit):
             self.plugin.barrier(self.group, timeout=limit)
+
+    # -- recovery --------------------------------------------------------------------
+    def shrink(
+        self,
+        world_ranks: Sequence[int],
+        exclude: Collection[int],
+        timeout: datetime.timedelta | None = None,
+    ) -> tuple[Any, list[int]]:
+        """The surviving ranks' new group, and which of this group's ranks it holds.
+
+        Every surviving rank calls it; ``world_ranks`` are the group's
+        members' world ranks in group order, ``exclude`` ranks of this group
+        to leave out. Ranks that do not arrive within ``timeout`` are left
+        out; by default as long as a survivor may still be inside a call of
+        this group (the engine's limit, and the time to name missing ranks).
+        This group is broken afterwards, whatever it was before.
+
+        Examples:
+            >>> group, kept = engine.shrink([0, 1, 2, 3], {3})  # doctest: +SKIP
+            >>> kept  # doctest: +SKIP
+            [0, 1, 2]
+        """
+        if timeout is None:
+            grace = datetime.timedelta(seconds=_failure_notes.GRACE)
+            timeout = engine_limit(self.timeout) + grace
+        if self.on_call is not None:
+            self.on_call("shrink")
+        attempt = self.health.shrinks
+        self.health.shrinks += 1
+        name = f"{getattr(self.group, 'group_name', '') or 'world'}.shrunk{attempt}"
+        keep = _survivors.agree(name, self.rank, world_ranks, exclude, timeout)
+        try:
+            group = self.plugin.shrink_group(self.group, keep, name, timeout)
+        except (RuntimeError, NotImplementedError) as exc:
+            raise CommError(
+                f"shrink: backend {self.plugin.name!r} could not build the group of ranks "
+                f"{keep} on rank {self.rank}: {exc}"
+            ) from exc
+        self.health.mark_broken(f"shrunk into a group of ranks {keep}")
+        return group, keep

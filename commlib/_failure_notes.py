@@ -3,7 +3,9 @@
 Read only on the failure path. Each rank that times out or fails writes one
 key (overwritten each time), so a rank that times out later can name the
 ranks that held it up: "did not arrive", "failed in broadcast #12",
-"timed out in barrier #9".
+"timed out in barrier #9". The first rank that finds the group broken also
+says so for the group as a whole, so ranks still waiting on live peers (who
+gave up) learn it within a moment instead of at their own timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import time
 from typing import Any
 
 import torch.distributed as dist
+
+# how long a rank that timed out waits for the others' notes, to name them
+GRACE = 1.0
 
 
 def _store_and_prefix(group: Any) -> tuple[Any, str] | tuple[None, None]:
@@ -39,7 +44,7 @@ def record(group: Any, rank: int, seq: int, what: str, how: str) -> None:
 
 
 def missing_ranks(
-    group: Any, rank: int, world_size: int, seq: int, what: str, grace: float = 1.0
+    group: Any, rank: int, world_size: int, seq: int, what: str, grace: float = GRACE
 ) -> dict[int, str]:
     """After a timeout: where the ranks that held up collective ``seq`` are (rank -> where).
 
@@ -78,3 +83,41 @@ def missing_ranks(
         return out
     except Exception:  # naming the ranks is a courtesy; the timeout error goes up regardless
         return {}
+
+
+def announce_broken(group: Any, reason: str, timed_out: bool) -> None:
+    """Tell the group's other ranks that it broke, why, and whether by a timeout.
+
+    The first rank to announce it is the one the others hear of.
+
+    Examples:
+        >>> announce_broken(group, "all_reduce failed on rank 2: Connection reset", False)
+        ... # doctest: +SKIP
+    """
+    store, prefix = _store_and_prefix(group)
+    if store is None:
+        return
+    try:
+        store.compare_set(f"{prefix}/broken", "", f"{int(timed_out)}|{reason}")
+    except Exception:  # the store may be what failed; each rank still finds out by itself
+        pass
+
+
+def broken_elsewhere(group: Any) -> tuple[str, bool] | None:
+    """Why another rank found ``group`` broken and whether by a timeout; ``None`` if none has.
+
+    Examples:
+        >>> broken_elsewhere(group) is None  # doctest: +SKIP
+        True
+    """
+    store, prefix = _store_and_prefix(group)
+    if store is None:
+        return None
+    key = f"{prefix}/broken"
+    try:
+        if not store.check([key]):
+            return None
+        timed_out, _, reason = store.get(key).decode().partition("|")
+    except Exception:  # an unreachable store tells nothing; the call's own timeout still ends it
+        return None
+    return reason, timed_out == "1"

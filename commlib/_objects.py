@@ -22,6 +22,13 @@ table to fit the slot ("packed") first sends the table, then the segments.
 Segments are laid out with every buffer at a 16-byte aligned offset, in the
 slot and in the blob alike, so the receiver can view any dtype over them
 without a copy.
+
+Each protocol, ``*_steps``, is a generator of steps (:mod:`commlib._steps`):
+it runs blocking, or starts with ``async_op=True`` and finishes in its
+handle; the plain names (``all_gather_object``) run it blocking.
+``scatter_object_list`` (:mod:`commlib._scatter_objects`) and the
+point-to-point ``send_object_list`` / ``recv_object_list``
+(:mod:`commlib._p2p_objects`) are built from the same slots and transfers.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _validation as check
+from commlib._steps import Steps, call, run
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import Payload, Serializer, uint8_view
 
@@ -46,11 +54,13 @@ _PACKED = struct.Struct("<QQ")  # a packed payload's table length and blob lengt
 _ALIGN = 16  # the largest element size (complex128): any dtype can view an aligned buffer
 
 EMPTY, INLINE, TABLE, PACKED, FAILED, BAD_ARGUMENT = range(6)
-ALL_GATHER, GATHER, BROADCAST = 1, 2, 3
-_OP_NAMES = {
+ALL_GATHER, GATHER, BROADCAST, SCATTER, SEND = 1, 2, 3, 4, 5
+OP_NAMES = {
     ALL_GATHER: "all_gather_object",
     GATHER: "gather_object",
     BROADCAST: "broadcast_object_list",
+    SCATTER: "scatter_object_list",
+    SEND: "send_object_list",
 }
 
 # round two: buffers below SMALL are coalesced into messages of up to CAP bytes
@@ -131,12 +141,26 @@ class _Outgoing:
         self.segments: list[torch.Tensor] = []  # header, then buffers
         self.sizes: list[int] = []
         self.meta = b""  # the table of a packed payload
+        self.error: BaseException | None = None  # what made a failed slot fail
         self._seal(EMPTY, 0)
 
     def _seal(self, status: int, body_len: int) -> None:
         self.status = status
+        self.body_len = body_len
         op, root, aux = self.head
         _SLOT.pack_into(self.slot, 0, status, op, 0, root, aux, body_len)
+
+    def seal(self, status: int, body: Any) -> None:
+        """Put ``body`` after the slot's header, with ``status``."""
+        self._seal(status, self._put(_SLOT.size, body) - _SLOT.size)
+
+    def body(self) -> bytes:
+        """The slot's body (a failed slot's body is the error's text)."""
+        return bytes(self.slot[_SLOT.size : _SLOT.size + self.body_len])
+
+    def used(self) -> bytes:
+        """The slot's header and body, without the unused rest."""
+        return bytes(self.slot[: _SLOT.size + self.body_len])
 
     def _put(self, pos: int, data: Any) -> int:
         end = pos + len(data)
@@ -144,6 +168,7 @@ class _Outgoing:
         return end
 
     def fail(self, exc: BaseException, status: int = FAILED) -> None:
+        self.error = exc
         room = len(self.slot) - _SLOT.size
         text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:room]
         self._seal(status, self._put(_SLOT.size, text) - _SLOT.size)
@@ -203,18 +228,29 @@ class _RoundOne:
         return header, buffers
 
 
-def _round_one(engine: Engine, out: _Outgoing, world: int) -> _RoundOne:
+def read_slots(received: torch.Tensor, slot_size: int, count: int) -> _RoundOne:
+    """``count`` slots received in one uint8 tensor (on any device), readable here.
+
+    Examples:
+        >>> read_slots(torch.zeros(4096, dtype=torch.uint8), 4096, 1).status(0)
+        0
+    """
+    host = received if received.device.type == "cpu" else received.cpu()
+    return _RoundOne(host, host.numpy(), slot_size, count)
+
+
+def _round_one(engine: Engine, out: _Outgoing, world: int) -> Steps[_RoundOne]:
     size = len(out.slot)
-    what = _OP_NAMES[out.head[0]]
+    what = OP_NAMES[out.head[0]]
     mine = engine.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     if mine.device.type == "cpu":
         # host memory Python can parse without going through numpy
         raw: Any = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
-        engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine)
+        yield from call(engine, what, engine.plugin.all_gather_into_tensor, gathered, mine)
         return _RoundOne(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-    engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine)
+    yield from call(engine, what, engine.plugin.all_gather_into_tensor, gathered, mine)
     host = gathered.cpu()
     return _RoundOne(host, host.numpy(), size, world)
 
@@ -225,9 +261,9 @@ def _agree(slots: _RoundOne, op: int) -> None:
     first = heads[0]
     if all(h[0] < FAILED and h[1] == first[1] and h[3:5] == first[3:5] for h in heads):
         return
-    name = _OP_NAMES[op]
+    name = OP_NAMES[op]
     if len({h[1] for h in heads}) > 1:  # name every collective called, the same on every rank
-        name = "/".join(sorted({_OP_NAMES.get(h[1], f"unknown({h[1]})") for h in heads}))
+        name = "/".join(sorted({OP_NAMES.get(h[1], f"unknown({h[1]})") for h in heads}))
     failed = {
         r: bytes(slots.body(r)).decode(errors="replace")
         for r, h in enumerate(heads)
@@ -240,7 +276,7 @@ def _agree(slots: _RoundOne, op: int) -> None:
         values = [h[index] for h in heads]
         if len(set(values)) > 1:
             if index == 1:
-                values = [_OP_NAMES.get(v, f"unknown({v})") for v in values]
+                values = [OP_NAMES.get(v, f"unknown({v})") for v in values]
             per_rank = {r: f"{what}={v}" for r, v in enumerate(values)}
             raise RemoteArgumentError(name, per_rank, f"ranks disagree on the {what}")
 
@@ -282,7 +318,7 @@ def _transfer(
     sizes: dict[int, list[int]],
     segments: list[torch.Tensor],
     what: str,
-) -> dict[int, torch.Tensor]:
+) -> Steps[dict[int, torch.Tensor]]:
     """Move each sender's segments to its receivers; returns sender -> blob received here.
 
     ``routes`` are (sender, receiver) pairs; ``sizes[s]`` are sender ``s``'s
@@ -290,7 +326,18 @@ def _transfer(
     rank when it sends ``segments``).
     """
     if engine.plugin.large_payload_transport != "p2p":
-        return _transfer_collective(engine, routes, sizes, segments, what)
+        return (yield from _transfer_collective(engine, routes, sizes, segments, what))
+    return (yield from transfer_p2p(engine, routes, sizes, segments, what))
+
+
+def transfer_p2p(
+    engine: Engine,
+    routes: list[tuple[int, int]],
+    sizes: dict[int, list[int]],
+    segments: list[torch.Tensor],
+    what: str,
+) -> Steps[dict[int, torch.Tensor]]:
+    """:func:`_transfer` by send/recv between exactly the ranks of ``routes``."""
     me, dev = engine.rank, engine.plugin.device()
     blobs: dict[int, torch.Tensor] = {}
     recvs = []
@@ -304,11 +351,11 @@ def _transfer(
     if targets:
         msgs = _outgoing_messages(engine, segments, sizes[me])
         sends = [(m, r) for r in targets for m in msgs]
-    engine.run(what, engine.plugin.exchange, sends, recvs)
+    yield from call(engine, what, engine.plugin.exchange, sends, recvs)
     return blobs
 
 
-def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> dict:
+def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> Steps[dict]:
     me, world, dev = engine.rank, engine.world_size, engine.plugin.device()
     senders = sorted({s for s, _ in routes})
     receivers = {r for _, r in routes}
@@ -324,17 +371,17 @@ def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> 
     if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
         src = senders[0]
         blob = mine() if me == src else torch.empty(size, dtype=torch.uint8, device=dev)
-        engine.run(what, engine.plugin.broadcast, blob, src)
+        yield from call(engine, what, engine.plugin.broadcast, blob, src)
         return {} if me == src else {src: blob}
     contribution = mine()
     if len(receivers) > 1:
         whole = torch.empty(world * size, dtype=torch.uint8, device=dev)
-        engine.run(what, engine.plugin.all_gather_into_tensor, whole, contribution)
+        yield from call(engine, what, engine.plugin.all_gather_into_tensor, whole, contribution)
         parts: Any = whole.view(world, size)
     else:
         (dst,) = receivers
         parts = [torch.empty_like(contribution) for _ in range(world)] if me == dst else None
-        engine.run(what, engine.plugin.gather, contribution, parts, dst)
+        yield from call(engine, what, engine.plugin.gather, contribution, parts, dst)
         if me != dst:
             return {}
     return {s: parts[s] for s in senders if (s, me) in routes}
@@ -342,10 +389,10 @@ def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> 
 
 def _round_two(
     engine: Engine, out: _Outgoing, slots: _RoundOne, routes: list[tuple[int, int]]
-) -> dict[int, tuple[Any, list[torch.Tensor]]]:
+) -> Steps[dict[int, tuple[Any, list[torch.Tensor]]]]:
     """Move the payloads that did not fit; returns sender -> (header, buffers) here."""
     me = engine.rank
-    what = _OP_NAMES[out.head[0]]
+    what = OP_NAMES[out.head[0]]
     senders = {s for s, _ in routes}
     sizes = {s: slots.sizes(s) for s in senders if slots.status(s) == TABLE}
     packed = sorted(s for s in senders if slots.status(s) == PACKED)
@@ -354,7 +401,7 @@ def _round_two(
         meta_routes = [(s, r) for s, r in routes if s in packed]
         meta_sizes = {s: [_PACKED.unpack_from(slots.body(s))[0]] for s in packed}
         mine = [uint8_view(out.meta)] if me in packed else []
-        tables = _transfer(engine, meta_routes, meta_sizes, mine, what)
+        tables = yield from _transfer(engine, meta_routes, meta_sizes, mine, what)
         for s, blob in tables.items():
             sizes[s] = _sizes(_host(blob))
         if me in packed:
@@ -363,28 +410,48 @@ def _round_two(
             # the collective transport pads to the largest blob: every rank needs it
             for s in packed:
                 sizes.setdefault(s, [0, _PACKED.unpack_from(slots.body(s))[1]])
-    blobs = _transfer(engine, routes, sizes, out.segments, what)
-    received = {}
-    for s, blob in blobs.items():
-        offsets, _ = _layout(sizes[s])
-        header = _host(blob[offsets[0] : offsets[0] + sizes[s][0]])
-        buffers = [blob[o : o + n] for o, n in zip(offsets[1:], sizes[s][1:])]
-        received[s] = (header, buffers)
-    return received
+    blobs = yield from _transfer(engine, routes, sizes, out.segments, what)
+    return {s: split_blob(blob, sizes[s]) for s, blob in blobs.items()}
 
 
-def _load(ser: Serializer, engine: Engine, slots: _RoundOne, received: dict, sender: int) -> Any:
+def split_blob(blob: torch.Tensor, sizes: Sequence[int]) -> tuple[Any, list[torch.Tensor]]:
+    """A received blob's header (host bytes) and buffers (views of the blob).
+
+    Examples:
+        >>> header, buffers = split_blob(torch.zeros(48, dtype=torch.uint8), [12, 20])
+        >>> len(header), [b.numel() for b in buffers]
+        (12, [20])
+    """
+    offsets, _ = _layout(sizes)
+    header = _host(blob[offsets[0] : offsets[0] + sizes[0]])
+    buffers = [blob[o : o + n] for o, n in zip(offsets[1:], sizes[1:])]
+    return header, buffers
+
+
+def load_payload(
+    ser: Serializer, me: int, sender: int, header: Any, buffers: list[torch.Tensor]
+) -> Any:
+    """``ser.loads``; a failure becomes a :class:`DeserializationError` naming both ranks.
+
+    Examples:
+        >>> load_payload(serializer, 1, 0, *serializer.dumps({"lr": 0.1}))
+        {'lr': 0.1}
+    """
     try:
-        if slots.status(sender) == INLINE:
-            header, buffers = slots.inline(sender)
-        else:
-            header, buffers = received[sender]
         return ser.loads(header, buffers)
     except Exception as exc:
         raise DeserializationError(
-            f"rank {engine.rank} could not load the object sent by rank {sender}: "
+            f"rank {me} could not load the object sent by rank {sender}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _load(ser: Serializer, engine: Engine, slots: _RoundOne, received: dict, sender: int) -> Any:
+    if slots.status(sender) == INLINE:
+        header, buffers = slots.inline(sender)
+    else:
+        header, buffers = received[sender]
+    return load_payload(ser, engine.rank, sender, header, buffers)
 
 
 def _root_field(rank: Any) -> int:
@@ -427,34 +494,37 @@ def _large(slots: _RoundOne, world: int) -> list[int]:
     return [r for r in range(world) if slots.heads[r][0] in (TABLE, PACKED)]
 
 
-def all_gather_object(engine: Engine, obj: Any, ser: Serializer, slot_size: int) -> list[Any]:
+def all_gather_object_steps(
+    engine: Engine, obj: Any, ser: Serializer, slot_size: int
+) -> Steps[list[Any]]:
     """See :meth:`commlib.Communicator.all_gather_object`.
 
     This rank's own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> all_gather_object(engine, {"rank": engine.rank}, serializer, 4096)
+        >>> steps = all_gather_object_steps(engine, {"rank": engine.rank}, serializer, 4096)
+        >>> run(engine, steps)
         [{'rank': 0}]
         >>> # on 2 ranks: [{'rank': 0}, {'rank': 1}]
     """
     world, me = engine.world_size, engine.rank
     out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
-    slots = _round_one(engine, out, world)
+    slots = yield from _round_one(engine, out, world)
     _agree(slots, ALL_GATHER)
     routes = [(s, r) for s in _large(slots, world) for r in range(world) if r != s]
-    received = _round_two(engine, out, slots, routes) if routes else {}
+    received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
 
 
-def gather_object(
+def gather_object_steps(
     engine: Engine, obj: Any, dst: int, ser: Serializer, slot_size: int
-) -> list[Any] | None:
+) -> Steps[list[Any] | None]:
     """See :meth:`commlib.Communicator.gather_object`.
 
     On ``dst``, its own entry is ``obj`` itself, not a copy.
 
     Examples:
-        >>> gather_object(engine, engine.rank, 0, serializer, 4096)
+        >>> run(engine, gather_object_steps(engine, engine.rank, 0, serializer, 4096))
         [0]
         >>> # on 2 ranks: [0, 1] on rank 0, None on rank 1
     """
@@ -463,23 +533,23 @@ def gather_object(
     out = _prepare(
         slot_size, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
     )
-    slots = _round_one(engine, out, world)
+    slots = yield from _round_one(engine, out, world)
     _agree(slots, GATHER)
     routes = [(s, dst) for s in _large(slots, world) if s != dst]
-    received = _round_two(engine, out, slots, routes) if routes else {}
+    received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != dst:
         return None
     return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
 
 
-def broadcast_object_list(
+def broadcast_object_list_steps(
     engine: Engine, object_list: Any, src: int, ser: Serializer, slot_size: int
-) -> None:
+) -> Steps[None]:
     """See :meth:`commlib.Communicator.broadcast_object_list`.
 
     Examples:
         >>> box = [{"lr": 0.1}] if engine.rank == 0 else [None]
-        >>> broadcast_object_list(engine, box, 0, serializer, 4096)
+        >>> run(engine, broadcast_object_list_steps(engine, box, 0, serializer, 4096))
         >>> box
         [{'lr': 0.1}]
     """
@@ -496,9 +566,44 @@ def broadcast_object_list(
 
     aux = len(object_list) if is_list else -1
     out = _prepare(slot_size, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
-    slots = _round_one(engine, out, world)
+    slots = yield from _round_one(engine, out, world)
     _agree(slots, BROADCAST)
     routes = [(src, r) for r in range(world) if r != src] if _large(slots, world) else []
-    received = _round_two(engine, out, slots, routes) if routes else {}
+    received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != src:
         object_list[:] = _load(ser, engine, slots, received, src)
+
+
+# -- blocking forms, for code that needs the result at once ---------------------------------
+def all_gather_object(engine: Engine, obj: Any, ser: Serializer, slot_size: int) -> list[Any]:
+    """:func:`all_gather_object_steps`, run to its end.
+
+    Examples:
+        >>> all_gather_object(engine, "x", serializer, 4096)
+        ['x']
+    """
+    return run(engine, all_gather_object_steps(engine, obj, ser, slot_size))
+
+
+def gather_object(
+    engine: Engine, obj: Any, dst: int, ser: Serializer, slot_size: int
+) -> list[Any] | None:
+    """:func:`gather_object_steps`, run to its end.
+
+    Examples:
+        >>> gather_object(engine, "x", 0, serializer, 4096)
+        ['x']
+    """
+    return run(engine, gather_object_steps(engine, obj, dst, ser, slot_size))
+
+
+def broadcast_object_list(
+    engine: Engine, object_list: Any, src: int, ser: Serializer, slot_size: int
+) -> None:
+    """:func:`broadcast_object_list_steps`, run to its end.
+
+    Examples:
+        >>> box = ["x"]
+        >>> broadcast_object_list(engine, box, 0, serializer, 4096)
+    """
+    run(engine, broadcast_object_list_steps(engine, object_list, src, ser, slot_size))

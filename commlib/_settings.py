@@ -1,7 +1,8 @@
 """Settings read from the environment, and the one way timeouts are spelled.
 
 ``COMMLIB_TIMEOUT`` (seconds) replaces the default timeout of 30 minutes;
-``COMMLIB_STRICT=1`` turns on strict mode for communicators that do not say.
+``COMMLIB_STRICT=1`` turns on strict mode for communicators that do not say,
+``COMMLIB_STRICT=0`` turns every argument check off (hot loops).
 """
 
 from __future__ import annotations
@@ -48,11 +49,18 @@ def default_timeout() -> datetime.timedelta:
     return as_timedelta(seconds) or DEFAULT_TIMEOUT
 
 
-def strict_from_env() -> bool:
-    """Whether ``COMMLIB_STRICT`` turns strict mode on.
+def strict_from_env() -> bool | None:
+    """``COMMLIB_STRICT``: ``True`` (strict mode), ``False`` (no checks) or ``None`` (unset).
 
     Examples:
-        >>> strict_from_env()
-        False
+        >>> strict_from_env() is None     # unset: each backend's default
+        True
     """
-    return os.environ.get("COMMLIB_STRICT", "").lower() in ("1", "true", "yes", "on")
+    value = os.environ.get("COMMLIB_STRICT", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value:
+        raise ValueError(f"COMMLIB_STRICT must be 1 or 0, got {value!r}")
+    return None

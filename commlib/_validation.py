@@ -71,3 +71,105 @@ def rank_in_range(value: Any, world_size: int, what: str) -> int:
             f"(0..{world_size - 1})"
         )
     return value
+
+
+def peer(value: Any, world_size: int, rank: int, what: str) -> int:
+    """Check that ``value`` is another rank of the group: the peer of a send or receive.
+
+    Examples:
+        >>> peer(0, 2, 0, "dst")
+        Traceback (most recent call last):
+        ValueError: dst=0 is this rank itself; point-to-point needs another rank
+    """
+    rank_in_range(value, world_size, what)
+    if value == rank:
+        raise ValueError(f"{what}={value} is this rank itself; point-to-point needs another rank")
+    return value
+
+
+def tag(value: Any) -> int:
+    """Check a point-to-point tag: an int.
+
+    Examples:
+        >>> tag("a")
+        Traceback (most recent call last):
+        TypeError: tag must be an int, got str
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"tag must be an int, got {type(value).__name__}")
+    return value
+
+
+def tensor_list(
+    value: Any,
+    length: int,
+    what: str,
+    like: torch.Tensor | None = None,
+    on: str | None = None,
+) -> list[torch.Tensor]:
+    """Check a list of ``length`` tensors (shaped and typed ``like`` it, when given).
+
+    Examples:
+        >>> tensor_list([torch.ones(1)], 2, "scatter_list", on="src")
+        Traceback (most recent call last):
+        ValueError: scatter_list on src needs 2 tensors (one per rank), got 1
+    """
+    where = f" on {on}" if on else ""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{what}{where} must be a list of {length} tensors, got {type(value).__name__}"
+        )
+    if len(value) != length:
+        raise ValueError(f"{what}{where} needs {length} tensors (one per rank), got {len(value)}")
+    for i, t in enumerate(value):
+        tensor(t, f"{what}[{i}]")
+        if like is not None and (t.shape != like.shape or t.dtype != like.dtype):
+            raise ValueError(
+                f"{what}[{i}] is {t.dtype} {tuple(t.shape)}; it must be shaped and typed like "
+                f"tensor ({like.dtype} {tuple(like.shape)})"
+            )
+    return list(value)
+
+
+def same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:
+    """Check that ``tensors`` share one dtype (returned).
+
+    Examples:
+        >>> same_dtype([torch.ones(1), torch.ones(1, dtype=torch.int64)], "all_to_all")
+        Traceback (most recent call last):
+        TypeError: all_to_all needs tensors of one dtype, got torch.float32 and torch.int64
+    """
+    dtypes = sorted({str(t.dtype) for t in tensors})
+    if len(dtypes) > 1:
+        raise TypeError(f"{what} needs tensors of one dtype, got {' and '.join(dtypes)}")
+    return tensors[0].dtype
+
+
+def split_sizes(value: Any, world_size: int, rows: int, what: str) -> list[int] | None:
+    """Check ``all_to_all_single`` splits of ``rows`` rows (``None``: equal parts).
+
+    Examples:
+        >>> split_sizes([1, 2], 2, 4, "input")
+        Traceback (most recent call last):
+        ValueError: input_split_sizes [1, 2] sum to 3, but input has 4 rows (dim 0)
+    """
+    name = f"{what}_split_sizes"
+    if value is None:
+        if rows % world_size:
+            raise ValueError(
+                f"{what} has {rows} rows (dim 0), not divisible by world_size {world_size}; "
+                f"pass {name}"
+            )
+        return None
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(n, bool) or not isinstance(n, int) for n in value
+    ):
+        raise TypeError(f"{name} must be a list of ints, got {value!r:.60}")
+    sizes = list(value)
+    if len(sizes) != world_size:
+        raise ValueError(f"{name} needs {world_size} entries (one per rank), got {len(sizes)}")
+    if any(n < 0 for n in sizes):
+        raise ValueError(f"{name} {sizes} has a negative size")
+    if sum(sizes) != rows:
+        raise ValueError(f"{name} {sizes} sum to {sum(sizes)}, but {what} has {rows} rows (dim 0)")
+    return sizes

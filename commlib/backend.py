@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 import torch.distributed as dist
 
-from commlib.types import EngineOp, Group, Work
+from commlib.types import EngineOp, Group, P2PRequest, Work
 
 if TYPE_CHECKING:
     from commlib.serialization import Serializer
@@ -75,6 +75,10 @@ class WorkList:
         True
     """
 
+    # point-to-point operations may end when a wait on them times out (gloo's
+    # do), so the engine never waits on them in slices (commlib._waiting)
+    interruptible = False
+
     def __init__(self, works: Sequence[Work | None]):
         self.works: list[Work] = [w for w in works if w is not None]
 
@@ -114,7 +118,19 @@ class Backend:
       that do not fit the first round: ``"collective"`` (padded all_gather /
       gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need
       them; much faster on gloo);
-    * ``description``: one line for ``commlib info``.
+    * ``description``: one line for ``commlib info``;
+    * ``mismatch_aborts``: the engine ends the process, beyond any caller's
+      reach, when ranks call the same collective with different sizes (gloo
+      throws on its own I/O thread); commlib then checks the arguments of the
+      tensor collectives by default (see :attr:`commlib.Communicator.strict`).
+      ``True`` unless a backend knows better: a check costs less than a lost job;
+    * ``interruptible_wait``: the ``Work`` of the engine's collectives only
+      waits in ``wait(timeout)`` (when the timeout passes the operation goes
+      on, nothing else changes), so commlib waits in slices and looks in
+      between for a failure another rank announced: a rank waiting on a live
+      peer that gave up learns it within a moment rather than at its own
+      timeout. Point-to-point works (a :class:`WorkList`) are not sliced (gloo
+      ends a receive whose wait timed out): a thread waits on them instead.
 
     Examples:
         >>> class LoggingGloo(Backend):
@@ -131,6 +147,8 @@ class Backend:
     description: ClassVar[str] = ""
     native_avg: ClassVar[bool] = False
     large_payload_transport: ClassVar[Literal["collective", "p2p"]] = "collective"
+    mismatch_aborts: ClassVar[bool] = True
+    interruptible_wait: ClassVar[bool] = False
 
     # -- identity and availability -------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -339,9 +357,97 @@ class Backend:
             output, input, op=self.torch_reduce_op(op), group=group, async_op=async_op
         )
 
+    def reduce(
+        self, tensor: torch.Tensor, dst: int, op: EngineOp, group: Group, async_op: bool = False
+    ) -> Work | None:
+        """Reduce ``tensor`` across ``group`` with ``op`` into ``tensor`` on ``dst``.
+
+        On the other ranks the engine may use ``tensor`` as scratch space; the
+        Communicator hands it a copy there.
+        """
+        # torch reduces complex tensors as pairs of reals in all_reduce, not in reduce
+        wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+        return dist.reduce(
+            wire,
+            dst=global_rank(group, dst),
+            op=self.torch_reduce_op(op),
+            group=group,
+            async_op=async_op,
+        )
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: list[torch.Tensor] | None,
+        src: int,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Fill ``tensor`` on each rank ``i`` with ``src``'s ``scatter_list[i]``."""
+        return dist.scatter(
+            tensor, scatter_list, src=global_rank(group, src), group=group, async_op=async_op
+        )
+
+    def all_to_all(
+        self,
+        output_list: list[torch.Tensor],
+        input_list: list[torch.Tensor],
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Send ``input_list[i]`` to rank ``i``; receive rank ``i``'s into ``output_list[i]``."""
+        return dist.all_to_all(output_list, input_list, group=group, async_op=async_op)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Split ``input`` along dim 0 (``input_split_sizes`` rows to each rank, equal
+        parts when ``None``) and concatenate what each rank sends here into ``output``."""
+        return dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+        )
+
     def barrier(self, group: Group, timeout: datetime.timedelta | None = None) -> None:
         """Block until every rank of ``group`` has arrived."""
         dist.barrier(group=group, timeout=timeout)
+
+    # -- point to point ------------------------------------------------------------
+    def send(
+        self, tensor: torch.Tensor, dst: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """Send ``tensor`` to rank ``dst`` of ``group``."""
+        work = dist.isend(tensor, dst=global_rank(group, dst), group=group, tag=tag)
+        return WorkList([work]).result(async_op)
+
+    def recv(
+        self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """Receive into ``tensor`` what rank ``src`` of ``group`` sends."""
+        work = dist.irecv(tensor, src=global_rank(group, src), group=group, tag=tag)
+        return WorkList([work]).result(async_op)
+
+    def batch_isend_irecv(
+        self, requests: Sequence[P2PRequest], group: Group, async_op: bool = False
+    ) -> Work | None:
+        """Post every send and receive of ``requests`` at once; one work for all of them.
+
+        The default posts them one by one, which engines with asynchronous
+        point-to-point (gloo) complete in any order; an engine that deadlocks
+        on unbatched two-way exchange (NCCL) posts them as one group.
+        """
+        works = [
+            (dist.isend if r.kind == "send" else dist.irecv)(
+                r.tensor, global_rank(group, r.peer), group=group, tag=r.tag
+            )
+            for r in requests
+        ]
+        return WorkList(works).result(async_op)
 
     def exchange(
         self,
@@ -355,11 +461,96 @@ class Backend:
         With ``async_op`` it returns one :class:`WorkList` to ``wait(timeout)``
         on; otherwise it blocks until all complete. Both sides must agree on
         sizes; the object collectives guarantee that through their first round.
+        The default is :meth:`batch_isend_irecv`, receives first.
         """
-        works = [dist.irecv(t, src=global_rank(group, peer), group=group) for t, peer in recvs] + [
-            dist.isend(t, dst=global_rank(group, peer), group=group) for t, peer in sends
-        ]
-        return WorkList(works).result(async_op)
+        requests = [P2PRequest("recv", t, peer) for t, peer in recvs]
+        requests += [P2PRequest("send", t, peer) for t, peer in sends]
+        return self.batch_isend_irecv(requests, group, async_op)
+
+    # -- failures and recovery -----------------------------------------------------
+    def set_timeout(self, group: Group, timeout: datetime.timedelta) -> None:
+        """Make the engine give up on ``group``'s operations issued from now on after ``timeout``.
+
+        The engine calls it with the timeout of each call before issuing it,
+        so an operation a communicator stopped waiting for also ends inside the
+        engine, and the process can exit. The default sets the process
+        group's own timeout (``ProcessGroup.set_timeout``); an engine without
+        one keeps its own.
+
+        Examples:
+            >>> plugin.set_timeout(group, datetime.timedelta(seconds=30))  # doctest: +SKIP
+        """
+        if group is None:
+            return
+        try:
+            group.set_timeout(timeout)
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass  # the engine has no per-group timeout; its own stays in force
+
+    def abort(self, group: Group) -> None:
+        """Stop what is in flight on ``group``; called once, when ``group`` broke.
+
+        The default asks the process group to abort (``ProcessGroup.abort``):
+        engines that have it end their pending operations; the others end them
+        by the timeout :meth:`set_timeout` gave them.
+
+        Examples:
+            >>> plugin.abort(group)  # doctest: +SKIP
+        """
+        if group is None:
+            return
+        try:
+            group.abort()
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass  # nothing to abort with; the operations' own timeouts end them
+
+    def shrink_group(
+        self, group: Group, keep: Sequence[int], name: str, timeout: datetime.timedelta
+    ) -> Group:
+        """A new process group over ``keep`` (ranks of ``group``, in order), made by them alone.
+
+        Called on every rank in ``keep`` (and only there: the others are dead
+        or left out) once they agreed on ``keep``; the new group's rank ``i``
+        is ``keep[i]``. ``name`` is the same on all of them and new each time.
+        The default builds a fresh process group of :attr:`torch_backend`
+        over the ranks' world ranks, connecting through the world's store
+        (as ``new_group`` does, but without the ranks that are gone), so it
+        works for engines that connect through the store (gloo, and custom
+        engines registered with torch). A backend whose engine can shrink
+        its communicators itself overrides it.
+
+        Examples:
+            >>> survivors = plugin.shrink_group(group, [0, 2, 3], "0.shrunk0", timedelta(60))
+            ... # doctest: +SKIP
+            >>> dist.get_world_size(survivors)  # doctest: +SKIP
+            3
+        """
+        from torch.distributed import distributed_c10d as c10d
+
+        world_ranks = dist.get_process_group_ranks(group)
+        members = [world_ranks[r] for r in keep]
+        try:
+            build = c10d._new_process_group_helper
+            world = c10d._world
+            store = c10d._get_default_store()
+            group_name: Any = getattr(c10d, "GroupName", str)(name)
+        except AttributeError as exc:  # private torch API; say so instead of guessing
+            raise NotImplementedError(
+                f"backend {self.name!r} cannot shrink a group with this torch "
+                f"({torch.__version__}): {exc}"
+            ) from exc
+        new, _ = build(
+            len(members),
+            members.index(dist.get_rank()),
+            members,
+            self.torch_backend,
+            store,
+            group_name,
+            timeout=timeout,
+            group_desc=f"commlib shrink of {getattr(group, 'group_name', 'world')}",
+        )
+        world.pg_group_ranks[new] = {g: i for i, g in enumerate(members)}
+        return new
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"

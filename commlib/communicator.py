@@ -14,23 +14,35 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
-from commlib import _agreement, _objects, _ragged, plugins
+from commlib import (
+    _agreement,
+    _guard,
+    _objects,
+    _p2p_objects,
+    _ragged,
+    _scatter_objects,
+    _steps,
+    plugins,
+)
 from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import NotInGroupError
-from commlib.handle import Handle
+from commlib.handle import Handle, ResultHandle
+from commlib.launch import teardown_at_exit
 from commlib.observe.dispatch import observed
+from commlib.p2p import P2POp, p2p_kind
+from commlib.reductions import reduce_locally
 from commlib.serialization import Serializer
-from commlib.types import EngineOp, Group, ReduceOp, Timeout
+from commlib.types import EngineOp, Group, P2PRequest, ReduceOp, Timeout
 
-__all__ = ["Communicator", "Handle", "dist_ready"]
+__all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -107,10 +119,17 @@ class Communicator:
             calls also take a per-call ``timeout=``.
         slot_size: bytes each rank contributes to the first round of an object
             collective; objects that fit complete in that one round.
-        strict: before each collective the ranks agree on a fingerprint of
-            what they pass (collective, dtypes, shapes, op, src/dst); a
-            mismatch raises on every rank with what each rank passed. Costs
-            one 8-byte all_gather per call. ``COMMLIB_STRICT=1`` turns it on.
+        strict: how much the ranks check that they pass matching arguments
+            (collective, dtypes, shapes, op, src/dst) before a collective; a
+            mismatch raises the same :class:`~commlib.errors.RemoteArgumentError`
+            on every rank, showing what each rank passed. ``None`` (the
+            default): the tensor collectives are checked where the backend's
+            engine would end the process on a mismatch
+            (:attr:`Backend.mismatch_aborts`, gloo). ``True`` (strict mode):
+            every collective is. ``False``: nothing is, for hot loops.
+            ``COMMLIB_STRICT=1`` / ``0`` set it for communicators that do not.
+            A check travels with small tensors (one round, as unchecked) and
+            costs one small round more for larger ones; see :attr:`checks`.
 
     ``src`` and ``dst`` arguments are ranks *within* the group.
 
@@ -138,7 +157,7 @@ class Communicator:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
         self.timeout: datetime.timedelta = as_timedelta(timeout) or default_timeout()
         self.slot_size = slot_size
-        self.strict = strict_from_env() if strict is None else bool(strict)
+        self.strict: bool | None = strict_from_env() if strict is None else bool(strict)
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -163,6 +182,8 @@ class Communicator:
         self._engine: Engine | None = (
             Engine(plugin, group, self.timeout) if self.is_member else None
         )
+        if self._distributed:
+            teardown_at_exit()
 
     # -- who am I ----------------------------------------------------------------
     @property
@@ -194,6 +215,24 @@ class Communicator:
     def device(self) -> torch.device:
         """The device the backend's collectives run on, for this process."""
         return self.plugin.device()
+
+    @property
+    def checks(self) -> Literal["strict", "guard", "off"]:
+        """Which collectives check their arguments across ranks first (see ``strict``).
+
+        ``"strict"``: every collective; ``"guard"``: the tensor collectives,
+        whose mismatched sizes would end the process in this backend's
+        engine; ``"off"``: none.
+
+        Examples:
+            >>> comm.checks       # a world of one has nothing to mismatch with
+            'off'
+        """
+        if not self._distributed or self.strict is False or self.world_size == 1:
+            return "off"
+        if self.strict:
+            return "strict"
+        return "guard" if self.plugin.mismatch_aborts else "off"
 
     @property
     def ranks(self) -> list[int]:
@@ -244,6 +283,56 @@ class Communicator:
             slot_size=self.slot_size,
         )
 
+    @_collective("shrink")
+    def shrink(
+        self, exclude: Sequence[int] | None = None, timeout: Timeout = None
+    ) -> Communicator:
+        """A communicator over the ranks of this group still alive, renumbered in order.
+
+        After a failure (a rank died, a collective timed out) this communicator
+        is broken; every surviving rank calls ``shrink`` and gets a new one
+        over a new process group, without any process restarting. Ranks named
+        in ``exclude`` (ranks of this group) and ranks that do not call
+        ``shrink`` within ``timeout`` are left out; by default it is as long
+        as another survivor may still be inside a call on this communicator
+        (its timeout, plus a few seconds). A rank that died on this machine is
+        known at once; one elsewhere only by not arriving. The new
+        ranks follow the old order: survivors 0, 2, 3 of four become 0, 1, 2.
+        Settings (backend, serializer, timeout, slot size, checks) carry over.
+
+        The ranks meet in the rendezvous store, so the store's host must be
+        alive: torchrun's agent, or rank 0's process with ``env://``.
+
+        Examples:
+            >>> try:  # doctest: +SKIP
+            ...     comm.all_reduce(x)
+            ... except commlib.CommError:
+            ...     comm = comm.shrink(timeout=60)
+            >>> comm.world_size  # doctest: +SKIP
+            3
+        """
+        engine = self._member("shrink")
+        excluded = list(exclude or [])
+        for r in excluded:
+            check.rank_in_range(r, engine.world_size, "exclude")
+        if engine.rank in excluded:
+            raise ValueError(
+                f"rank {engine.rank} excludes itself: an excluded rank does not call shrink"
+            )
+        if not self._distributed:
+            return Communicator(
+                backend=self.plugin, serializer=self.serializer, timeout=self.timeout
+            )
+        group, _ = engine.shrink(self.ranks, set(excluded), as_timedelta(timeout))
+        return Communicator(
+            group,
+            backend=self.plugin,
+            serializer=self.serializer,
+            timeout=self.timeout,
+            slot_size=self.slot_size,
+            strict=self.strict,
+        )
+
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:
         """The engine, for a member; a non-member gets :class:`NotInGroupError`."""
@@ -252,19 +341,47 @@ class Communicator:
                 f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
                 "communicator's group"
             )
+        # an async object collective started earlier keeps its place in the order
+        _steps.finish_pending()
         return self._engine
 
-    @property
-    def _agreeing(self) -> bool:
-        """Strict mode is on and there are peers to agree with."""
-        return self.strict and self._distributed
+    def _check(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        data: torch.Tensor | None = None,
+        timeout: Timeout = None,
+        *,
+        sized: bool = True,
+    ) -> list[torch.Tensor] | None:
+        """The argument check before ``what``, if this communicator checks it.
 
-    def _strict(self, engine: Engine, what: str, description: str) -> None:
-        if self._agreeing:
-            # the title must not be this rank's own view: every rank raises alike
-            _agreement.agree(
-                engine, "strict mode", f"{what}({description})", self.serializer, self.slot_size
-            )
+        ``describe`` formats what this rank passes (only when it is checked).
+        ``sized``: ranks passing different sizes to ``what`` would reach the
+        engine (the guard checks only those). Returns every rank's ``data``
+        when it travelled with the check, so the caller completes from it.
+        """
+        checks = self.checks
+        if checks == "off" or (checks == "guard" and not sized):
+            return None
+        return _guard.exchange(
+            engine,
+            what,
+            f"{what}({describe()})",
+            self.serializer,
+            self.slot_size,
+            data,
+            as_timedelta(timeout),
+        )
+
+    @staticmethod
+    def _finished(finish: Callable[[], None], async_op: bool) -> Handle | None:
+        """A call that completed within its check: finish now, or in ``wait()``."""
+        if async_op:
+            return Handle(None, finish, None)
+        finish()
+        return None
 
     @_collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
@@ -327,11 +444,19 @@ class Communicator:
         engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
-        if self._agreeing:
-            self._strict(engine, "all_reduce", f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}")
         engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "all_reduce",
+            lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            work_t.copy_(reduce_locally(parts, engine_op))
+            return self._finished(lambda: back(work_t, tensor, world), async_op)
         return engine.submit(
             "all_reduce",
             self.plugin.all_reduce,
@@ -351,6 +476,10 @@ class Communicator:
         caller's device. Tensors that fit the communicator's ``slot_size`` travel
         with their shapes in one round; larger ones take a second round.
 
+        This rank's own entry is ``tensor`` itself, not a copy, so autograd
+        flows through it (a metric used as a loss keeps its gradient, as with
+        torchmetrics' own gather); the other entries are new tensors.
+
         Examples:
             >>> comm.all_gather(torch.arange(comm.rank + 1))
             [tensor([0])]
@@ -359,8 +488,13 @@ class Communicator:
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        if self._agreeing:
-            self._strict(engine, "all_gather", f"{tensor.dtype}, ndim={tensor.dim()}")
+        self._check(
+            engine,
+            "all_gather",
+            lambda: f"{tensor.dtype}, ndim={tensor.dim()}",
+            timeout=timeout,
+            sized=False,
+        )
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         shapes, out = _ragged.exchange(
@@ -386,7 +520,8 @@ class Communicator:
             buf = [torch.empty_like(padded) for _ in range(world)]
             engine.run("all_gather", self.plugin.all_gather, buf, padded, timeout=limit)
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
-        return [t.to(tensor.device) for t in out]
+        me = engine.rank
+        return [tensor if r == me else t.to(tensor.device) for r, t in enumerate(out)]
 
     @_collective("all_gather_into_tensor", payload="tensor", uniform=True)
     def all_gather_into_tensor(
@@ -417,13 +552,19 @@ class Communicator:
             raise TypeError(
                 f"output dtype {output.dtype} differs from tensor dtype {tensor.dtype}"
             )
-        if self._agreeing:
-            self._strict(
-                engine, "all_gather_into_tensor", f"{tensor.dtype}, {tuple(tensor.shape)}"
-            )
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "all_gather_into_tensor",
+            lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            out_t.view(-1).copy_(torch.cat([p.reshape(-1) for p in parts]))
+            return self._finished(lambda: _copy_back(out_t, output, world), async_op)
         return engine.submit(
             "all_gather_into_tensor",
             self.plugin.all_gather_into_tensor,
@@ -452,10 +593,17 @@ class Communicator:
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
-        if self._agreeing:
-            self._strict(engine, "gather", f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
+        parts = self._check(
+            engine,
+            "gather",
+            lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
         out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
@@ -480,10 +628,19 @@ class Communicator:
         engine = self._member("broadcast")
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        if self._agreeing:
-            self._strict(engine, "broadcast", f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}")
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        parts = self._check(
+            engine,
+            "broadcast",
+            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            if engine.rank != src:
+                work_t.copy_(parts[src])
+            return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
         return engine.submit(
             "broadcast",
             self.plugin.broadcast,
@@ -543,13 +700,20 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
-        if self._agreeing:
-            self._strict(
-                engine, "reduce_scatter", f"op={name}, {output.dtype}, {tuple(output.shape)}"
-            )
         engine_op, back = _reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
+        parts = self._check(
+            engine,
+            "reduce_scatter",
+            lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            whole = reduce_locally(parts, engine_op)
+            out_t.copy_(whole.view(world, -1)[engine.rank])
+            return self._finished(lambda: back(out_t, output, world), async_op)
         return engine.submit(
             "reduce_scatter",
             self.plugin.reduce_scatter,
@@ -562,41 +726,520 @@ class Communicator:
         )
 
     @_collective("barrier")
-    def barrier(self, *, timeout: Timeout = None) -> None:
+    def barrier(self, *, async_op: bool = False, timeout: Timeout = None) -> Handle | None:
         """Block until every rank of the group has arrived (at most ``timeout``).
+
+        With ``async_op=True`` it returns a :class:`Handle` at once, whose
+        ``wait()`` returns when every rank has arrived: a one-element
+        all_reduce on the backend's device, the barrier engines use anyway.
 
         Examples:
             >>> comm.barrier(timeout=60)
+            >>> h = comm.barrier(async_op=True)
+            >>> h.wait()
+            True
         """
         engine = self._member("barrier")
-        if self._agreeing:
-            self._strict(engine, "barrier", "")
-        engine.barrier(as_timedelta(timeout))
+        self._check(engine, "barrier", lambda: "", timeout=timeout, sized=False)
+        if not async_op:
+            engine.barrier(as_timedelta(timeout))
+            return None
+        token = engine.to_device(torch.ones(1))
+        return engine.submit(
+            "barrier",
+            self.plugin.all_reduce,
+            token,
+            "sum",
+            timeout=as_timedelta(timeout),
+            async_op=True,
+        )
+
+    @_collective("reduce", payload="tensor", peer="dst", op="op", uniform=True)
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        dst: int = 0,
+        op: ReduceOp | str = "sum",
+        *,
+        async_op: bool = False,
+        timeout: Timeout = None,
+    ) -> Handle | None:
+        """Reduce ``tensor`` across the group into ``tensor`` on ``dst``, in place.
+
+        ``op`` is any op :meth:`all_reduce` takes, ``mean`` included. On the
+        other ranks ``tensor`` is left as it was (engines may use the buffer
+        they are given there as scratch space, so they get a copy).
+
+        Examples:
+            >>> x = torch.tensor([1.0, 2.0]) * (comm.rank + 1)
+            >>> comm.reduce(x, dst=0, op="sum")
+            >>> x                 # on rank 0 of 2 ranks: tensor([3., 6.])
+            tensor([1., 2.])
+        """
+        engine = self._member("reduce")
+        check.tensor(tensor, "tensor")
+        check.rank_in_range(dst, engine.world_size, "dst")
+        name = check.reduce_op(op, tensor)
+        engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
+        work_t = engine.to_device(tensor)
+        world = engine.world_size
+        finish = None
+        if engine.rank == dst:
+            finish = lambda: back(work_t, tensor, world)  # noqa: E731
+        parts = self._check(
+            engine,
+            "reduce",
+            lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+            work_t,
+            timeout,
+        )
+        if parts is not None:
+            if finish is None:
+                return self._finished(lambda: None, async_op)
+            work_t.copy_(reduce_locally(parts, engine_op))
+            return self._finished(finish, async_op)
+        if finish is None and work_t is tensor:
+            work_t = tensor.clone()
+        return engine.submit(
+            "reduce",
+            self.plugin.reduce,
+            work_t,
+            dst,
+            engine_op,
+            finish=finish,
+            timeout=as_timedelta(timeout),
+            async_op=async_op,
+        )
+
+    @_collective("scatter", payload="tensor", peer="src", uniform=True)
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: Sequence[torch.Tensor] | None = None,
+        src: int = 0,
+        *,
+        async_op: bool = False,
+        timeout: Timeout = None,
+    ) -> Handle | None:
+        """Fill ``tensor`` on each rank ``i`` with ``scatter_list[i]`` of ``src``, in place.
+
+        ``src`` passes ``world_size`` tensors shaped like ``tensor``; the
+        other ranks' ``scatter_list`` is ignored (``None`` is usual there).
+
+        Examples:
+            >>> out = torch.empty(2)
+            >>> parts = [torch.full((2,), float(i)) for i in range(comm.world_size)]
+            >>> comm.scatter(out, parts if comm.rank == 0 else None, src=0)
+            >>> out
+            tensor([0., 0.])
+        """
+        engine = self._member("scatter")
+        check.tensor(tensor, "tensor")
+        world = engine.world_size
+        check.rank_in_range(src, world, "src")
+        parts = None
+        if engine.rank == src:
+            check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
+            parts = [engine.to_device(t) for t in scatter_list or ()]
+        self._check(
+            engine,
+            "scatter",
+            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+            timeout=timeout,
+        )
+        work_t = engine.to_device(tensor)
+        return engine.submit(
+            "scatter",
+            self.plugin.scatter,
+            work_t,
+            parts,
+            src,
+            finish=lambda: _copy_back(work_t, tensor, world),
+            timeout=as_timedelta(timeout),
+            async_op=async_op,
+        )
+
+    @_collective("all_to_all", payload="input_tensor_list")
+    def all_to_all(
+        self,
+        output_tensor_list: Sequence[torch.Tensor],
+        input_tensor_list: Sequence[torch.Tensor],
+        *,
+        async_op: bool = False,
+        timeout: Timeout = None,
+    ) -> Handle | None:
+        """Send ``input_tensor_list[i]`` to rank ``i``, receive into ``output_tensor_list[i]``.
+
+        Both lists hold ``world_size`` tensors of one dtype; the shapes may
+        differ, but what rank ``j`` sends here must be shaped like
+        ``output_tensor_list[j]``.
+
+        Examples:
+            >>> outs = [torch.empty(2) for _ in range(comm.world_size)]
+            >>> ins = [torch.full((2,), float(comm.rank)) for _ in range(comm.world_size)]
+            >>> comm.all_to_all(outs, ins)
+            >>> outs              # outs[j] is rank j's
+            [tensor([0., 0.])]
+        """
+        engine = self._member("all_to_all")
+        world = engine.world_size
+        check.tensor_list(output_tensor_list, world, "output_tensor_list")
+        check.tensor_list(input_tensor_list, world, "input_tensor_list")
+        check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
+        dtype = input_tensor_list[0].dtype
+        # what must match is pairwise (what j sends here, what this rank
+        # expects from j), not one description every rank shares: under the
+        # guard it is left to the engine, as torch leaves it
+        self._check(
+            engine, "all_to_all", lambda: f"{dtype}, {world} tensors", timeout=timeout, sized=False
+        )
+        outs = [engine.to_device(t) for t in output_tensor_list]
+        ins = [engine.to_device(t) for t in input_tensor_list]
+
+        def finish() -> None:
+            for out_t, target in zip(outs, output_tensor_list):
+                _copy_back(out_t, target, world)
+
+        return engine.submit(
+            "all_to_all",
+            self.plugin.all_to_all,
+            outs,
+            ins,
+            finish=finish,
+            timeout=as_timedelta(timeout),
+            async_op=async_op,
+        )
+
+    @_collective("all_to_all_single", payload="input")
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        *,
+        async_op: bool = False,
+        timeout: Timeout = None,
+    ) -> Handle | None:
+        """Scatter ``input``'s rows to every rank and gather theirs into ``output``.
+
+        ``input_split_sizes[i]`` rows of ``input`` (along dim 0, in order) go
+        to rank ``i``; ``output_split_sizes[i]`` rows of ``output`` come from
+        rank ``i``. ``None`` splits evenly. Splits may be uneven and zero, but
+        what rank ``i`` sends here must be what this rank expects from it.
+
+        Examples:
+            >>> out = torch.empty(comm.world_size)
+            >>> comm.all_to_all_single(out, torch.arange(float(comm.world_size)))
+            >>> out               # rank r gets element r of every rank
+            tensor([0.])
+            >>> # uneven: rank r sends i + 1 rows to rank i, and gets r + 1 rows from each
+        """
+        engine = self._member("all_to_all_single")
+        world = engine.world_size
+        check.tensor(output, "output")
+        check.tensor(input, "input")
+        check.same_dtype([output, input], "all_to_all_single")
+        if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
+            raise ValueError(
+                "all_to_all_single needs output and input of at least one dim whose rows "
+                f"(dims after the first) match, got {tuple(output.shape)} and "
+                f"{tuple(input.shape)}"
+            )
+        out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
+        in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
+        me = engine.rank
+        to_me = in_splits[me] if in_splits else input.shape[0] // world
+        from_me = out_splits[me] if out_splits else output.shape[0] // world
+        if to_me != from_me:  # the one pair of splits this rank alone must match
+            raise ValueError(
+                f"all_to_all_single: rank {me} sends itself {to_me} rows of input but expects "
+                f"{from_me} rows of output from itself"
+            )
+        self._check(
+            engine,
+            "all_to_all_single",
+            lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
+            timeout=timeout,
+            sized=False,
+        )
+        out_t = engine.to_device(output)
+        in_t = engine.to_device(input)
+        return engine.submit(
+            "all_to_all_single",
+            self.plugin.all_to_all_single,
+            out_t,
+            in_t,
+            out_splits,
+            in_splits,
+            finish=lambda: _copy_back(out_t, output, world),
+            timeout=as_timedelta(timeout),
+            async_op=async_op,
+        )
+
+    # -- point to point -------------------------------------------------------------
+    @_collective("send", payload="tensor", peer="dst")
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        *,
+        tag: int = 0,
+        async_op: bool = False,
+        timeout: Timeout = None,
+    ) -> Handle | None:
+        """Send ``tensor`` to rank ``dst``, which receives it with :meth:`recv`.
+
+        Sends and receives between two ranks pair up in the order they are
+        posted (per ``tag``). On engines that deadlock on two ranks sending to
+        each other at once (NCCL), exchange with :meth:`batch_isend_irecv`.
+
+        Examples:
+            >>> x = torch.arange(3.0) if comm.rank == 0 else torch.empty(3)
+            >>> if comm.rank == 0 and comm.world_size > 1:
+            ...     comm.send(x, dst=1)
+            ... elif comm.rank == 1:
+            ...     comm.recv(x, src=0)
+        """
+        return self._p2p("send", tensor, dst, tag, async_op, timeout)
+
+    @_collective("recv", payload="tensor", peer="src")
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        *,
+        tag: int = 0,
+        async_op: bool = False,
+        timeout: Timeout = None,
+    ) -> Handle | None:
+        """Receive into ``tensor`` what rank ``src`` sends with :meth:`send`.
+
+        Examples:
+            >>> x = torch.empty(3)
+            >>> if comm.rank == 1:                 # rank 0 sends it with send(x, dst=1)
+            ...     comm.recv(x, src=0)
+        """
+        return self._p2p("recv", tensor, src, tag, async_op, timeout)
+
+    @_collective("isend", payload="tensor", peer="dst")
+    def isend(
+        self, tensor: torch.Tensor, dst: int, *, tag: int = 0, timeout: Timeout = None
+    ) -> Handle:
+        """:meth:`send` that returns at once; the handle's ``wait()`` completes it.
+
+        Examples:
+            >>> if comm.rank == 0 and comm.world_size > 1:
+            ...     h = comm.isend(torch.ones(2), dst=1)
+            ...     h.wait()        # the other side: irecv(x, src=0)
+        """
+        handle = self._p2p("send", tensor, dst, tag, True, timeout)
+        assert handle is not None
+        return handle
+
+    @_collective("irecv", payload="tensor", peer="src")
+    def irecv(
+        self, tensor: torch.Tensor, src: int, *, tag: int = 0, timeout: Timeout = None
+    ) -> Handle:
+        """:meth:`recv` that returns at once; read ``tensor`` after the handle's ``wait()``.
+
+        Examples:
+            >>> x = torch.empty(2)
+            >>> if comm.rank == 1:
+            ...     h = comm.irecv(x, src=0)
+            ...     h.wait()        # x holds what rank 0 sent
+        """
+        handle = self._p2p("recv", tensor, src, tag, True, timeout)
+        assert handle is not None
+        return handle
+
+    def _p2p(
+        self,
+        kind: str,
+        tensor: torch.Tensor,
+        peer: int,
+        tag: int,
+        async_op: bool,
+        timeout: Timeout,
+    ) -> Handle | None:
+        engine = self._member(kind)
+        check.tensor(tensor, "tensor")
+        check.peer(peer, engine.world_size, engine.rank, "dst" if kind == "send" else "src")
+        check.tag(tag)
+        work_t = engine.to_device(tensor)
+        world = engine.world_size
+        call = self.plugin.send if kind == "send" else self.plugin.recv
+        return engine.submit(
+            kind,
+            call,
+            work_t,
+            peer,
+            tag=tag,
+            finish=(lambda: _copy_back(work_t, tensor, world)) if kind == "recv" else None,
+            timeout=as_timedelta(timeout),
+            async_op=async_op,
+        )
+
+    @_collective("batch_isend_irecv")
+    def batch_isend_irecv(
+        self, p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None
+    ) -> list[Handle]:
+        """Post every send and receive of ``p2p_op_list`` at once; returns handles to wait on.
+
+        What torch's ``batch_isend_irecv`` does: engines that deadlock on
+        unbatched two-way exchange (NCCL) get the whole batch as one group.
+        Peers are ranks within this communicator. The list holds one handle
+        for the whole batch; wait on every handle before reading what was
+        received.
+
+        Examples:
+            >>> n, r = comm.world_size, comm.rank
+            >>> got = torch.empty(2)
+            >>> if n > 1:          # each rank sends right and receives from the left
+            ...     ops = [P2POp(comm.isend, torch.ones(2), (r + 1) % n),
+            ...            P2POp(comm.irecv, got, (r - 1) % n)]
+            ...     for h in comm.batch_isend_irecv(ops):
+            ...         h.wait()
+        """
+        engine = self._member("batch_isend_irecv")
+        world, me = engine.world_size, engine.rank
+        if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+            raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
+        requests: list[P2PRequest] = []
+        for i, op in enumerate(p2p_op_list):
+            if not all(hasattr(op, a) for a in ("op", "tensor", "peer", "tag")):
+                raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
+            kind = p2p_kind(op.op)
+            check.tensor(op.tensor, f"p2p_op_list[{i}].tensor")
+            peer = getattr(op, "group_peer", None)
+            peer = op.peer if peer is None else peer
+            check.peer(peer, world, me, f"p2p_op_list[{i}].peer")
+            check.tag(op.tag)
+            requests.append(P2PRequest(kind, engine.to_device(op.tensor), peer, op.tag))
+
+        def finish() -> None:
+            for request, op in zip(requests, p2p_op_list):
+                if request.kind == "recv":
+                    _copy_back(request.tensor, op.tensor, world)
+
+        handle = engine.submit(
+            "batch_isend_irecv",
+            self.plugin.batch_isend_irecv,
+            requests,
+            finish=finish,
+            timeout=as_timedelta(timeout),
+            async_op=True,
+        )
+        assert handle is not None
+        return [handle]
 
     # -- object collectives -------------------------------------------------------
+    # Each takes ``timeout=`` (per round) and ``async_op=``: with it, the first
+    # round is issued and a ResultHandle returned whose wait() gives the result.
+    def _run_objects(
+        self, engine: Engine, steps: _steps.Steps[Any], timeout: Timeout, async_op: bool
+    ) -> Any:
+        limit = as_timedelta(timeout)
+        if async_op:
+            return _steps.start(engine, steps, limit)
+        return _steps.run(engine, steps, limit)
+
+    @overload
+    def all_gather_object(
+        self,
+        obj: Any,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[False] = ...,
+    ) -> list[Any]: ...
+    @overload
+    def all_gather_object(
+        self,
+        obj: Any,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[True],
+    ) -> ResultHandle[list[Any]]: ...
+    @overload
+    def all_gather_object(
+        self,
+        obj: Any,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: bool = ...,
+    ) -> list[Any] | ResultHandle[list[Any]]: ...
     @_collective("all_gather_object", payload="obj")
-    def all_gather_object(self, obj: Any, *, serializer: Serializer | None = None) -> list[Any]:
+    def all_gather_object(
+        self,
+        obj: Any,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
+    ) -> list[Any] | ResultHandle[list[Any]]:
         """Every rank's ``obj``, as a list indexed by rank.
 
         If any rank fails to serialize its object, every rank raises the same
         :class:`~commlib.errors.RemoteError` naming it. This rank's own entry is
-        ``obj`` itself, not a copy.
+        ``obj`` itself, not a copy. With ``async_op=True`` it returns a
+        :class:`~commlib.handle.ResultHandle` whose ``wait()`` gives the list.
 
         Examples:
             >>> comm.all_gather_object({"rank": comm.rank})
             [{'rank': 0}]
+            >>> comm.all_gather_object("x", async_op=True).wait()
+            ['x']
         """
         engine = self._member("all_gather_object")
         if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
-            return [obj]
-        return _objects.all_gather_object(
-            engine, obj, serializer or self.serializer, self.slot_size
-        )
+            return _steps.done([obj]) if async_op else [obj]
+        ser = serializer or self.serializer
+        steps = _objects.all_gather_object_steps(engine, obj, ser, self.slot_size)
+        return self._run_objects(engine, steps, timeout, async_op)
 
+    @overload
+    def gather_object(
+        self,
+        obj: Any,
+        dst: int = ...,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[False] = ...,
+    ) -> list[Any] | None: ...
+    @overload
+    def gather_object(
+        self,
+        obj: Any,
+        dst: int = ...,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[True],
+    ) -> ResultHandle[list[Any] | None]: ...
+    @overload
+    def gather_object(
+        self,
+        obj: Any,
+        dst: int = ...,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: bool = ...,
+    ) -> list[Any] | ResultHandle[list[Any] | None] | None: ...
     @_collective("gather_object", payload="obj", peer="dst")
     def gather_object(
-        self, obj: Any, dst: int = 0, *, serializer: Serializer | None = None
-    ) -> list[Any] | None:
+        self,
+        obj: Any,
+        dst: int = 0,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
+    ) -> list[Any] | ResultHandle[list[Any] | None] | None:
         """Every rank's ``obj`` on ``dst`` (a list); other ranks get ``None``.
 
         Examples:
@@ -606,15 +1249,21 @@ class Communicator:
         engine = self._member("gather_object")
         if engine.world_size == 1:
             check.rank_in_range(dst, 1, "dst")
-            return [obj]
-        return _objects.gather_object(
-            engine, obj, dst, serializer or self.serializer, self.slot_size
-        )
+            return _steps.done([obj]) if async_op else [obj]
+        ser = serializer or self.serializer
+        steps = _objects.gather_object_steps(engine, obj, dst, ser, self.slot_size)
+        return self._run_objects(engine, steps, timeout, async_op)
 
     @_collective("broadcast_object_list", payload="object_list", peer="src")
     def broadcast_object_list(
-        self, object_list: list[Any], src: int = 0, *, serializer: Serializer | None = None
-    ) -> None:
+        self,
+        object_list: list[Any],
+        src: int = 0,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
+    ) -> ResultHandle[None] | None:
         """Fill ``object_list`` on every rank with ``src``'s objects, in place.
 
         Every rank passes a list of the same length.
@@ -632,14 +1281,50 @@ class Communicator:
                     f"broadcast_object_list needs a list, got {type(object_list).__name__}"
                 )
             check.rank_in_range(src, 1, "src")
-            return
-        _objects.broadcast_object_list(
-            engine, object_list, src, serializer or self.serializer, self.slot_size
-        )
+            return _steps.done(None) if async_op else None
+        ser = serializer or self.serializer
+        steps = _objects.broadcast_object_list_steps(engine, object_list, src, ser, self.slot_size)
+        return self._run_objects(engine, steps, timeout, async_op)
 
+    @overload
+    def broadcast_object(
+        self,
+        obj: Any = ...,
+        src: int = ...,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[False] = ...,
+    ) -> Any: ...
+    @overload
+    def broadcast_object(
+        self,
+        obj: Any = ...,
+        src: int = ...,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[True],
+    ) -> ResultHandle[Any]: ...
+    @overload
+    def broadcast_object(
+        self,
+        obj: Any = ...,
+        src: int = ...,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: bool = ...,
+    ) -> Any: ...
     @_collective("broadcast_object", payload="obj", peer="src")
     def broadcast_object(
-        self, obj: Any = None, src: int = 0, *, serializer: Serializer | None = None
+        self,
+        obj: Any = None,
+        src: int = 0,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
     ) -> Any:
         """Return ``src``'s ``obj`` on every rank.
 
@@ -647,6 +1332,113 @@ class Communicator:
             >>> comm.broadcast_object({"lr": 0.1} if comm.rank == 0 else None)
             {'lr': 0.1}
         """
+        engine = self._member("broadcast_object")
+        if engine.world_size == 1:
+            check.rank_in_range(src, 1, "src")
+            return _steps.done(obj) if async_op else obj
         box = [obj]
-        self.broadcast_object_list(box, src, serializer=serializer)
-        return box[0]
+        ser = serializer or self.serializer
+        steps = _objects.broadcast_object_list_steps(engine, box, src, ser, self.slot_size)
+        return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
+
+    @_collective("scatter_object_list", payload="input_list", peer="src")
+    def scatter_object_list(
+        self,
+        output_list: list[Any],
+        input_list: Sequence[Any] | None = None,
+        src: int = 0,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
+    ) -> ResultHandle[None] | None:
+        """Put ``input_list[i]`` of ``src`` into ``output_list[0]`` on each rank ``i``.
+
+        ``src`` passes one picklable object per rank (others pass ``None``);
+        every rank passes a non-empty ``output_list`` to fill, as torch's
+        ``scatter_object_list``. ``src`` keeps its own object itself, not a
+        copy. Each object is serialized on its own and reaches only its rank;
+        a failure on any rank (a bad list, an unpicklable object) is raised by
+        every rank.
+
+        Examples:
+            >>> box = [None]
+            >>> shards = [{"shard": r} for r in range(comm.world_size)]
+            >>> comm.scatter_object_list(box, shards if comm.rank == 0 else None, src=0)
+            >>> box
+            [{'shard': 0}]
+        """
+        engine = self._member("scatter_object_list")
+        if engine.world_size == 1:
+            _scatter_objects.check_arguments(output_list, input_list, src, 1, 0)
+            assert input_list is not None
+            output_list[0] = input_list[0]
+            return _steps.done(None) if async_op else None
+        ser = serializer or self.serializer
+        steps = _scatter_objects.scatter_object_list_steps(
+            engine, output_list, input_list, src, ser, self.slot_size
+        )
+        return self._run_objects(engine, steps, timeout, async_op)
+
+    @_collective("send_object_list", payload="object_list", peer="dst")
+    def send_object_list(
+        self,
+        object_list: list[Any],
+        dst: int,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
+    ) -> ResultHandle[None] | None:
+        """Send the picklable objects of ``object_list`` to ``dst`` (see :meth:`recv_object_list`).
+
+        Small lists travel in one message of ``slot_size`` bytes; larger ones
+        follow point to point, their tensors and arrays out of band. If the
+        list cannot be serialized, this rank raises
+        :class:`~commlib.errors.RemoteError` and ``dst`` raises the same at
+        once: it never waits for a payload that will not come.
+
+        Examples:
+            >>> if comm.rank == 0 and comm.world_size > 1:
+            ...     comm.send_object_list([{"step": 3}], dst=1)
+        """
+        engine = self._member("send_object_list")
+        check.peer(dst, engine.world_size, engine.rank, "dst")
+        ser = serializer or self.serializer
+        steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self.slot_size)
+        return self._run_objects(engine, steps, timeout, async_op)
+
+    @_collective("recv_object_list", payload="object_list", peer="src")
+    def recv_object_list(
+        self,
+        object_list: list[Any],
+        src: int,
+        *,
+        serializer: Serializer | None = None,
+        timeout: Timeout = None,
+        async_op: bool = False,
+    ) -> ResultHandle[None] | None:
+        """Fill ``object_list`` with what rank ``src`` sends with :meth:`send_object_list`.
+
+        ``object_list`` must have the length of the list sent; a different
+        one raises ``ValueError`` after the message is received (so the
+        sender never blocks).
+
+        Examples:
+            >>> box = [None]
+            >>> if comm.rank == 1:
+            ...     comm.recv_object_list(box, src=0)   # box: [{'step': 3}]
+        """
+        engine = self._member("recv_object_list")
+        check.peer(src, engine.world_size, engine.rank, "src")
+        ser = serializer or self.serializer
+        steps = _received_nothing(
+            _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self.slot_size)
+        )
+        return self._run_objects(engine, steps, timeout, async_op)
+
+
+def _received_nothing(steps: _steps.Steps[int]) -> _steps.Steps[None]:
+    """``steps`` with its result (the sender's rank) dropped: the communicator returns None."""
+    yield from steps
+    return None

@@ -65,5 +65,22 @@ class CommTimeoutError(CommError, TimeoutError):
     """A collective did not complete within the communicator's timeout."""
 
 
+class CommBrokenError(CommError):
+    """The communicator's process group failed earlier and cannot be used again.
+
+    After a :class:`CommTimeoutError` or a peer's failure the engine's state is
+    unknown (a late peer's message would pair with the next call), so every
+    later call raises this at once, saying what broke it. The surviving ranks
+    call :meth:`~commlib.Communicator.shrink` for a communicator over the ranks
+    still alive; or the job ends and restarts.
+
+    Examples:
+        >>> try:  # doctest: +SKIP
+        ...     comm.all_reduce(x)
+        ... except CommBrokenError:
+        ...     comm = comm.shrink()
+    """
+
+
 class DeserializationError(CommError):
     """An object received from another rank could not be loaded on this rank."""

@@ -26,9 +26,11 @@ import commlib.data_device as data_device
 import commlib.launch as launch
 import commlib.ranks as rank_args
 from commlib import helpers, results
-from commlib.communicator import Communicator, Handle, dist_ready
+from commlib.communicator import Communicator, Handle, ResultHandle, dist_ready
+from commlib.p2p import P2POp
 
 F = TypeVar("F", bound=Callable[..., Any])
+Timeout = datetime.timedelta | float | None
 
 _lock = threading.Lock()
 _cache: dict[Any, Communicator] = {}
@@ -115,6 +117,28 @@ def new_group(
         ...     all_reduce(x, group=pair)
     """
     return get_communicator().new_group(ranks, timeout)
+
+
+def shrink(
+    exclude: Sequence[int] | None = None, timeout: datetime.timedelta | float | None = None
+) -> Communicator:
+    """Shrink the default communicator to the ranks still alive, and make the result the default.
+
+    Every surviving rank calls it after a failure; ranks are renumbered in
+    order (see :meth:`Communicator.shrink`). Later calls with ``group=None``
+    run on the survivors.
+
+    Examples:
+        >>> try:  # doctest: +SKIP
+        ...     all_reduce(loss)
+        ... except CommError:
+        ...     shrink(timeout=60)
+        >>> get_world_size()  # doctest: +SKIP
+        3
+    """
+    comm = get_communicator().shrink(exclude, timeout)
+    set_default_communicator(comm)
+    return comm
 
 
 def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
@@ -371,14 +395,21 @@ obj2tensor = helpers.obj2tensor
 tensor2obj = helpers.tensor2obj
 
 
-def barrier(group: Any = None, timeout: datetime.timedelta | float | None = None) -> None:
+def barrier(
+    group: Any = None, timeout: datetime.timedelta | float | None = None, async_op: bool = False
+) -> Handle | None:
     """Block until every process of ``group`` has arrived (at most ``timeout`` seconds).
+
+    With ``async_op=True``, a :class:`~commlib.Handle` whose ``wait()`` returns
+    once every process has arrived.
 
     Examples:
         >>> barrier()
         >>> barrier(timeout=60)     # CommTimeoutError naming the missing ranks after 60 s
+        >>> barrier(async_op=True).wait()
+        True
     """
-    _collective_comm(group).barrier(timeout=timeout)
+    return _collective_comm(group).barrier(timeout=timeout, async_op=async_op)
 
 
 # -- tensor collectives ----------------------------------------------------------
@@ -488,22 +519,270 @@ def reduce_scatter(
     return _collective_comm(group).reduce_scatter(output, data, op, async_op=async_op)
 
 
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: str = "sum",
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    group_dst: int | None = None,
+    timeout: Timeout = None,
+) -> Handle | None:
+    """Reduce ``tensor`` across ``group`` into ``tensor`` on ``dst`` (torch's signature).
+
+    ``op`` is any op :func:`all_reduce` takes, ``mean`` included; the other
+    ranks' ``tensor`` is left as it was. ``dst`` is a world rank when
+    ``group`` is a torch ProcessGroup, ``group_dst`` a rank within it; by
+    default the group's first rank.
+
+    Examples:
+        >>> x = torch.tensor([1.0, 2.0])
+        >>> reduce(x, dst=0, op="max")
+        >>> x
+        tensor([1., 2.])
+    """
+    comm = _collective_comm(group)
+    root = _root(comm, "reduce", "dst", dst, group_dst, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.reduce(tensor, root, op, async_op=async_op, timeout=timeout)
+
+
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Sequence[torch.Tensor] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+) -> Handle | None:
+    """Fill ``tensor`` on each rank ``i`` with ``scatter_list[i]`` of ``src`` (torch's signature).
+
+    ``src`` is a world rank when ``group`` is a torch ProcessGroup,
+    ``group_src`` a rank within it; by default the group's first rank.
+
+    Examples:
+        >>> out = torch.empty(2)
+        >>> scatter(out, [torch.ones(2)], src=0)
+        >>> out
+        tensor([1., 1.])
+    """
+    comm = _collective_comm(group)
+    root = _root(comm, "scatter", "src", src, group_src, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.scatter(tensor, scatter_list, root, async_op=async_op, timeout=timeout)
+
+
+def all_to_all(
+    output_tensor_list: Sequence[torch.Tensor],
+    input_tensor_list: Sequence[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: Timeout = None,
+) -> Handle | None:
+    """Send ``input_tensor_list[i]`` to rank ``i``, receive into ``output_tensor_list[i]``.
+
+    Examples:
+        >>> outs = [torch.empty(2)]
+        >>> all_to_all(outs, [torch.ones(2)])
+        >>> outs
+        [tensor([1., 1.])]
+    """
+    return _collective_comm(group).all_to_all(
+        output_tensor_list, input_tensor_list, async_op=async_op, timeout=timeout
+    )
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: Timeout = None,
+) -> Handle | None:
+    """Split ``input``'s rows among the ranks, gather theirs into ``output`` (uneven too).
+
+    Examples:
+        >>> out = torch.empty(3)
+        >>> all_to_all_single(out, torch.arange(3.0), [3], [3])
+        >>> out
+        tensor([0., 1., 2.])
+    """
+    return _collective_comm(group).all_to_all_single(
+        output,
+        input,
+        output_split_sizes,
+        input_split_sizes,
+        async_op=async_op,
+        timeout=timeout,
+    )
+
+
+# -- point to point --------------------------------------------------------------
+def _peer(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
+    """The group rank of a send's ``dst`` / a receive's ``src``; one of the two is required."""
+    if rank is None and in_group is None:
+        raise ValueError(f"{call} needs {name} (or group_{name}): the rank to exchange with")
+    return _root(comm, call, name, rank, in_group, group)
+
+
+def send(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    *,
+    group_dst: int | None = None,
+    timeout: Timeout = None,
+) -> None:
+    """Send ``tensor`` to ``dst``, which receives it with :func:`recv` (torch's signature).
+
+    ``dst`` is a world rank when ``group`` is a torch ProcessGroup,
+    ``group_dst`` a rank within it.
+
+    Examples:
+        >>> if get_rank() == 0 and get_world_size() > 1:
+        ...     send(torch.arange(3.0), dst=1)
+    """
+    comm = _collective_comm(group)
+    peer = _peer(comm, "send", "dst", dst, group_dst, group)
+    comm.send(tensor, peer, tag=tag, timeout=timeout)
+
+
+def recv(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+) -> int:
+    """Receive into ``tensor`` what ``src`` sends with :func:`send`; returns the sender's rank.
+
+    The rank is numbered as ``src`` is: a world rank with a torch
+    ProcessGroup. Receiving from any rank (``src=None`` in torch) is not
+    offered: not every engine can.
+
+    Examples:
+        >>> x = torch.empty(3)
+        >>> if get_rank() == 1:
+        ...     sender = recv(x, src=0)      # 0
+    """
+    comm = _collective_comm(group)
+    peer = _peer(comm, "recv", "src", src, group_src, group)
+    comm.recv(tensor, peer, tag=tag, timeout=timeout)
+    return comm.ranks[peer] if rank_args.is_torch_group(group) else peer
+
+
+def isend(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    *,
+    group_dst: int | None = None,
+    timeout: Timeout = None,
+) -> Handle:
+    """:func:`send` that returns at once; the handle's ``wait()`` completes it.
+
+    Examples:
+        >>> if get_rank() == 0 and get_world_size() > 1:
+        ...     isend(torch.ones(2), dst=1).wait()
+    """
+    comm = _collective_comm(group)
+    peer = _peer(comm, "isend", "dst", dst, group_dst, group)
+    return comm.isend(tensor, peer, tag=tag, timeout=timeout)
+
+
+def irecv(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+) -> Handle:
+    """:func:`recv` that returns at once; read ``tensor`` after the handle's ``wait()``.
+
+    Examples:
+        >>> x = torch.empty(2)
+        >>> if get_rank() == 1:
+        ...     irecv(x, src=0).wait()
+    """
+    comm = _collective_comm(group)
+    peer = _peer(comm, "irecv", "src", src, group_src, group)
+    return comm.irecv(tensor, peer, tag=tag, timeout=timeout)
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None) -> list[Handle]:
+    """Post every send and receive of ``p2p_op_list`` at once (torch's ``batch_isend_irecv``).
+
+    Every op names the same ``group`` (a torch ProcessGroup: ``peer`` is a
+    world rank, ``group_peer`` a rank within it). Engines that deadlock on
+    unbatched two-way exchange (NCCL) get the batch as one group. Wait on
+    every returned handle before reading what was received.
+
+    Examples:
+        >>> n, r = get_world_size(), get_rank()
+        >>> got = torch.empty(2)
+        >>> if n > 1:
+        ...     ops = [P2POp(isend, torch.ones(2), (r + 1) % n), P2POp(irecv, got, (r - 1) % n)]
+        ...     for h in batch_isend_irecv(ops):
+        ...         h.wait()
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
+    group = getattr(p2p_op_list[0], "group", None)
+    if any(getattr(op, "group", None) is not group for op in p2p_op_list):
+        raise ValueError("batch_isend_irecv: every P2POp of a batch must name the same group")
+    comm = _collective_comm(group)
+    ops = []
+    for i, op in enumerate(p2p_op_list):
+        if not isinstance(op, P2POp) and not all(
+            hasattr(op, a) for a in ("op", "tensor", "peer", "tag")
+        ):
+            raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
+        peer = _peer(comm, "batch_isend_irecv", "peer", op.peer, op.group_peer, group)
+        ops.append(P2POp(op.op, op.tensor, peer, tag=op.tag))
+    return comm.batch_isend_irecv(ops, timeout=timeout)
+
+
 # -- object collectives ----------------------------------------------------------
-def all_gather_object(data: Any, group: Any = None) -> list[Any]:
+# Each also takes timeout= (per round) and async_op=: a ResultHandle whose
+# wait() gives what the blocking call returns.
+def all_gather_object(
+    data: Any, group: Any = None, *, timeout: Timeout = None, async_op: bool = False
+) -> Any:
     """Every rank's picklable ``data``, as a list indexed by rank.
 
     Examples:
         >>> all_gather_object({"rank": get_rank()})   # 2 ranks: [{'rank': 0}, {'rank': 1}]
         [{'rank': 0}]
+        >>> all_gather_object("x", async_op=True).wait()
+        ['x']
     """
     comm = _collective_comm(group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.all_gather_object(data)
+        return comm.all_gather_object(data, timeout=timeout, async_op=async_op)
 
 
 def gather_object(
-    data: Any, dst: int | None = None, group: Any = None, *, group_dst: int | None = None
-) -> list[Any] | None:
+    data: Any,
+    dst: int | None = None,
+    group: Any = None,
+    *,
+    group_dst: int | None = None,
+    timeout: Timeout = None,
+    async_op: bool = False,
+) -> Any:
     """Every rank's ``data`` on ``dst`` (a list); other ranks get ``None``.
 
     ``dst`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
@@ -516,12 +795,18 @@ def gather_object(
     comm = _collective_comm(group)
     root = _root(comm, "gather_object", "dst", dst, group_dst, group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.gather_object(data, root)
+        return comm.gather_object(data, root, timeout=timeout, async_op=async_op)
 
 
 def broadcast_object_list(
-    data: list[Any], src: int | None = None, group: Any = None, *, group_src: int | None = None
-) -> None:
+    data: list[Any],
+    src: int | None = None,
+    group: Any = None,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+    async_op: bool = False,
+) -> ResultHandle[None] | None:
     """Fill ``data`` on every rank with ``src``'s objects, in place.
 
     ``src`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
@@ -536,11 +821,17 @@ def broadcast_object_list(
     comm = _collective_comm(group)
     root = _root(comm, "broadcast_object_list", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
-        comm.broadcast_object_list(data, root)
+        return comm.broadcast_object_list(data, root, timeout=timeout, async_op=async_op)
 
 
 def broadcast_object(
-    data: Any = None, src: int | None = None, group: Any = None, *, group_src: int | None = None
+    data: Any = None,
+    src: int | None = None,
+    group: Any = None,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+    async_op: bool = False,
 ) -> Any:
     """Return ``src``'s ``data`` on every rank.
 
@@ -555,7 +846,92 @@ def broadcast_object(
     comm = _collective_comm(group)
     root = _root(comm, "broadcast_object", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.broadcast_object(data, root)
+        return comm.broadcast_object(data, root, timeout=timeout, async_op=async_op)
+
+
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: Sequence[Any] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+    async_op: bool = False,
+) -> ResultHandle[None] | None:
+    """On each rank ``i``, ``scatter_object_output_list[0]`` gets ``src``'s input ``i``.
+
+    torch's signature: ``src`` passes ``scatter_object_input_list``, one
+    picklable object per rank. ``src`` is a world rank when ``group`` is a torch
+    ProcessGroup, ``group_src`` a rank within it; by default the group's first
+    rank.
+
+    Examples:
+        >>> box = [None]
+        >>> scatter_object_list(box, [{"shard": 0}], src=0)
+        >>> box
+        [{'shard': 0}]
+    """
+    comm = _collective_comm(group)
+    root = _root(comm, "scatter_object_list", "src", src, group_src, group)
+    with rank_args.world_ranks_in_errors(comm):
+        return comm.scatter_object_list(
+            scatter_object_output_list,
+            scatter_object_input_list,
+            root,
+            timeout=timeout,
+            async_op=async_op,
+        )
+
+
+def send_object_list(
+    object_list: list[Any],
+    dst: int | None = None,
+    group: Any = None,
+    *,
+    group_dst: int | None = None,
+    timeout: Timeout = None,
+    async_op: bool = False,
+) -> ResultHandle[None] | None:
+    """Send the picklable objects of ``object_list`` to ``dst`` (see :func:`recv_object_list`).
+
+    torch's signature. If the list cannot be serialized, this rank raises
+    and ``dst`` raises the same error at once.
+
+    Examples:
+        >>> if get_rank() == 0 and get_world_size() > 1:
+        ...     send_object_list([{"step": 3}], dst=1)
+    """
+    comm = _collective_comm(group)
+    peer = _peer(comm, "send_object_list", "dst", dst, group_dst, group)
+    return comm.send_object_list(object_list, peer, timeout=timeout, async_op=async_op)
+
+
+def recv_object_list(
+    object_list: list[Any],
+    src: int | None = None,
+    group: Any = None,
+    *,
+    group_src: int | None = None,
+    timeout: Timeout = None,
+    async_op: bool = False,
+) -> Any:
+    """Fill ``object_list`` with what ``src`` sends with :func:`send_object_list`.
+
+    Returns the sender's rank, numbered as ``src`` is (a world rank with a
+    torch ProcessGroup), or a handle with ``async_op=True``.
+
+    Examples:
+        >>> box = [None]
+        >>> if get_rank() == 1:
+        ...     sender = recv_object_list(box, src=0)   # 0; box: [{'step': 3}]
+    """
+    comm = _collective_comm(group)
+    peer = _peer(comm, "recv_object_list", "src", src, group_src, group)
+    handle = comm.recv_object_list(object_list, peer, timeout=timeout, async_op=async_op)
+    if async_op:
+        return handle
+    return comm.ranks[peer] if rank_args.is_torch_group(group) else peer
 
 
 # -- helpers ---------------------------------------------------------------------

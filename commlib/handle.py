@@ -1,9 +1,10 @@
-"""``Handle``: what an ``async_op=True`` collective returns."""
+"""``Handle`` and ``ResultHandle``: what an ``async_op=True`` collective returns."""
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any, Generic, Protocol, TypeVar
 
 from commlib._settings import as_timedelta
 from commlib.types import Work
@@ -54,3 +55,125 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"<Handle {'done' if self._done else 'pending'}>"
+
+
+class _Step(Protocol):
+    """What a protocol step waits on: an engine call in flight (``work`` may be ``None``)."""
+
+    work: Work | None
+
+
+T = TypeVar("T")
+
+
+class ResultHandle(Generic[T]):
+    """The pending result of an asynchronous object collective: ``wait()`` returns it.
+
+    What ``async_op=True`` gives for the object collectives: the first round
+    is on its way when the call returns;
+    ``wait()`` finishes the rest and returns what the blocking call would
+    have returned. Until then the communicator keeps the call's place: the
+    next collective on any communicator of this process finishes it first,
+    so every rank sees the same order of calls.
+
+    Examples:
+        >>> h = comm.all_gather_object({"rank": comm.rank}, async_op=True)
+        >>> h.wait()
+        [{'rank': 0}]
+        >>> h.is_completed()
+        True
+    """
+
+    def __init__(
+        self,
+        steps: Generator[_Step, None, T],
+        wait: Callable[[Any, datetime.timedelta | None], None],
+        timeout: datetime.timedelta | None = None,
+    ):
+        self._steps = steps
+        self._wait_step = wait
+        self._timeout = timeout
+        self._current: _Step | None = None
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
+        # a failure before anything is waited for (a bad argument) is raised now
+        self._advance(raise_now=True)
+
+    def _advance(self, raise_now: bool = False) -> None:
+        try:
+            self._current = next(self._steps)
+        except StopIteration as stop:
+            self._result = stop.value
+            self._end(None)
+        except Exception as exc:
+            if raise_now:
+                raise
+            self._end(exc)
+
+    def _step(self, limit: datetime.timedelta | None) -> None:
+        """Wait for the round in flight, then start the next one."""
+        try:
+            self._wait_step(self._current, limit)
+        except Exception as exc:
+            self._steps.close()
+            self._end(exc)
+            return
+        self._advance()
+
+    def _end(self, error: BaseException | None) -> None:
+        self._done, self._error, self._current = True, error, None
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(error)
+
+    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback(error)`` when the call has finished (at once if it has).
+
+        ``error`` is what ``wait()`` raises, or ``None``.
+
+        Examples:
+            >>> h = comm.all_gather_object("x", async_op=True)
+            >>> h.add_done_callback(lambda error: print("done", error))
+            done None
+        """
+        if self._done:
+            callback(self._error)
+        else:
+            self._callbacks.append(callback)
+
+    def complete(self, timeout: datetime.timedelta | float | None = None) -> None:
+        """Run the call to its end (at most ``timeout`` per round); keep a failure for ``wait()``.
+
+        Examples:
+            >>> h = comm.gather_object("x", async_op=True)
+            >>> h.complete()
+            >>> h.is_completed()
+            True
+        """
+        limit = as_timedelta(timeout) or self._timeout
+        while not self._done:
+            self._step(limit)
+
+    def wait(self, timeout: datetime.timedelta | float | None = None) -> T:
+        """Block until the call is complete (at most ``timeout`` per round); return its result.
+
+        Raises what the blocking call would have raised.
+        """
+        self.complete(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def is_completed(self) -> bool:
+        """Whether the call has finished; moves it on while its rounds are done (never blocks)."""
+        while not self._done:
+            work = self._current.work if self._current is not None else None
+            if work is not None and not work.is_completed():
+                return False
+            self._step(self._timeout)  # the round in flight is done: this does not block
+        return True
+
+    def __repr__(self) -> str:
+        return f"<ResultHandle {'done' if self._done else 'pending'}>"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
 import os
 import warnings
 from typing import Any
@@ -164,15 +165,28 @@ def init_dist(
         kwargs["timeout"] = timeout
     kwargs.setdefault("init_method", "env://")
     plugin.init_process_group(**kwargs)
-    # torch 2.13's gloo can abort the interpreter at exit ("terminate called
-    # without an active exception") when the group is still up; tear it down.
-    atexit.register(_destroy_at_exit)
+    teardown_at_exit()
     # the plugin that started the world serves it, even if another one drives
     # the same torch backend
     from commlib.communicator import Communicator
     from commlib.functional import set_default_communicator
 
     set_default_communicator(Communicator(backend=plugin))
+
+
+@functools.lru_cache(maxsize=1)
+def teardown_at_exit() -> None:
+    """Destroy the process groups while Python still runs at exit (registered once).
+
+    torch 2.13's gloo can abort the interpreter at exit ("terminate called
+    without an active exception") when a group is still up, which turns a
+    plain error exit into SIGABRT. :func:`init_dist` and the first
+    communicator over a process group register this.
+
+    Examples:
+        >>> teardown_at_exit()  # doctest: +SKIP
+    """
+    atexit.register(_destroy_at_exit)
 
 
 def _destroy_at_exit() -> None:

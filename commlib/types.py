@@ -8,8 +8,9 @@ Examples:
 from __future__ import annotations
 
 import datetime
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
+import torch
 from torch.distributed import ProcessGroup
 
 #: The reductions users name (``all_reduce(x, op="mean")``).
@@ -48,3 +49,20 @@ class Work(Protocol):
     def is_completed(self) -> bool:
         """Whether the operation has completed, without blocking."""
         ...
+
+
+class P2PRequest(NamedTuple):
+    """One transfer of a batch of point-to-point operations, as a backend receives it.
+
+    ``peer`` is a rank within the group; ``kind`` says whether this rank sends
+    ``tensor`` to it or receives into ``tensor`` from it.
+
+    Examples:
+        >>> P2PRequest("send", torch.ones(2), peer=1).kind
+        'send'
+    """
+
+    kind: Literal["send", "recv"]
+    tensor: torch.Tensor
+    peer: int
+    tag: int = 0

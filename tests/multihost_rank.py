@@ -5,13 +5,16 @@ Usage (torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR, ...; the test supplies
 
     python multihost_rank.py conformance OUTDIR
     python multihost_rank.py fault OUTDIR
+    python multihost_rank.py shrink OUTDIR
 
 ``conformance`` runs every collective once across the hosts and writes what it
 observed to ``OUTDIR/rank<R>.json``; the test holds the expected values.
 ``fault`` loops over collectives (writing ``alive-<R>`` once it is in the loop)
 until one raises, because the test killed the other host; it then writes the
 exception and the seconds it took to ``OUTDIR/rank<R>.json`` and re-raises, as a
-training script would.
+training script would. ``shrink`` loops the same way, but when a collective
+fails the surviving ranks shrink their communicator and check every collective
+on the survivors, then exit normally.
 """
 
 from __future__ import annotations
@@ -181,11 +184,50 @@ def fault(outdir: str) -> None:
         raise
 
 
+def shrink(outdir: str) -> None:
+    from collective_checks import check_every_collective  # tests/, this script's directory
+
+    dist.init_dist("pytorch", timeout=TIMEOUT)
+    comm = Communicator(timeout=TIMEOUT)
+    rank = comm.rank
+    record: dict = {"rank": rank, "host": int(os.environ["MH_HOST"])}
+    iterations = 0
+    give_up = time.monotonic() + 120
+    try:
+        while time.monotonic() < give_up:
+            comm.all_reduce(torch.ones(1024))
+            comm.all_gather_object({"rank": rank, "blob": big_array(rank, 64 << 10)})
+            iterations += 1
+            if iterations == 3:
+                open(os.path.join(outdir, f"alive-{rank}"), "w").close()
+    except CommError as exc:
+        record.update(error_type=type(exc).__name__, raised_at=time.time())
+    started = time.monotonic()
+    survivors = comm.shrink(timeout=TIMEOUT)
+    record.update(
+        outcome="shrunk",
+        shrink_seconds=time.monotonic() - started,
+        new_rank=survivors.rank,
+        new_world=survivors.world_size,
+        world_ranks=survivors.ranks,
+    )
+    check_every_collective(survivors)
+    record["checked"] = True
+    _write(outdir, rank, record)
+
+
 def main() -> None:
     mode, outdir = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     if mode == "fault":
         fault(outdir)
+        return
+    if mode == "shrink":
+        try:
+            shrink(outdir)
+        except Exception:
+            _write(outdir, rank, {"rank": rank, "error": traceback.format_exc()})
+            raise
         return
     try:
         _write(outdir, rank, conformance(outdir))

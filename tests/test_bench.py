@@ -129,7 +129,7 @@ def test_select_cases():
         "broadcast_object_list[small]",
     ]
     assert {c.kind for c in select_cases("tensor")} == {"tensor"}
-    assert len(select_cases("tensor")) == 5
+    assert len(select_cases("tensor")) == 9
     both = select_cases(["gather_object[numpy]", "all_reduce"])
     assert [c.name for c in both] == ["all_reduce", "gather_object[numpy]"]  # standard order
     with pytest.raises(ValueError, match="unknown --ops"):

@@ -160,3 +160,89 @@ def test_nested_unpicklable_object_in_a_world(world2, bad):
 
 def _on_gather_built(comm, recipe):
     return dist.all_gather_object({"x": [build(recipe)]}, group=comm)
+
+
+# -- ranks that disagree, under default settings ------------------------------------
+# each rank's own arguments are valid; only together do they mismatch, which gloo
+# would answer by aborting a process (or by wrong results)
+_MISMATCH_DTYPES = ["float32", "float64", "int64", "int32"]
+_one_rank = st.tuples(
+    st.lists(st.integers(0, 3), min_size=1, max_size=2),
+    st.sampled_from(_MISMATCH_DTYPES),
+    st.sampled_from(["sum", "max", "min"]),
+    st.integers(0, 2),  # src / dst: in range for the 3 ranks
+    st.integers(1, 3),  # per-rank element count of the flat collectives
+)
+disagreements = st.tuples(
+    st.sampled_from(
+        ["all_reduce", "broadcast", "gather", "all_gather_into_tensor", "reduce_scatter"]
+    ),
+    st.lists(_one_rank, min_size=3, max_size=3),
+)
+
+
+def _disagree(c, name, mine):
+    shape, dtype, op, root, n = mine
+    dtype = getattr(torch, dtype)
+    w = c.world_size
+    if name == "all_reduce":
+        c.all_reduce(torch.ones(shape, dtype=dtype), op=op)
+    elif name == "broadcast":
+        c.broadcast(torch.ones(shape, dtype=dtype), src=root)
+    elif name == "gather":
+        c.gather(torch.ones(shape, dtype=dtype), dst=root)
+    elif name == "all_gather_into_tensor":
+        c.all_gather_into_tensor(torch.empty(n * w, dtype=dtype), torch.ones(n, dtype=dtype))
+    else:
+        c.reduce_scatter(torch.empty(n, dtype=dtype), torch.ones(n * w, dtype=dtype), op=op)
+
+
+def _on_disagree(comm, examples):
+    c = Communicator(timeout=20)  # default settings: the guard, not strict mode
+    out = []
+    for name, per_rank in examples:
+        try:
+            _disagree(c, name, per_rank[c.rank])
+            out.append("ok")
+        except CommError as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+        x = torch.ones(1)
+        c.all_reduce(x)  # the world is still in step
+        if x.item() != c.world_size:
+            raise AssertionError(f"out of step after {name}")
+    return out
+
+
+def test_ranks_that_disagree_never_abort_and_raise_alike():
+    from commlib.testing import World
+
+    examples = []
+
+    @settings(
+        max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(call=disagreements)
+    def collect(call):
+        examples.append(call)
+
+    collect()
+    # a world of its own: a failure here must not leave the session's worlds broken
+    with World(3, timeout=300) as world:
+        results = world.run(_on_disagree, examples, timeout=300)
+    for i, (name, per_rank) in enumerate(examples):
+        outcomes = {r[i] for r in results}
+        assert len(outcomes) == 1, (examples[i], [r[i] for r in results])
+        (outcome,) = outcomes
+        agree = len({tuple(map(str, a)) for a in _relevant(name, per_rank)}) == 1
+        assert (outcome == "ok") == agree, (examples[i], outcome)
+
+
+def _relevant(name, per_rank):
+    """What must match across ranks for ``name`` (the rest is ignored by the collective)."""
+    if name == "all_reduce":
+        return [(s, d, o) for s, d, o, _, _ in per_rank]
+    if name in ("broadcast", "gather"):
+        return [(s, d, r) for s, d, _, r, _ in per_rank]
+    if name == "all_gather_into_tensor":
+        return [(d, n) for _, d, _, _, n in per_rank]
+    return [(d, o, n) for _, d, o, _, n in per_rank]

@@ -26,6 +26,9 @@ Scenarios:
 
 * conformance: every collective and helper, with peers on the other host, and
   each rank's observations checked against the expected values here.
+* shrink: host 1 is killed mid-loop; host 0's ranks shrink their communicator
+  to the two of them (the rendezvous store lives in host 0's torchrun agent)
+  and check every collective on it, then exit normally.
 * a host is killed mid-loop: SIGKILL to everything in host 1's namespace (its
   torchrun agent's process group, and the workers, which torchrun starts in
   sessions of their own). ``kill``: the kernel closes host 1's sockets, so
@@ -366,3 +369,36 @@ def test_surviving_host_fails_cleanly(topology, tmp_path, how):
             assert s["seconds"] >= TIMEOUT - 1, detail
     # the workers re-raised: torchrun reports the failure rather than success
     assert rc != 0, _logs(tmp_path)
+
+
+@pytest.mark.timeout(150)
+def test_survivors_shrink_across_hosts(topology, tmp_path):
+    rdzv_id = uuid.uuid4().hex
+    agents = [topology.torchrun(h, "shrink", tmp_path, rdzv_id) for h in range(HOSTS)]
+    try:
+        _wait_for([tmp_path / f"alive-{r}" for r in range(WORLD)], agents, START)
+    except AssertionError as exc:
+        pytest.fail(f"{exc}\n{_logs(tmp_path)}")
+    killed_at = time.time()
+    topology.kill_host(1)
+    # the survivors go on, so host 0's torchrun does not end now: its agent waits at
+    # the exit barrier for host 1's agent (minutes); the ranks' own files are the answer
+    results = [tmp_path / f"rank{r}.json" for r in range(NPROC)]
+    deadline = time.monotonic() + EXIT_WITHIN
+    while not all(p.exists() for p in results) and time.monotonic() < deadline:
+        if agents[0].poll() is not None:
+            break
+        time.sleep(0.1)
+    survivors = [_read(tmp_path, r) for r in range(NPROC)]
+    report = ", ".join(
+        f"rank {s['rank']}: {s.get('error_type')} {s.get('raised_at', 0) - killed_at:.2f}s "
+        f"after the kill, shrink {s.get('shrink_seconds', float('nan')):.3f}s"
+        for s in survivors
+    )
+    print(f"\n[multihost] shrink: {report}")
+    for new_rank, s in enumerate(survivors):
+        detail = f"{s}\n{_logs(tmp_path)}"
+        assert "error" not in s, detail
+        assert s["outcome"] == "shrunk" and s["checked"], detail
+        got = (s["new_rank"], s["new_world"], s["world_ranks"])
+        assert got == (new_rank, NPROC, [0, 1]), survivors

@@ -347,6 +347,21 @@ def test_trace_names_missing_files_and_where_the_others_failed(tmp_path):
     ]
 
 
+def test_trace_names_ranks_that_stopped_differently_in_one_collective(tmp_path):
+    # the peer of a killed rank may time out or see the connection drop: same place
+    _write(tmp_path, 0, [_entry(1, "all_reduce"), _entry(2, "all_reduce", "timed out")])
+    _write(
+        tmp_path,
+        1,
+        [_entry(1, "all_reduce"), _entry(2, "all_reduce", "failed", error="CommError: reset")],
+    )
+    found = diagnosis.diagnose(tmp_path)
+    assert found["verdict"] == [
+        "rank 2 left no trace file (killed, or another directory); "
+        "ranks 0, 1 stopped in all_reduce #2 (rank 0 timed out, rank 1 failed)"
+    ]
+
+
 def test_trace_compares_only_what_every_rank_still_holds(tmp_path):
     # rank 0 dropped its oldest records: numbers below its oldest kept one are not compared
     _write(tmp_path, 0, [_entry(5, "all_reduce"), _entry(6, "barrier")], world=2, recorded=6)

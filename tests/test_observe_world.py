@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from commlib import Communicator
+from commlib import Communicator, P2POp
 from commlib.errors import CommError
 from commlib.observe import diagnosis
 from commlib.testing import RankDied, World
@@ -211,25 +211,67 @@ def _every_collective(comm):
     c.all_gather_shapes(torch.ones(2, me + 1))
     c.ensure_same("check", "same everywhere")
     Communicator(timeout=60, strict=True).all_reduce(torch.ones(1))
+    # the collectives of issue 12 every rank runs alike
+    c.reduce(torch.ones(2), dst=1, op="max")
+    c.scatter(torch.empty(1), [torch.ones(1)] * world if me == 0 else None, src=0)
+    c.all_to_all([torch.empty(1) for _ in range(world)], [torch.ones(1)] * world)
+    c.all_to_all_single(torch.empty(world), torch.ones(world))
+    c.scatter_object_list([None], list(range(world)), src=1)
+    c.new_group(list(range(world))).shrink()  # a subgroup: the world stays usable
+    return list(observer.seen)
+
+
+def _every_point_to_point(comm):
+    """send/recv, isend/irecv, batches and objects around a ring that rank 0 starts."""
+    import commlib_test_observer as observer
+
+    observer.seen.clear()
+    c = Communicator(timeout=60)
+    me, world = c.rank, c.world_size
+    right, left = (me + 1) % world, (me - 1) % world
+    if me == 0:
+        c.send(torch.ones(2), dst=right)
+        c.recv(torch.empty(2), src=left)
+    else:
+        c.recv(torch.empty(2), src=left)
+        c.send(torch.ones(2), dst=right)
+    received = c.irecv(torch.empty(2), src=left)
+    c.isend(torch.ones(2), dst=right).wait()
+    received.wait()
+    ops = [P2POp("isend", torch.ones(1), right), P2POp("irecv", torch.empty(1), left)]
+    for handle in c.batch_isend_irecv(ops):
+        handle.wait()
+    if me == 0:
+        c.send_object_list([me], dst=right)
+        c.recv_object_list([None], src=left)
+    else:
+        c.recv_object_list([None], src=left)
+        c.send_object_list([me], dst=right)
     return list(observer.seen)
 
 
 def test_a_third_party_observer_sees_every_collective(observed_world):
     seen = observed_world.run(_every_collective)
+    p2p = observed_world.run(_every_point_to_point)
     every = {
         name
         for name in dir(Communicator)
         if getattr(getattr(Communicator, name), "__commlib_collective__", None)
     }
-    for rank_seen in seen:
+    for rank_seen, rank_p2p in zip(seen, p2p):
         starts = [s for s in rank_seen if s[0] == "start"]
         ends = [s for s in rank_seen if s[0] == "end"]
-        assert {s[1] for s in starts} == every
+        p2p_starts = [s for s in rank_p2p if s[0] == "start"]
+        p2p_ends = [s for s in rank_p2p if s[0] == "end"]
+        assert {s[1] for s in starts + p2p_starts} == every
         # one start and one completed end per collective, in order
         assert [(s[1], s[2]) for s in starts] == [(e[1], e[2]) for e in ends]
         assert all(e[4] == "completed" for e in ends)
         assert rank_seen[::2] == starts and rank_seen[1::2] == ends
-        assert len(starts) == 17
+        assert len(starts) == 23
+        # point to point: each call ends, completed (isend and irecv overlap)
+        assert sorted(s[1:3] for s in p2p_starts) == sorted(e[1:3] for e in p2p_ends)
+        assert all(e[4] == "completed" for e in p2p_ends) and len(p2p_starts) == 7
     # the same collectives, numbers and communicators on every rank
     assert len({tuple((s[0], s[1], s[2], s[3]) for s in r) for r in seen}) == 1
 

@@ -4,7 +4,8 @@ Three really installed distributions (dist-info on a temporary path, found by
 ``importlib.metadata`` exactly as pip-installed ones are): one whose module
 raises ImportError, one whose hook raises, and two that offer the same backend
 name. Each becomes a row of ``commlib info`` saying why, and an error only for
-whoever selects it; gloo, single and ``init_dist`` keep working.
+whoever selects it; gloo, single and ``init_dist`` keep working, in worlds of
+1 to 4 ranks (each rank a process that found the broken plugins).
 """
 
 from __future__ import annotations
@@ -83,17 +84,32 @@ def site(tmp_path_factory) -> Path:
     return site
 
 
-def _python(site: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+def _env(site: Path, **env: str) -> dict[str, str]:
     full = dict(os.environ)
     full["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), full.get("PYTHONPATH", "")])
     full.update(env)
+    return full
+
+
+def _python(site: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code],
-        env=full,
+        env=_env(site, **env),
         cwd=site,
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def _start(site: Path, code: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=_env(site, **env),
+        cwd=site,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -111,12 +127,14 @@ def test_commlib_info_shows_broken_plugins_as_rows(site):
 
 
 SELECT = """
-import sys, torch, commlib
+import sys, warnings, torch, commlib
 from commlib import plugins
 
 x = torch.ones(2)
-commlib.all_reduce(x)                        # a single-process run is untouched
-assert commlib.get_backend() is None or commlib.get_world_size() == 1
+with warnings.catch_warnings():  # under a launcher, before init_dist: a world of one
+    warnings.simplefilter("ignore")
+    commlib.all_reduce(x)                    # a single-process run is untouched
+    assert commlib.get_backend() is None or commlib.get_world_size() == 1
 for name in ("broken", "hookfail", "twin"):
     try:
         plugins.get_backend_plugin(name)
@@ -124,7 +142,7 @@ for name in ("broken", "hookfail", "twin"):
         print(name, "->", exc)
     else:
         sys.exit(f"selecting {name} did not raise")
-commlib.init_dist("pytorch", backend="gloo")  # the others keep working
+commlib.init_dist("pytorch", backend="gloo", timeout=60)  # the others keep working
 y = torch.ones(1)
 commlib.all_reduce(y)
 print("gloo ok", commlib.get_world_size(), y.item())
@@ -137,19 +155,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_selecting_a_broken_backend_is_the_only_error(site):
-    env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-    }
-    proc = _python(site, SELECT, **env)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert "broken -> backend 'broken' cannot be used: plugin failed to load" in out
-    assert "ImportError: libfrob.so.3" in out
-    assert "hookfail -> " in out and "RuntimeError: no licence server" in out
-    assert "twin -> " in out and "registered twice" in out
-    assert "gloo ok 1 1.0" in out
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_selecting_a_broken_backend_is_the_only_error(site, world):
+    port = str(_free_port())
+    procs = [
+        _start(
+            site,
+            SELECT,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+        )
+        for rank in range(world)
+    ]
+    for rank, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()  # ours, by pid
+            raise
+        assert proc.returncode == 0, f"rank {rank}: {err}"
+        assert "broken -> backend 'broken' cannot be used: plugin failed to load" in out
+        assert "ImportError: libfrob.so.3" in out
+        assert "hookfail -> " in out and "RuntimeError: no licence server" in out
+        assert "twin -> " in out and "registered twice" in out
+        assert f"gloo ok {world} {float(world)}" in out, out

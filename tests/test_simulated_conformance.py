@@ -61,17 +61,23 @@ def _device_report(comm, kind: str) -> dict:
     def refuse(*args, **kwargs):
         raise AssertionError("the vendor library was asked for something it lacks")
 
-    # gather without a native one, and barrier, must not reach torch's versions
-    saved = dist.gather, dist.barrier
+    # gather and scatter without a native one, and barrier, must not reach torch's versions
+    saved = dist.gather, dist.scatter, dist.barrier
     dist.barrier = refuse
     if not plugin.native_gather:
         dist.gather = refuse
+    if not plugin.native_scatter:
+        dist.scatter = refuse
     try:
         got = comm.gather(torch.tensor([comm.rank]), dst=comm.world_size - 1)
+        part = torch.zeros(1, dtype=torch.int64)
+        parts = [torch.tensor([10 * r]) for r in range(comm.world_size)]
+        comm.scatter(part, parts, src=comm.world_size - 1)
         comm.barrier()
     finally:
-        dist.gather, dist.barrier = saved
+        dist.gather, dist.scatter, dist.barrier = saved
     report["gathered"] = [int(t) for t in got]
+    report["scattered"] = int(part)
     return report
 
 
@@ -82,6 +88,7 @@ def _device_selection(kit: Kit, kind: str, size: int) -> None:
         assert VIA[kind] in rep["runtime"] and rep["reason"] is None
         assert rep["default"] == kind and rep["by_device"] == kind
         assert rep["gathered"] == (list(range(size)) if rank == size - 1 else [])
+        assert rep["scattered"] == 10 * rank
 
 
 def _placement(comm) -> dict:

@@ -258,3 +258,101 @@ def test_unpicklable_objects_are_fine_in_a_world_of_one():
     box = [f]
     commlib.broadcast_object_list(box)
     assert box[0] is f
+
+
+# -- the collectives beyond mmengine's, in a world of one ---------------------------------
+def test_reduce_scatter_and_all_to_all_in_a_world_of_one():
+    x = torch.tensor([3, 4])
+    assert commlib.reduce(x, op="mean") is None and x.tolist() == [3, 4]
+    out = torch.empty(2)
+    commlib.scatter(out, [torch.ones(2)])
+    assert out.tolist() == [1.0, 1.0]
+    outs = [torch.empty(2)]
+    commlib.all_to_all(outs, [torch.arange(2.0)])
+    assert outs[0].tolist() == [0.0, 1.0]
+    single = torch.empty(3, 2)
+    commlib.all_to_all_single(single, torch.ones(3, 2), [3], [3])
+    assert single.tolist() == [[1.0, 1.0]] * 3
+    for handle in (
+        commlib.reduce(x, async_op=True),
+        commlib.scatter(out, [torch.ones(2)], async_op=True),
+        commlib.all_to_all_single(single, torch.ones(3, 2), async_op=True),
+        commlib.barrier(async_op=True),
+    ):
+        assert handle.wait() is True
+
+
+def test_all_gather_keeps_the_callers_tensor():
+    x = torch.ones(2, requires_grad=True)
+    gathered = commlib.all_gather(x)
+    assert gathered[0] is x
+    gathered[0].sum().backward()
+    assert x.grad.tolist() == [1.0, 1.0]
+
+
+def test_object_collectives_take_async_op_and_timeout():
+    data = {"a": 1}
+    assert commlib.all_gather_object(data, async_op=True).wait()[0] is data
+    assert commlib.gather_object(data, timeout=5, async_op=True).wait() == [data]
+    assert commlib.broadcast_object("x", async_op=True).wait() == "x"
+    objs = [1, 2]
+    assert commlib.broadcast_object_list(objs, timeout=5.0, async_op=True).wait() is None
+    box = [None]
+    handle = commlib.scatter_object_list(box, [data], async_op=True)
+    assert handle.is_completed() and handle.wait() is None and box[0] is data
+
+
+def test_point_to_point_needs_another_rank():
+    with pytest.raises(ValueError, match="this rank itself"):
+        commlib.send(torch.ones(1), dst=0)
+    with pytest.raises(ValueError, match="this rank itself"):
+        commlib.irecv(torch.ones(1), src=0)
+    with pytest.raises(ValueError, match="needs dst"):
+        commlib.isend(torch.ones(1))
+    with pytest.raises(ValueError, match="out of range"):
+        commlib.recv(torch.ones(1), src=1)
+    with pytest.raises(ValueError, match="this rank itself"):
+        commlib.send_object_list([1], dst=0)
+    with pytest.raises(ValueError, match="non-empty list"):
+        commlib.batch_isend_irecv([])
+    with pytest.raises(ValueError, match="this rank itself"):
+        commlib.batch_isend_irecv([commlib.P2POp(commlib.isend, torch.ones(1), 0)])
+
+
+def test_p2p_op_names_its_kind():
+    assert commlib.P2POp(commlib.isend, torch.ones(1), 1).kind == "send"
+    assert commlib.P2POp(dist.irecv, torch.ones(1), 1).kind == "recv"
+    with pytest.raises(ValueError, match="isend or irecv"):
+        commlib.p2p.p2p_kind(print)
+
+
+@pytest.mark.parametrize(
+    "out_rows, in_rows, out_splits, in_splits, match",
+    [
+        (2, 2, [1, 1], None, "needs 1 entries"),
+        (2, 2, None, [3], "sum to 3"),
+        (2, 2, [-1], None, "negative"),
+        (3, 2, None, None, "sends itself 2 rows"),
+        (2, 2, ["2"], None, "list of ints"),
+    ],
+)
+def test_all_to_all_single_split_checks(out_rows, in_rows, out_splits, in_splits, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        commlib.all_to_all_single(
+            torch.empty(out_rows), torch.ones(in_rows), out_splits, in_splits
+        )
+
+
+def test_list_checks_on_src():
+    with pytest.raises(ValueError, match="needs 1 tensors"):
+        commlib.scatter(torch.empty(1), [torch.ones(1)] * 2)
+    with pytest.raises(TypeError, match="list of 1 tensors"):
+        commlib.scatter(torch.empty(1))
+    with pytest.raises(ValueError, match="shaped and typed like"):
+        commlib.scatter(torch.empty(1), [torch.ones(2)])
+    with pytest.raises(TypeError, match="one dtype"):
+        commlib.all_to_all([torch.empty(1)], [torch.ones(1, dtype=torch.int64)])
+    with pytest.raises(ValueError, match="one object per rank"):
+        commlib.scatter_object_list([None], [1, 2])
+    with pytest.raises(TypeError, match="non-empty output list"):
+        commlib.scatter_object_list(None, [1])

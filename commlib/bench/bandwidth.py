@@ -13,6 +13,11 @@ array or tensor inside the object, not the pickle): ``all_gather_object`` and
 link carries ``(n-1)/n`` of it; gather has no better bound), and
 ``broadcast_object_list`` counts the broadcast payload like broadcast.
 ``all_reduce_params`` counts the total parameter bytes like all_reduce.
+
+``reduce`` counts the reduced tensor (factor 1, as nccl-tests), ``scatter``
+the whole scatter list and ``all_to_all_single`` the whole input (each
+``(n-1)/n``, as nccl-tests' scatter and alltoall). The ``send_recv``
+ping-pong counts the message twice, there and back, with factor 1.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
     "gather_object": _gather_like,
     "broadcast": _broadcast,
     "broadcast_object_list": _broadcast,
+    "reduce": _broadcast,
+    "scatter": _gather_like,
+    "all_to_all_single": _gather_like,
+    "send_recv": _broadcast,
 }
 
 # how the factor is written in tables and the docs

@@ -62,7 +62,8 @@ class Case:
     """A benchmark case: a collective, a payload, and how to prepare it.
 
     ``fixed_size`` cases (small-object latency) run once at their own size
-    instead of following the sweep.
+    instead of following the sweep; a case needs at least ``min_world`` ranks
+    (a ping-pong needs two) and is left out of smaller runs.
     """
 
     name: str
@@ -71,6 +72,7 @@ class Case:
     kind: str
     prepare: Callable[[Communicator, int], Prepared]
     fixed_size: bool = False
+    min_world: int = 1
 
 
 # -- checks: cheap (first and last element), enough to catch a broken case ----------
@@ -197,6 +199,104 @@ def _reduce_scatter(comm: Communicator, size: int) -> Prepared:
         _expect(_ends(out) == (_rank_sum(n),) * 2, "reduce_scatter sum")
 
     return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _reduce(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, 1)
+    mine = {impl: _filled(count, rank + 1, dev) for impl in IMPLS}
+    dst = _world_rank(comm, 0)
+
+    def ours() -> torch.Tensor:
+        commlib.reduce(mine["commlib"], 0, "sum", group=comm)
+        return mine["commlib"]
+
+    def theirs() -> torch.Tensor:
+        dist.reduce(mine["torch"], dst=dst, group=comm.group)
+        return mine["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        if rank == 0:  # the others' buffers are scratch space to torch
+            _expect(_ends(out) == (_rank_sum(n),) * 2, "reduce sum on dst")
+
+    return Prepared(count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _scatter(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    parts = [_filled(count, i, dev) for i in range(n)] if rank == 0 else None
+    outs = {impl: torch.empty(count, dtype=torch.float32, device=dev) for impl in IMPLS}
+    src = _world_rank(comm, 0)
+
+    def ours() -> torch.Tensor:
+        commlib.scatter(outs["commlib"], parts, 0, group=comm)
+        return outs["commlib"]
+
+    def theirs() -> torch.Tensor:
+        dist.scatter(outs["torch"], parts, src=src, group=comm.group)
+        return outs["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        _expect(_ends(out) == (rank, rank), "scatter part")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _all_to_all_single(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    x = _filled(n * count, rank, dev)
+    outs = {impl: torch.empty(n * count, dtype=torch.float32, device=dev) for impl in IMPLS}
+
+    def ours() -> torch.Tensor:
+        commlib.all_to_all_single(outs["commlib"], x, group=comm)
+        return outs["commlib"]
+
+    def theirs() -> torch.Tensor:
+        dist.all_to_all_single(outs["torch"], x, group=comm.group)
+        return outs["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        for i, part in enumerate(out.view(n, count)):
+            _expect(_ends(part) == (i, i), f"all_to_all_single part {i}")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _ping_pong(comm: Communicator, size: int) -> Prepared:
+    """Rank 0 sends to rank 1, which sends it back; the other ranks wait at the barrier."""
+    rank, dev = comm.rank, comm.device
+    count = _elements(size, 1)
+    mine = _filled(count, rank + 1, dev)
+    got = {impl: torch.empty(count, dtype=torch.float32, device=dev) for impl in IMPLS}
+    peer = 1 - rank  # group rank of the other player (ranks 0 and 1 only)
+    world_peer = _world_rank(comm, peer) if rank < 2 else -1
+
+    def ours() -> torch.Tensor:
+        if rank == 0:
+            commlib.send(mine, peer, group=comm)
+            commlib.recv(got["commlib"], peer, group=comm)
+        elif rank == 1:
+            commlib.recv(got["commlib"], peer, group=comm)
+            commlib.send(mine, peer, group=comm)
+        return got["commlib"]
+
+    def theirs() -> torch.Tensor:
+        if rank == 0:
+            dist.send(mine, world_peer, group=comm.group)
+            dist.recv(got["torch"], world_peer, group=comm.group)
+        elif rank == 1:
+            dist.recv(got["torch"], world_peer, group=comm.group)
+            dist.send(mine, world_peer, group=comm.group)
+        return got["torch"]
+
+    def check(out: torch.Tensor) -> None:
+        if rank < 2:
+            _expect(_ends(out) == (peer + 1.0,) * 2, "ping-pong message")
+
+    # bytes moved: the message there and back
+    return Prepared(2 * count * 4, count, {"commlib": ours, "torch": theirs}, check)
 
 
 def _world_rank(comm: Communicator, group_rank: int) -> int:
@@ -344,6 +444,10 @@ CASES: list[Case] = [
     ),
     Case("broadcast", "broadcast", "float32", "tensor", _broadcast),
     Case("reduce_scatter", "reduce_scatter", "float32", "tensor", _reduce_scatter),
+    Case("reduce", "reduce", "float32", "tensor", _reduce),
+    Case("scatter", "scatter", "float32", "tensor", _scatter),
+    Case("all_to_all_single", "all_to_all_single", "float32", "tensor", _all_to_all_single),
+    Case("send_recv", "send_recv", "float32 ping-pong", "tensor", _ping_pong, min_world=2),
     *(
         Case(
             f"{op}[{payload}]",

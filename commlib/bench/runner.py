@@ -88,7 +88,8 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
         >>> rows[0]["case"], rows[0]["ratio"]             # doctest: +SKIP
         ('all_reduce', 1.02)
     """
-    steps = plan(select_cases(opts.ops), opts.sizes())
+    cases = [c for c in select_cases(opts.ops) if comm.world_size >= c.min_world]
+    steps = plan(cases, opts.sizes())
     bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
     results: list[_Result] = []
     # torch's import leaves ~10^6 objects: a full collection costs tens of ms.

@@ -199,17 +199,32 @@ def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
 
 
 def _failing(ranks: dict[int, _Rank]) -> str:
-    """ "ranks 0, 1 failed in all_reduce #5", from each rank's last collective."""
-    by_call: dict[tuple[str, int, str], list[int]] = {}
+    """ "ranks 0, 1 failed in all_reduce #5", from each rank's last collective.
+
+    Ranks that stopped in the same collective are named together even when
+    they stopped differently (one timed out, its peer saw the connection
+    drop): "ranks 0, 1 stopped in all_reduce #5 (rank 0 timed out, rank 1
+    failed)".
+    """
+    by_call: dict[tuple[str, int], dict[int, str]] = {}
     for r, rk in ranks.items():
         entry = rk.by_seq.get(rk.last_seq)
         if entry is not None and entry["state"] in (*_BAD_STATES, "started"):
-            state = "were still in" if entry["state"] == "started" else f"{entry['state']} in"
-            by_call.setdefault((entry["name"], entry["seq"], state), []).append(r)
-    return "; ".join(
-        f"{_ranks(rs)} {state.replace('were', 'was') if len(rs) == 1 else state} {name} #{seq}"
-        for (name, seq, state), rs in sorted(by_call.items(), key=lambda kv: kv[0][1])
-    )
+            state = "still in" if entry["state"] == "started" else entry["state"]
+            by_call.setdefault((entry["name"], entry["seq"]), {})[r] = state
+    parts = []
+    for (name, seq), states in sorted(by_call.items(), key=lambda kv: kv[0][1]):
+        kinds = sorted(set(states.values()))
+        rs = sorted(states)
+        if len(kinds) == 1:
+            verb = kinds[0]
+            if verb == "still in":
+                verb = ("was" if len(rs) == 1 else "were") + " still"
+            parts.append(f"{_ranks(rs)} {verb} in {name} #{seq}")
+        else:
+            how = ", ".join(f"rank {r} {states[r]}" for r in rs)
+            parts.append(f"{_ranks(rs)} stopped in {name} #{seq} ({how})")
+    return "; ".join(parts)
 
 
 def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:

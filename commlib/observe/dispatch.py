@@ -35,7 +35,7 @@ import torch.autograd.profiler as _profiler
 import torch.distributed as dist
 
 from commlib.errors import CommTimeoutError
-from commlib.handle import Handle
+from commlib.handle import Handle, ResultHandle
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
 if TYPE_CHECKING:
@@ -278,6 +278,9 @@ class _Collective:
         engine.observed = engine.on_call = None
         if isinstance(result, Handle) and span.event is not None:
             return Handle(functools.partial(span.wait, result), None, result)
+        if isinstance(result, ResultHandle) and span.event is not None:
+            result.add_done_callback(span.end)  # an async object collective ends in wait()
+            return result
         span.end(None)
         return result
 

@@ -155,6 +155,7 @@ def _async_handles(comm: Any, ctx: dict) -> None:
         )
         rs = torch.empty(2, device=dev)
         handles.append(comm.reduce_scatter(rs, torch.ones(2 * n, device=dev), async_op=True))
+        handles.append(comm.barrier(async_op=True))
         for h in handles:
             expect(h is not None and hasattr(h, "wait"), f"async_op=True returned {h!r}")
             expect(h.wait() is True, "Handle.wait() must return True")
@@ -179,7 +180,7 @@ def _all_gather(comm: Any, ctx: dict) -> None:
             expect(isinstance(got, list) and len(got) == n, f"all_gather returned {type(got)}")
             for r, t in enumerate(got):
                 expect_tensor(t, rank_tensor(r, dtype, device=dev), f"all_gather[{r}] {dtype}")
-            expect(got[comm.rank] is not mine, "all_gather returned the input tensor itself")
+            expect(got[comm.rank] is mine, "all_gather's own entry is not the input itself")
 
 
 @check("all_gather_ragged")
@@ -382,6 +383,21 @@ def _single_equivalence(comm: Any, ctx: dict) -> None:
         objs = [{"k": 1}, None]
         c.broadcast_object_list(objs)
         out.append(objs)
+        red = torch.arange(3.0)
+        c.reduce(red, 0, "mean")
+        out.append(red)
+        sc = torch.empty(2)
+        c.scatter(sc, [torch.ones(2)], 0)
+        out.append(sc)
+        a2a = [torch.empty(3)]
+        c.all_to_all(a2a, [torch.arange(3.0)])
+        out.extend(a2a)
+        single = torch.empty(4)
+        c.all_to_all_single(single, torch.arange(4.0), [4], [4])
+        out.append(single)
+        box = [None]
+        c.scatter_object_list(box, [("s", 1)])
+        out.append(box)
         return out
 
     for i, (a, b) in enumerate(zip(steps(comm), steps(Communicator(backend="single")))):

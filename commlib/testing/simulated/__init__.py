@@ -123,6 +123,8 @@ def simulated_plugin(real: Any) -> type[Backend]:
 
     The real library may reduce or move a dtype that gloo cannot (HCCL reduces
     int16); the plugin must then supply it, exactly as for the vendor's own gaps.
+    How the engine fails is gloo's too (a size mismatch aborts, waits can be
+    sliced), since gloo is the engine underneath.
 
     Examples:
         >>> cls = simulated_plugin(type(get_backend_plugin("hccl")))
@@ -143,6 +145,8 @@ def simulated_plugin(real: Any) -> type[Backend]:
             "accelerator_device": accelerator_device,
             "wire_dtypes": real.wire_dtypes & gloo.wire_dtypes,
             "reduce_dtypes": real.reduce_dtypes & gloo.reduce_dtypes,
+            "mismatch_aborts": gloo.mismatch_aborts,
+            "interruptible_wait": gloo.interruptible_wait,
         },
     )
 

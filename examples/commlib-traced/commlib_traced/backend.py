@@ -193,3 +193,68 @@ class TracedBackend(Backend):
             lambda: self.inner.exchange(sends, recvs, group, async_op),
             detail,
         )
+
+    def reduce(self, tensor, dst, op, group, async_op=False):
+        return self._traced(
+            "reduce",
+            [tensor],
+            group,
+            lambda: self.inner.reduce(tensor, dst, op, group, async_op),
+            f"dst={dst} {op}",
+        )
+
+    def scatter(self, tensor, scatter_list, src, group, async_op=False):
+        return self._traced(
+            "scatter",
+            [tensor],
+            group,
+            lambda: self.inner.scatter(tensor, scatter_list, src, group, async_op),
+            f"src={src}",
+        )
+
+    def all_to_all(self, output_list, input_list, group, async_op=False):
+        return self._traced(
+            "all_to_all",
+            input_list,
+            group,
+            lambda: self.inner.all_to_all(output_list, input_list, group, async_op),
+        )
+
+    def all_to_all_single(
+        self, output, input, output_split_sizes, input_split_sizes, group, async_op=False
+    ):
+        return self._traced(
+            "all_to_all_single",
+            [input],
+            group,
+            lambda: self.inner.all_to_all_single(
+                output, input, output_split_sizes, input_split_sizes, group, async_op
+            ),
+        )
+
+    def send(self, tensor, dst, group, async_op=False, tag=0):
+        return self._traced(
+            "send",
+            [tensor],
+            group,
+            lambda: self.inner.send(tensor, dst, group, async_op, tag),
+            f"dst={dst}",
+        )
+
+    def recv(self, tensor, src, group, async_op=False, tag=0):
+        return self._traced(
+            "recv",
+            [tensor],
+            group,
+            lambda: self.inner.recv(tensor, src, group, async_op, tag),
+            f"src={src}",
+        )
+
+    def batch_isend_irecv(self, requests, group, async_op=False):
+        return self._traced(
+            "batch_isend_irecv",
+            [r.tensor for r in requests],
+            group,
+            lambda: self.inner.batch_isend_irecv(requests, group, async_op),
+            f"ops={len(requests)}",
+        )

@@ -1,0 +1,154 @@
+"""The argument check before a tensor collective, folded into its first round.
+
+gloo ends the whole process when ranks call the same collective with
+different byte counts (``gloo::EnforceNotMet`` is thrown on gloo's own I/O
+thread, where no caller can catch it), and other mismatches give wrong
+results or hang. So before a checked collective every rank contributes one
+slot of the communicator's ``slot_size`` bytes to one all_gather:
+
+* a header: a fingerprint of what the rank passes (collective, op, dtype,
+  shape, src/dst), its byte count, and whether its data follows;
+* when the data fits the rest of the slot, the data itself.
+
+Every rank sends the same number of bytes whatever it passed, so this round
+cannot abort. If the headers differ, every rank raises the same
+:class:`~commlib.errors.RemoteArgumentError` showing what each rank passed
+(one more round, on that path only). If they agree and the data came along,
+the collective completes from the gathered slots on every rank alike (a
+reduction in rank order, a copy of ``src``'s slot, ...): a small collective
+costs one round, as it would unchecked. Larger data follows in the engine's
+own collective, after the check: one small round more.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import struct
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from commlib import _objects
+from commlib._agreement import fingerprint
+from commlib.dtypes import byte_view
+from commlib.errors import RemoteArgumentError
+
+if TYPE_CHECKING:
+    from commlib._engine import Engine
+    from commlib.serialization import Serializer
+
+# magic and fingerprint, then byte count and whether the data follows: a slot
+# any other protocol's first round would not be mistaken for
+_HEAD = struct.Struct("<qq")
+_TAIL = struct.Struct("<qq")
+_MAGIC = 0x434F4D4D4C494221  # "COMMLIB!"
+_HEADER_SIZE = _HEAD.size + _TAIL.size
+_DATA = 64  # where the data starts in a slot: aligned for every dtype
+
+
+def room(slot_size: int) -> int:
+    """Bytes of data a slot of ``slot_size`` bytes carries after its header.
+
+    Examples:
+        >>> room(4096)
+        4032
+    """
+    return max(0, slot_size - _DATA)
+
+
+@functools.lru_cache(maxsize=4096)
+def _head(description: str) -> bytes:
+    # a hot loop passes the same few descriptions: hash each once
+    return _HEAD.pack(_MAGIC, fingerprint(description))
+
+
+class _HostSlots:
+    """One engine's slot and gathered slots in host memory, reused call after call.
+
+    Safe to reuse: a caller consumes the gathered data before its next call.
+    """
+
+    def __init__(self, world: int, slot_size: int):
+        self.slot_size = slot_size
+        self.raw = bytearray(slot_size)
+        self.mine = torch.frombuffer(self.raw, dtype=torch.uint8)
+        self.every_raw = bytearray(world * slot_size)
+        self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
+        self.rows = self.every.view(world, slot_size)
+
+
+_host_slots: weakref.WeakKeyDictionary[Engine, _HostSlots] = weakref.WeakKeyDictionary()
+
+
+def _slots(engine: Engine, slot_size: int) -> _HostSlots:
+    slots = _host_slots.get(engine)
+    if slots is None or slots.slot_size != slot_size:
+        slots = _host_slots[engine] = _HostSlots(engine.world_size, slot_size)
+    return slots
+
+
+def exchange(
+    engine: Engine,
+    what: str,
+    description: str,
+    serializer: Serializer,
+    slot_size: int,
+    data: torch.Tensor | None = None,
+    timeout: datetime.timedelta | None = None,
+) -> list[torch.Tensor] | None:
+    """Check that every rank passes the same ``description``; every rank's ``data`` if it fits.
+
+    ``data`` (contiguous, on the backend's device) travels in the slot when
+    it fits; then the result is every rank's ``data``, as views of the
+    gathered slots shaped like ``data``, valid until the engine's next call.
+    Otherwise the result is ``None`` and the caller runs the engine's
+    collective.
+
+    Examples:
+        >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
+        ...                  serializer, 4096, data=torch.ones(2))
+        >>> len(parts) == engine.world_size
+        True
+    """
+    world = engine.world_size
+    nbytes = 0 if data is None else data.numel() * data.element_size()
+    inline = data is not None and nbytes <= room(slot_size)
+    header = _head(description) + _TAIL.pack(nbytes, int(inline))
+    device = engine.device()
+    if device.type == "cpu":
+        host = _slots(engine, slot_size)
+        host.raw[:_HEADER_SIZE] = header
+        if inline and nbytes and data is not None:
+            host.mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+        mine, every, rows = host.mine, host.every, host.rows
+    else:
+        mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
+        mine[:_HEADER_SIZE].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+        if inline and nbytes and data is not None:
+            mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+        every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
+        rows = every.view(world, slot_size)
+    engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
+    if device.type == "cpu":
+        raw = host.every_raw
+        heads = [raw[r * slot_size : r * slot_size + _HEADER_SIZE] for r in range(world)]
+    else:
+        gathered = rows[:, :_HEADER_SIZE].cpu().numpy()
+        heads = [gathered[r].tobytes() for r in range(world)]
+    if any(h != heads[0] for h in heads):
+        # every rank saw the same slots, so every rank takes this path
+        texts = _objects.all_gather_object(engine, description, serializer, slot_size)
+        names = sorted({t.split("(", 1)[0] for t in texts})
+        raise RemoteArgumentError(
+            "/".join(names), dict(enumerate(texts)), "ranks passed different arguments"
+        )
+    if not inline or data is None:
+        return None
+    if not nbytes:
+        return [torch.empty_like(data) for _ in range(world)]
+    block = rows[:, _DATA : _DATA + nbytes]
+    if slot_size % 16:  # rows not aligned for every dtype
+        block = block.clone()
+    return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]

@@ -1,0 +1,126 @@
+"""Collectives written as steps: generators that yield each engine call they wait for.
+
+A protocol of several rounds (the object collectives) is a generator: it
+starts an engine call, yields it, and continues once the call is waited for.
+Run blocking, that is one round after another; run with ``async_op=True``,
+the first round is issued before the call returns and the
+:class:`~commlib.handle.ResultHandle` runs the rest.
+
+The rounds of every unfinished handle come before any later collective: each
+communicator call first finishes them (:func:`finish_pending`), in the order
+they were started, so every rank issues the same engine calls in the same
+order whenever its own ``wait()`` comes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from commlib.handle import ResultHandle
+from commlib.types import Work
+
+if TYPE_CHECKING:
+    from commlib._engine import Engine, Pending
+
+T = TypeVar("T")
+
+#: a protocol: yields the engine calls it waits for, returns its result
+Steps = Generator["Pending", None, T]
+
+_unfinished: list[tuple[Engine, ResultHandle[Any]]] = []
+
+
+def call(
+    engine: Engine, what: str, fn: Callable[..., Work | None], *args: Any, **kwargs: Any
+) -> Generator[Pending, None, None]:
+    """One engine call as a step: start it, yield it, resume once it is waited for.
+
+    Examples:
+        >>> def broadcast_twice(engine, t):
+        ...     yield from call(engine, "broadcast", engine.plugin.broadcast, t, 0)
+        ...     yield from call(engine, "broadcast", engine.plugin.broadcast, t, 0)
+        ...     return t
+        >>> run(engine, broadcast_twice(engine, torch.ones(2)))
+        tensor([1., 1.])
+    """
+    yield engine.start(what, fn, *args, **kwargs)
+
+
+def run(engine: Engine, steps: Steps[T], timeout: datetime.timedelta | None = None) -> T:
+    """Run ``steps`` to the end, each round waiting at most ``timeout``; return the result.
+
+    Examples:
+        >>> from commlib import _objects
+        >>> run(engine, _objects.all_gather_object_steps(engine, {"a": 1}, serializer, 4096))
+        [{'a': 1}]
+    """
+    return ResultHandle(steps, engine.wait, timeout).wait()
+
+
+def start(
+    engine: Engine, steps: Steps[T], timeout: datetime.timedelta | None = None
+) -> ResultHandle[T]:
+    """Issue the first round of ``steps``; the handle runs the rest.
+
+    Examples:
+        >>> from commlib import _objects
+        >>> h = start(engine, _objects.all_gather_object_steps(engine, {"a": 1}, serializer, 4096))
+        >>> h.wait()
+        [{'a': 1}]
+    """
+    handle = ResultHandle(steps, engine.wait, timeout)
+    if not handle.is_completed():
+        _unfinished.append((engine, handle))
+    return handle
+
+
+def done(result: T) -> ResultHandle[T]:
+    """A handle that holds ``result`` already (a world of one sends nothing).
+
+    Examples:
+        >>> done([1]).wait()
+        [1]
+    """
+    return ResultHandle(_nothing(result), _never)
+
+
+def _nothing(result: T) -> Steps[T]:
+    return result
+    yield  # a generator with no rounds
+
+
+def _never(step: Any, timeout: datetime.timedelta | None) -> None:
+    raise AssertionError("a finished handle has nothing to wait for")
+
+
+def finish_pending() -> None:
+    """Run every unfinished handle to its end, oldest first (their failures wait for ``wait()``).
+
+    Examples:
+        >>> finish_pending()    # before a communicator issues anything new
+    """
+    while _unfinished:
+        engine, handle = _unfinished.pop(0)
+        # its rounds belong to the earlier call, not to the collective that drains them
+        # (observers see that one start at its own first engine call)
+        starting, engine.on_call = engine.on_call, None
+        try:
+            handle.complete()
+        finally:
+            engine.on_call = starting
+
+
+def first_of(steps: Steps[Any], box: list[Any]) -> Steps[Any]:
+    """``steps``, then ``box[0]`` as the result (a broadcast into a box of one).
+
+    Examples:
+        >>> from commlib import _objects
+        >>> box = [{"lr": 0.1}]
+        >>> steps = _objects.broadcast_object_list_steps(engine, box, 0, serializer, 4096)
+        >>> run(engine, first_of(steps, box))
+        {'lr': 0.1}
+    """
+    yield from steps
+    return box[0]

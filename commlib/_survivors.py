@@ -1,0 +1,157 @@
+"""Which ranks go on after a failure: the surviving ranks agree through the store.
+
+The process group is what failed, so the ranks meet in the store that
+torch.distributed's rendezvous left behind (torchrun's agent holds it, or
+rank 0's process with ``env://``). Each surviving rank announces itself (and
+the ranks it wants left out); when every rank not left out has announced
+itself, or is known to be dead, or the timeout has passed, the first rank to
+get there writes the decision with one atomic ``compare_set``, and every rank
+adopts that one decision. So all survivors build the same group.
+
+A rank that died on this machine is known at once: each process records its
+process id (with the machine's boot id and its pid namespace, so a pid is only
+ever compared where it means the same process) when its first communicator is
+made. A rank elsewhere is known dead only by not arriving within the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import weakref
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from commlib.errors import CommError
+
+_POLL = 0.01  # seconds between looks at the store while waiting for the others
+_recorded: weakref.WeakSet[Any] = weakref.WeakSet()  # worlds this process recorded itself in
+
+
+def store() -> Any:
+    """The store of the world's rendezvous (``None`` when there is none).
+
+    Examples:
+        >>> store() is None     # not distributed
+        True
+    """
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # private API, or no world: nothing to meet in
+        return None
+
+
+def _this_machine() -> str | None:
+    """Where a process id means this process: boot id and pid namespace (Linux only)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def record_process() -> None:
+    """Leave this process's id in the world's store, once per world.
+
+    Examples:
+        >>> record_process()
+    """
+    if not dist.is_initialized():
+        return
+    world = dist.group.WORLD
+    if world is None or world in _recorded:
+        return
+    where, kv = _this_machine(), store()
+    if where is not None and kv is not None:
+        try:
+            kv.set(f"commlib/proc/{dist.get_rank()}", f"{where} {os.getpid()}")
+        except Exception:  # only a shortcut for shrink; without it shrink waits
+            pass
+    _recorded.add(world)
+
+
+def _dead_here(kv: Any, world_rank: int, seen: dict[int, str]) -> bool:
+    """Whether world rank ``world_rank`` is a process of this machine that has ended."""
+    key = f"commlib/proc/{world_rank}"
+    if world_rank not in seen:
+        if not kv.check([key]):
+            return False
+        seen[world_rank] = kv.get(key).decode()
+    where, _, pid = seen[world_rank].rpartition(" ")
+    if where != _this_machine():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")  # a zombie has ended; only its parent has not looked yet
+
+
+def _ranks(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def agree(
+    name: str,
+    rank: int,
+    world_ranks: Sequence[int],
+    exclude: Collection[int],
+    timeout: datetime.timedelta,
+) -> list[int]:
+    """The ranks of the group that go on (group ranks, in order), the same on every caller.
+
+    ``name`` names this attempt (the same on every survivor, new each time);
+    ``world_ranks`` are the group's members' world ranks, in group order;
+    ``exclude`` are group ranks this rank wants left out. Raises
+    :class:`~commlib.errors.CommError` when the store cannot be reached or
+    when this rank itself was left out.
+
+    Examples:
+        >>> agree("0.shrunk0", 1, [0, 1, 2, 3], {3}, timedelta(seconds=60))  # doctest: +SKIP
+        [0, 1, 2]
+    """
+    kv = store()
+    if kv is None:
+        raise CommError("shrink: there is no store to meet the other ranks in")
+    prefix = f"commlib/shrink/{name}"
+    decision = f"{prefix}/decision"
+    size = len(world_ranks)
+    deadline = time.monotonic() + timeout.total_seconds()
+    seen: dict[int, str] = {}
+    try:
+        kv.set(f"{prefix}/here/{rank}", ",".join(map(str, sorted(exclude))))
+        while not kv.check([decision]):
+            here = [r for r in range(size) if kv.check([f"{prefix}/here/{r}"])]
+            awaited = [
+                r
+                for r in range(size)
+                if r not in here and r not in exclude and not _dead_here(kv, world_ranks[r], seen)
+            ]
+            if awaited and time.monotonic() < deadline:
+                time.sleep(_POLL)
+                continue
+            left_out = set(exclude)
+            for r in here:
+                left_out.update(_ranks(kv.get(f"{prefix}/here/{r}").decode()))
+            keep = [r for r in here if r not in left_out]
+            kv.compare_set(decision, "", ",".join(map(str, keep)))
+        keep = _ranks(kv.get(decision).decode())
+    except CommError:
+        raise
+    except Exception as exc:  # the store is gone: its host died (rank 0 with env://)
+        raise CommError(
+            f"shrink: the store of the rendezvous cannot be reached ({type(exc).__name__}: "
+            f"{exc}). It lives in the launcher's agent (torchrun) or in rank 0's process "
+            "(env://); when that process is gone the survivors cannot meet: restart the job"
+        ) from exc
+    if rank not in keep:
+        raise CommError(
+            f"shrink: rank {rank} was left out of the new group (ranks going on: {keep}): it "
+            "arrived after the others' timeout or another rank excluded it"
+        )
+    return keep

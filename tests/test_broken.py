@@ -1,0 +1,86 @@
+"""A broken process group: what breaks with it, what does not, and who learns of it how fast.
+
+Each test starts its own world: the point is to break it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from commlib import Communicator
+from commlib._engine import engine_limit
+from commlib.errors import CommBrokenError, CommError, CommTimeoutError
+from commlib.testing import World
+
+
+@pytest.fixture
+def world3():
+    world = World(3, timeout=120, pg_timeout=60).start()
+    yield world
+    world.kill()
+
+
+def _on_timeout_breaks_the_group(comm) -> dict:
+    a = Communicator(timeout=2.0)
+    pair = a.new_group([0, 1])  # every rank makes it; rank 2 is not a member
+    if a.rank == 2:
+        # later than the others' timeout, and than the engine's own limit on their call
+        # (before that, this rank's call could still complete the abandoned one)
+        time.sleep(engine_limit(a.timeout).total_seconds() + 1.0)
+    try:
+        a.all_reduce(torch.ones(1))
+        first = "ok"
+    except CommError as exc:
+        first = type(exc).__name__
+    out = {"first": first}
+    for name, c in (("same communicator", a), ("another one, same group", Communicator())):
+        started = time.monotonic()
+        try:
+            c.broadcast(torch.ones(1), src=0)
+            out[name] = "ok"
+        except CommBrokenError as exc:
+            out[name] = ("CommBrokenError", time.monotonic() - started < 0.5, "shrink" in str(exc))
+    if pair.is_member:  # a group without the late rank was never part of it
+        x = torch.ones(1)
+        pair.all_reduce(x)
+        out["subgroup"] = x.item()
+    return out
+
+
+def test_a_timeout_breaks_its_group_for_every_communicator_and_no_other(world3):
+    results = world3.run(_on_timeout_breaks_the_group, timeout=120)
+    broken = ("CommBrokenError", True, True)
+    for rank, r in enumerate(results):
+        assert r["first"] in ("CommTimeoutError", "CommError"), r
+        assert r["same communicator"] == broken and r["another one, same group"] == broken, r
+        if rank < 2:
+            assert r["subgroup"] == 2.0, r
+
+
+def _on_point_to_point_waiter(comm) -> tuple[str, float]:
+    # rank 0 waits to receive from rank 1 (gloo's receive cannot be waited on in
+    # slices); rank 1 never sends: its own call times out and breaks the group
+    c = Communicator(timeout=30.0)
+    engine = c._engine
+    started = time.monotonic()
+    try:
+        if c.rank == 0:
+            buf = torch.empty(4)
+            engine.run("exchange", engine.plugin.exchange, [], [(buf, 1)])
+        else:
+            c.all_reduce(torch.ones(1), timeout=1.0)
+    except CommTimeoutError as exc:
+        return type(exc).__name__, time.monotonic() - started
+    return "ok", time.monotonic() - started
+
+
+def test_a_point_to_point_wait_learns_of_the_failure_within_moments():
+    with World(2, timeout=120, pg_timeout=60) as world:
+        (kind0, waited0), (kind1, waited1) = world.run(_on_point_to_point_waiter, timeout=120)
+        world.kill()  # its group is broken
+    assert kind1 == "CommTimeoutError" and waited1 < 5
+    # not its own 30 s: rank 1's announcement, seen from the thread-watched wait
+    assert kind0 == "CommTimeoutError" and waited0 < 10, waited0

@@ -1,0 +1,208 @@
+"""Every rank of a fault raises a clear error, and every process then exits by itself, soon.
+
+Ranks are plain subprocesses (``tests/fault_rank.py``), not a reusable world:
+what is measured is the process ending. The process group's own timeout is 30
+minutes, so a process can exit in time only because commlib bounds the
+engine's wait by the communicator's timeout. Each rank prints when its error
+was raised; the test records when its process ended. The seconds are printed
+(``pytest -s``) for the reliability report; the bounds asserted are loose (the
+2 shared cores of CI), the printed numbers are the measurement.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as tdist
+
+SCRIPT = Path(__file__).with_name("fault_rank.py")
+ROOT = SCRIPT.parent.parent
+TIMEOUT = 4.0  # the communicator's timeout in the ranks, seconds
+EXIT_WITHIN = 20.0  # a process must end this soon after its error (the engine's slack is ~2 s)
+START = 120.0  # seconds for the ranks to import torch and meet
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(scenario: str, world: int) -> list[dict]:
+    """Start ``world`` ranks of ``scenario``; each rank's records, exit code and end time."""
+    store = None
+    if scenario == "store_host_dies":
+        port = _free_port()  # rank 0 holds the store, as env:// does
+    else:
+        store = tdist.TCPStore(
+            "127.0.0.1",
+            0,
+            None,
+            True,
+            timeout=datetime.timedelta(seconds=60),
+            wait_for_workers=False,
+        )
+        port = store.port
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), scenario, str(r), str(world), str(port), str(TIMEOUT)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for r in range(world)
+    ]
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + START + 3 * TIMEOUT + EXIT_WITHIN
+    try:
+        while len(ended) < world and time.monotonic() < deadline:
+            for r, p in enumerate(procs):
+                if r not in ended and p.poll() is not None:
+                    ended[r] = time.time()
+            time.sleep(0.02)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()  # ours, by pid: a process that did not end is the failure
+    out = []
+    for r, p in enumerate(procs):
+        stdout, stderr = p.communicate(timeout=30)
+        records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        out.append(
+            {
+                "rank": r,
+                "records": records,
+                "errors": [x for x in records if "error_type" in x],
+                "returncode": p.returncode,
+                "ended_at": ended.get(r),
+                "stderr": stderr[-3000:],
+            }
+        )
+    del store
+    return out
+
+
+def _exit_after(rank: dict) -> float:
+    return rank["ended_at"] - rank["errors"][-1]["error_at"]
+
+
+def _report(name: str, ranks: list[dict]) -> None:
+    parts = []
+    for r in ranks:
+        if not r["errors"]:
+            parts.append(f"rank {r['rank']}: rc {r['returncode']}")
+            continue
+        err = r["errors"][-1]
+        parts.append(
+            f"rank {r['rank']}: {err['error_type']} after {err['seconds']:.2f}s, "
+            f"exited {_exit_after(r):.2f}s later (rc {r['returncode']})"
+        )
+    print(f"\n[exit] {name} world={len(ranks)}: " + "; ".join(parts))
+
+
+# torch 2.13's gloo sometimes aborts a process in its C++ teardown, after Python
+# has finished, when peers are still connected: seen here in the baseline too
+# (no fault at all), about one run in ten to twenty. It happens after the error
+# was raised and reported, so it is told apart from an abort during the run
+# (gloo's EnforceNotMet on mismatched sizes, which is what the check prevents).
+_EXIT_RACE = "terminate called without an active exception"
+
+
+def _ended_by_itself(rank: dict) -> None:
+    detail = f"rank {rank['rank']}: {rank}"
+    assert rank["ended_at"] is not None, f"still running: {detail}"
+    assert "EnforceNotMet" not in rank["stderr"], f"gloo aborted during the run: {detail}"
+    exit_race = rank["returncode"] == -6 and rank["stderr"].rstrip().endswith(_EXIT_RACE)
+    assert rank["returncode"] == 1 or exit_race, f"not a plain error exit: {detail}"
+    if exit_race:
+        print(f"\n[exit] rank {rank['rank']}: gloo's teardown abort at exit (see _EXIT_RACE)")
+    assert _exit_after(rank) <= EXIT_WITHIN, detail
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_baseline_exit_after_a_plain_error(world):
+    # what any process takes here to exit after an error: the yardstick for the others
+    ranks = _run("baseline", world)
+    _report("baseline", ranks)
+    for r in ranks:
+        _ended_by_itself(r)
+        assert r["errors"][0]["error_type"] == "ValueError", r
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_mismatched_arguments_raise_everywhere_and_nothing_aborts(world):
+    ranks = _run("mismatch", world)
+    _report("mismatch", ranks)
+    messages = set()
+    for r in ranks:
+        _ended_by_itself(r)
+        (err,) = r["errors"]
+        assert err["error_type"] == "RemoteArgumentError", r
+        messages.add(err["message"])
+    assert len(messages) == 1  # the same error on every rank, showing each rank's arguments
+    (msg,) = messages
+    assert f"rank {world - 1}: all_reduce(op=sum, torch.float32, (3000,))" in msg
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_stuck_in_different_collectives_times_out_then_exits(world):
+    ranks = _run("stuck", world)
+    _report("stuck", ranks)
+    for r in ranks:
+        _ended_by_itself(r)
+        (err,) = r["errors"]
+        assert err["error_type"] == "CommTimeoutError", r
+        assert err["seconds"] < TIMEOUT + 8, r
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_retry_after_a_timeout_raises_at_once_and_late_ranks_do_not_pair(world):
+    ranks = _run("retry", world)
+    _report("retry", ranks)
+    first, again = ranks[0]["errors"]
+    assert (first["phase"], first["error_type"]) == ("first", "CommTimeoutError"), ranks[0]
+    assert (again["phase"], again["error_type"]) == ("retry", "CommBrokenError"), ranks[0]
+    assert again["seconds"] < 0.5, again  # at once: nothing was sent
+    assert "comm.shrink()" in again["message"] and "restart" in again["message"]
+    for r in ranks:
+        _ended_by_itself(r)
+    for r in ranks[1:]:
+        (err,) = r["errors"]
+        # the late call does not pair with the abandoned one: it learns of the failure
+        assert err["phase"] == "late" and err["is_comm_error"], r
+        assert err["seconds"] < TIMEOUT, r
+        assert "gave up on it first" in err["message"] or "failed first" in err["message"], r
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_killed_rank_lets_every_survivor_raise_and_exit(world):
+    ranks = _run("killed", world)
+    _report("killed", ranks)
+    victim = ranks[-1]
+    assert victim["returncode"] == -9 and not victim["errors"], victim
+    for r in ranks[:-1]:
+        _ended_by_itself(r)
+        (err,) = r["errors"]
+        assert err["is_comm_error"], r
+        assert err["seconds"] < TIMEOUT + 8, r
+
+
+@pytest.mark.parametrize("world", [3])
+def test_shrink_says_when_the_store_died_with_rank_0(world):
+    ranks = _run("store_host_dies", world)
+    _report("store-host-dies", ranks)
+    assert ranks[0]["returncode"] == -9
+    for r in ranks[1:]:
+        _ended_by_itself(r)
+        err = r["errors"][-1]
+        assert err["error_type"] == "CommError", r
+        assert "store" in err["message"] and "restart" in err["message"], r

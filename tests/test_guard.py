@@ -1,0 +1,193 @@
+"""The argument check under default settings: mismatched arguments never abort a process.
+
+On gloo, ranks calling the same collective with different sizes end the
+process from gloo's own thread. Under default settings commlib checks the
+tensor collectives' arguments in their first round instead, so every rank
+raises the same :class:`RemoteArgumentError` and the world stays usable. The
+check must also be invisible when the ranks agree: the same results as
+unchecked, small tensors in one round.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commlib import Communicator
+from commlib._settings import strict_from_env
+from commlib.errors import RemoteArgumentError
+
+TIMEOUT = 30.0
+
+
+def _mismatch(c: Communicator, what: str) -> None:
+    last = c.rank == c.world_size - 1
+    w = c.world_size
+    if what == "shape":
+        c.all_reduce(torch.ones(3 if last else 4))
+    elif what == "shape-large":  # beyond the slot: the engine's collective would have run
+        c.all_reduce(torch.ones(5000 if last else 4000))
+    elif what == "dtype":
+        c.all_reduce(torch.ones(4, dtype=torch.float64 if last else torch.float32))
+    elif what == "dtype-same-size":  # no abort in gloo, but wrong results
+        c.all_reduce(torch.ones(4, dtype=torch.int32 if last else torch.float32))
+    elif what == "op":
+        c.all_reduce(torch.ones(4), op="max" if last else "sum")
+    elif what == "src":
+        c.broadcast(torch.ones(4), src=w - 1 if c.rank == 0 else 0)
+    elif what == "broadcast-shape":
+        c.broadcast(torch.ones(3 if last else 4), src=0)
+    elif what == "collective":
+        if last:
+            c.broadcast(torch.ones(4), src=0)
+        else:
+            c.all_reduce(torch.ones(4))
+    elif what == "gather-dst":
+        c.gather(torch.ones(2), dst=1 if last else 0)
+    elif what == "all_gather_into_tensor":
+        n = 3 if last else 2
+        c.all_gather_into_tensor(torch.empty(n * w), torch.ones(n))
+    elif what == "reduce_scatter":
+        n = 3 if last else 2
+        c.reduce_scatter(torch.empty(n), torch.ones(n * w))
+    else:
+        raise AssertionError(what)
+
+
+def _on_mismatch(comm, what: str) -> tuple[str, str, float]:
+    c = Communicator(timeout=TIMEOUT)  # default settings
+    try:
+        _mismatch(c, what)
+    except RemoteArgumentError as exc:
+        error = str(exc)
+    else:
+        error = "no error"
+    # nothing broke: the same communicator goes on
+    x = torch.ones(2)
+    c.all_reduce(x)
+    return c.checks, error, x[0].item()
+
+
+MISMATCHES = [
+    "shape",
+    "shape-large",
+    "dtype",
+    "dtype-same-size",
+    "op",
+    "src",
+    "broadcast-shape",
+    "collective",
+    "gather-dst",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+]
+
+
+@pytest.mark.parametrize("what", MISMATCHES)
+def test_mismatched_arguments_raise_the_same_error_on_every_rank(multi_world, what):
+    results = multi_world.run(_on_mismatch, what, timeout=120)
+    checks, errors, after = zip(*results)
+    assert set(checks) == {"guard"}
+    assert len(set(errors)) == 1, errors  # every rank raised, the same error
+    assert "ranks passed different arguments" in errors[0], errors[0]
+    assert f"rank {multi_world.size - 1}: " in errors[0]
+    assert set(after) == {float(multi_world.size)}
+
+
+def _every_tensor_collective(c: Communicator, dtype: torch.dtype, n: int) -> list:
+    """Results of each tensor collective on integer-valued data (exact in any order)."""
+    r, w = c.rank, c.world_size
+    base = (torch.arange(n) % 5 + r).to(dtype)
+    out: list = []
+    ops = ["sum", "max", "min"] if dtype != torch.bool else ["sum", "max"]
+    if dtype.is_complex:
+        ops = ["sum"]
+    for op in ops:
+        x = base.clone()
+        c.all_reduce(x, op=op)
+        out.append(x)
+    x = base.clone()
+    handle = c.all_reduce(x, async_op=True)
+    assert handle is not None and handle.wait()
+    out.append(x)
+    y = base.clone() if r == w - 1 else torch.zeros_like(base)
+    c.broadcast(y, src=w - 1)
+    out.append(y)
+    flat = torch.empty(n * w, dtype=dtype)
+    c.all_gather_into_tensor(flat, base)
+    out.append(flat)
+    out.append(c.gather(base, dst=0))
+    if dtype != torch.bool:
+        chunk = torch.empty(n, dtype=dtype)
+        c.reduce_scatter(chunk, torch.cat([base] * w))
+        out.append(chunk)
+    return out
+
+
+def _on_same_results(comm, dtype: torch.dtype, n: int) -> bool:
+    checked = Communicator(timeout=TIMEOUT)
+    unchecked = Communicator(timeout=TIMEOUT, strict=False)
+    a = _every_tensor_collective(checked, dtype, n)
+    b = _every_tensor_collective(unchecked, dtype, n)
+    for got, want in zip(a, b):
+        if isinstance(got, list):
+            assert len(got) == len(want) and all(torch.equal(g, v) for g, v in zip(got, want))
+        else:
+            assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+    return True
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool],
+    ids=str,
+)
+@pytest.mark.parametrize("n", [5, 3000], ids=["in-the-slot", "after-the-check"])
+def test_checked_collectives_give_the_unchecked_results(world, dtype, n):
+    assert world.run(_on_same_results, dtype, n, timeout=120) == [True] * world.size
+
+
+def _on_rounds(comm) -> dict:
+    # the engine numbers each call it makes: how many rounds each collective took
+    checked = Communicator(timeout=TIMEOUT)
+    unchecked = Communicator(timeout=TIMEOUT, strict=False)
+    strict = Communicator(timeout=TIMEOUT, strict=True)
+    out = {}
+    for name, c in (("checked", checked), ("unchecked", unchecked), ("strict", strict)):
+        for label, n in (("small", 8), ("large", 100_000)):
+            before = c._engine.seq
+            c.all_reduce(torch.ones(n))
+            out[f"{name} {label} all_reduce"] = c._engine.seq - before
+        before = c._engine.seq
+        c.barrier()
+        out[f"{name} barrier"] = c._engine.seq - before
+    return out
+
+
+def test_a_small_checked_collective_is_one_round(multi_world):
+    rounds = multi_world.run(_on_rounds)[0]
+    assert rounds == {
+        "checked small all_reduce": 1,  # the data travelled with the check
+        "checked large all_reduce": 2,  # the check, then the engine's all_reduce
+        "checked barrier": 1,  # no sizes to mismatch: unchecked by default
+        "unchecked small all_reduce": 1,
+        "unchecked large all_reduce": 1,
+        "unchecked barrier": 1,
+        "strict small all_reduce": 1,
+        "strict large all_reduce": 2,
+        "strict barrier": 2,
+    }
+
+
+def test_strict_settings(monkeypatch):
+    monkeypatch.delenv("COMMLIB_STRICT", raising=False)
+    assert strict_from_env() is None
+    monkeypatch.setenv("COMMLIB_STRICT", "0")
+    assert strict_from_env() is False and Communicator().strict is False
+    monkeypatch.setenv("COMMLIB_STRICT", "1")
+    assert strict_from_env() is True and Communicator().strict is True
+    monkeypatch.setenv("COMMLIB_STRICT", "maybe")
+    with pytest.raises(ValueError, match="COMMLIB_STRICT"):
+        strict_from_env()
+    monkeypatch.delenv("COMMLIB_STRICT")
+    assert Communicator().checks == "off"  # a world of one has nothing to mismatch with

@@ -27,7 +27,8 @@ PAGES = sorted(
 
 QUICK_START = (
     "pip install torch==2.13.0 && pip install -e . && commlib bench\n"
-    "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest\n"
+    "pip install torch==2.13.0 && pip install torch==2.13.0 -e '.[test,integrations]'"
+    " && python -m pytest\n"
 )
 
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")

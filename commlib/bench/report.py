@@ -290,9 +290,20 @@ def metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": platform.machine(),
         "system": platform.system(),
         "cpu_count": _cpu_count(),
+        "load_average": _load_average(),
         "rss_method": memory.method(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages as the run ends: how busy the machine was."""
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # not on Unix
+        return None
 
 
 def _cpu_count() -> int | None:

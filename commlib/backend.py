@@ -137,7 +137,13 @@ class Backend:
       between for a failure another rank announced: a rank waiting on a live
       peer that gave up learns it within a moment rather than at its own
       timeout. Point-to-point works (a :class:`WorkList`) are not sliced (gloo
-      ends a receive whose wait timed out): a thread waits on them instead.
+      ends a receive whose wait timed out): a thread waits on them instead;
+    * ``completed_by_check``: the collectives whose small results the
+      argument check may compute from its own round (it gathers every rank's
+      data anyway) instead of calling this backend's method, one round
+      instead of two. A subclass that overrides one of these methods drops it
+      from the set, unless it sets ``completed_by_check`` itself: an
+      overridden collective is always called.
 
     Examples:
         >>> class LoggingGloo(Backend):
@@ -156,6 +162,14 @@ class Backend:
     large_payload_transport: ClassVar[Literal["collective", "p2p"]] = "collective"
     mismatch_aborts: ClassVar[bool] = True
     interruptible_wait: ClassVar[bool] = False
+    completed_by_check: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "completed_by_check" not in cls.__dict__:
+            cls.completed_by_check = frozenset(
+                name for name in cls.completed_by_check if name not in cls.__dict__
+            )
 
     # -- identity and availability -------------------------------------------------
     def unavailable_reason(self) -> str | None:

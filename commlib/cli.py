@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench",
         help="every collective, commlib against torch.distributed (algbw and busbw tables)",
         description="Benchmark every collective through commlib and through plain "
-        "torch.distributed in the same run: time, algbw, busbw, their ratio, peak RSS.",
+        "torch.distributed in the same run, in repeated interleaved trials: time, algbw, busbw, "
+        "their ratio with its spread over the trials (rows within the noise flagged), peak RSS.",
     )
     from commlib.bench.options import add_arguments
 

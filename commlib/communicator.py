@@ -12,6 +12,7 @@ the translation of engine failures into commlib errors.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -33,7 +34,7 @@ from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
-from commlib.errors import NotInGroupError
+from commlib.errors import NotInGroupError, RemoteArgumentError
 from commlib.handle import Handle, ResultHandle
 from commlib.launch import teardown_at_exit
 from commlib.observe.dispatch import observed
@@ -355,17 +356,22 @@ class Communicator:
         timeout: Timeout = None,
         *,
         sized: bool = True,
+        completes: bool = True,
     ) -> list[torch.Tensor] | None:
         """The argument check before ``what``, if this communicator checks it.
 
         ``describe`` formats what this rank passes (only when it is checked).
         ``sized``: ranks passing different sizes to ``what`` would reach the
         engine (the guard checks only those). Returns every rank's ``data``
-        when it travelled with the check, so the caller completes from it.
+        when it travelled with the check, so the caller completes from it:
+        only for collectives in the plugin's ``completed_by_check``, unless
+        ``completes`` is false (then the data is what is checked).
         """
         checks = self.checks
         if checks == "off" or (checks == "guard" and not sized):
             return None
+        if completes and data is not None and what not in self.plugin.completed_by_check:
+            data = None  # the backend's own collective computes the result
         return _guard.exchange(
             engine,
             what,
@@ -375,6 +381,48 @@ class Communicator:
             data,
             as_timedelta(timeout),
         )
+
+    def _check_pairs(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        sends: Sequence[int],
+        expects: Sequence[int],
+        timeout: Timeout,
+    ) -> None:
+        """The argument check of an exchange whose sizes must match pair by pair.
+
+        ``sends[j]``: elements this rank sends rank ``j``; ``expects[j]``:
+        elements it expects from rank ``j``. No single description is shared
+        by every rank here, so the sizes travel with the check and every rank
+        compares every pair of the same gathered table: all raise alike.
+        """
+        sizes = torch.tensor([*sends, *expects], dtype=torch.int64)
+        parts = self._check(
+            engine, what, describe, engine.to_device(sizes), timeout, completes=False
+        )
+        if parts is None:  # checks off, or a world too large for one slot
+            return
+        world = engine.world_size
+        table = [p.tolist() for p in parts]
+        wrong = [
+            (i, j)
+            for i in range(world)
+            for j in range(world)
+            if table[i][j] != table[j][world + i]
+        ]
+        if wrong:
+            i, j = wrong[0]
+            raise RemoteArgumentError(
+                what,
+                {
+                    r: f"sends {table[r][:world]} elements, expects {table[r][world:]}"
+                    for r in range(world)
+                },
+                f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
+                f"rank {j} expects {table[j][world + i]}",
+            )
 
     @staticmethod
     def _finished(finish: Callable[[], None], async_op: bool) -> Handle | None:
@@ -896,11 +944,13 @@ class Communicator:
         check.tensor_list(input_tensor_list, world, "input_tensor_list")
         check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         dtype = input_tensor_list[0].dtype
-        # what must match is pairwise (what j sends here, what this rank
-        # expects from j), not one description every rank shares: under the
-        # guard it is left to the engine, as torch leaves it
-        self._check(
-            engine, "all_to_all", lambda: f"{dtype}, {world} tensors", timeout=timeout, sized=False
+        self._check_pairs(
+            engine,
+            "all_to_all",
+            lambda: f"{dtype}, {world} tensors",
+            [t.numel() for t in input_tensor_list],
+            [t.numel() for t in output_tensor_list],
+            timeout,
         )
         outs = [engine.to_device(t) for t in output_tensor_list]
         ins = [engine.to_device(t) for t in input_tensor_list]
@@ -965,12 +1015,14 @@ class Communicator:
                 f"all_to_all_single: rank {me} sends itself {to_me} rows of input but expects "
                 f"{from_me} rows of output from itself"
             )
-        self._check(
+        row = math.prod(input.shape[1:])
+        self._check_pairs(
             engine,
             "all_to_all_single",
             lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
-            timeout=timeout,
-            sized=False,
+            [n * row for n in (in_splits or [input.shape[0] // world] * world)],
+            [n * row for n in (out_splits or [output.shape[0] // world] * world)],
+            timeout,
         )
         out_t = engine.to_device(output)
         in_t = engine.to_device(input)

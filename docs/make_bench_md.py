@@ -1,59 +1,151 @@
-"""Write docs/bench.md, the docs site's benchmark page, from a ``commlib bench --json`` file.
+"""Write docs/bench.md, the docs site's benchmark page, from ``commlib bench --json`` files.
 
-The page is generated whole: edit this script, not docs/bench.md. Usage, from the
-repository root::
+The page is generated whole: edit this script, not docs/bench.md. One results
+section per JSON file, in the order given (the docs show world 2, then world 4).
+Usage, from the repository root::
 
     commlib bench --json docs/bench.json --plot docs/bench.png
-    python docs/make_bench_md.py docs/bench.json docs/bench.md
+    commlib bench --nproc 4 --max-bytes 4M --iters 5 --json docs/bench-4.json \\
+        --plot docs/bench-4.png
+    python docs/make_bench_md.py docs/bench.json docs/bench-4.json docs/bench.md
+
+A JSON file written before ``--trials`` (no spread, no noise flag) still renders.
 """
 
 import json
-import math
+import os
 import sys
 
-from commlib.bench import report
+from commlib.bench import bandwidth, report, stats
+from commlib.bench.units import format_size
 
-with open(sys.argv[1]) as f:
-    d = json.load(f)
-rows, meta = d["rows"], d["meta"]
-KEEP = {4 << 10, 1 << 20, 16 << 20}
-short = [r for r in rows if r["kind"] == "latency" or r["size_bytes"] in KEEP]
+*inputs, target = sys.argv[1:]
+if not inputs:
+    sys.exit("usage: make_bench_md.py RESULTS.json [RESULTS.json ...] OUT.md")
+runs = []
+for path in inputs:
+    with open(path) as f:
+        d = json.load(f)
+    runs.append((path, d["meta"], d["rows"]))
 
 
-def rng(vals):
-    return f"{report.geomean(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+def rng(rows):
+    """Geometric mean of the rows' ratios, their range, and how many are noise."""
+    vals = [r["ratio"] for r in rows]
+    noisy = sum(stats.row_noise(r) for r in rows)
+    return (
+        f"{report.geomean(vals):.2f} ({min(vals):.2f}-{max(vals):.2f}, "
+        f"{noisy} of {len(vals)} noise)"
+    )
 
 
-obj_big = [r for r in rows if r["kind"] == "object" and r["size_bytes"] == 16 << 20]
-obj_4m = [r for r in rows if r["kind"] == "object" and r["size_bytes"] == 4 << 20]
-obj_mid = [r for r in rows if r["kind"] == "object" and 16 << 10 <= r["size_bytes"] <= 1 << 20]
-obj_small = [r for r in rows if r["kind"] == "object" and r["size_bytes"] <= 4 << 10]
-lat = [r for r in rows if r["kind"] == "latency"]
-ten = [r for r in rows if r["kind"] == "tensor"]
-ten_big = [r for r in ten if r["size_bytes"] >= 4 << 20 and r["op"] != "all_gather"]
-ten_small = [r for r in ten if r["size_bytes"] <= 64 << 10 and r["op"] != "all_gather"]
-ag = [r for r in ten if r["op"] == "all_gather"]
-par = [r for r in rows if r["kind"] == "helper"]
-mem = [
-    (r["torch_peak_rss_mib"] / r["commlib_peak_rss_mib"])
-    for r in rows
-    if r["kind"] == "object" and r["size_bytes"] == 16 << 20 and r["commlib_peak_rss_mib"]
-]
+def sizes_text(rows):
+    sizes = sorted({r["size_bytes"] for r in rows})
+    return (
+        format_size(sizes[0])
+        if len(sizes) == 1
+        else f"{format_size(sizes[0])}-{format_size(sizes[-1])}"
+    )
+
+
+def findings(rows):
+    """The bullets under a run's summary; each only when the run has its rows."""
+    objects = [r for r in rows if r["kind"] == "object"]
+    obj_sizes = sorted({r["size_bytes"] for r in objects})
+    out = []
+    if len(obj_sizes) >= 3:
+        big = [r for r in objects if r["size_bytes"] == obj_sizes[-1]]
+        next_big = [r for r in objects if r["size_bytes"] == obj_sizes[-2]]
+        mem = [
+            r["torch_peak_rss_mib"] / r["commlib_peak_rss_mib"]
+            for r in big
+            if r.get("commlib_peak_rss_mib")
+        ]
+        less = f", with {min(mem):.1f}-{max(mem):.1f}x less peak memory" if mem else ""
+        out.append(
+            f"- **Object collectives, large payloads**: at {format_size(obj_sizes[-1])} (numpy "
+            f"arrays or tensors in a dict) {rng(big)}{less}: buffers travel out of band instead "
+            f"of inside one pickled byte string. At {format_size(obj_sizes[-2])}: {rng(next_big)}."
+        )
+    lat = [r for r in rows if r["kind"] == "latency"]
+    small = [r for r in objects if r["size_bytes"] <= 4 << 10]
+    if lat and small:
+        out.append(
+            f"- **Small objects** (a 4-key dict, done in one round): {rng(lat)}; "
+            f"payloads of {sizes_text(small)}: {rng(small)}."
+        )
+    mid = [r for r in objects if 16 << 10 <= r["size_bytes"] <= 1 << 20]
+    if mid:
+        slower = report.geomean([r["ratio"] for r in mid]) > 1
+        out.append(
+            f"- **Object collectives, {sizes_text(mid)}**: {rng(mid)}: objects that do not fit "
+            "the first round (a 4 KiB slot per rank) pay a second round, "
+            + (
+                "so in this range commlib is on average slower than torch."
+                if slower
+                else "and still come out ahead of torch's two rounds and extra copies on average."
+            )
+        )
+    ten = [r for r in rows if r["kind"] == "tensor"]
+    ten_big = [r for r in ten if r["size_bytes"] >= 4 << 20 and r["op"] != "all_gather"]
+    ten_small = [r for r in ten if r["size_bytes"] <= 64 << 10 and r["op"] != "all_gather"]
+    ag = [r for r in ten if r["op"] == "all_gather"]
+    if ten_big and ten_small and ag:
+        out.append(
+            f"- **Tensor collectives** run the same engine call: {rng(ten_big)} at "
+            f"{sizes_text(ten_big)}, {rng(ten_small)} at {sizes_text(ten_small)}, where commlib's "
+            "own work per call shows against sub-millisecond collectives: dispatch, a wait that "
+            "can time out, and on gloo the default argument check of the tensor collectives, "
+            "one more small round past its 4 KiB slot "
+            "([what it costs](reliability.md#mismatched-arguments-the-check); `strict=False` or "
+            f"`COMMLIB_STRICT=0` turns it off). `all_gather`, {rng(ag)}, returns a list and "
+            "accepts different shapes on different ranks: tensors up to the 4 KiB slot travel "
+            "with their shapes in one round, larger ones pay one extra small round to learn the "
+            "shapes first; with equal shapes, `all_gather_into_tensor` is the call to compare."
+        )
+    par = [r for r in rows if r["kind"] == "helper"]
+    if par:
+        out.append(
+            f"- **`all_reduce_params`** over {par[0]['payload']}: {rng(par)} against one torch "
+            "`all_reduce` per tensor: it coalesces them into one collective."
+        )
+    return out
+
+
+def busbw_factors():
+    by_factor = {}
+    for op in dict.fromkeys(r["op"] for _, _, rows in runs for r in rows):
+        by_factor.setdefault(bandwidth.factor_text(op), []).append(op)
+    return "; ".join(f"{f} for {', '.join(ops)}" for f, ops in by_factor.items())
+
+
+def commands():
+    cmds = [meta["command"] for _, meta, _ in runs]
+    names = [f"docs/{os.path.basename(p)}" for p in inputs]
+    make = " ".join(["python docs/make_bench_md.py", *names, "docs/bench.md"])
+    return " && ".join([*cmds, make])
+
+
+def plot_of(path, meta):
+    """The PNG a run drew (its --plot) relative to its JSON file's folder, if it exists there."""
+    png = (meta.get("options") or {}).get("plot")
+    if png and os.path.exists(png):
+        return os.path.relpath(os.path.abspath(png), os.path.dirname(os.path.abspath(path)))
+    return None
+
 
 out = []
 w = out.append
-w(
-    "<!-- Generated, do not edit: commlib bench --json docs/bench.json --plot docs/bench.png"
-    " && python docs/make_bench_md.py docs/bench.json docs/bench.md -->\n"
-)
+w(f"<!-- Generated, do not edit: {commands()} -->\n")
 w("# Benchmark: `commlib bench`\n")
 w(
     "`commlib bench` measures every collective twice in the same run, through commlib and "
     "through the plain `torch.distributed` call a program would otherwise make, and prints one "
     "row per size in the style of nccl-tests: time, algorithm bandwidth, bus bandwidth, the "
-    "commlib/torch time ratio and the peak memory each call needs. It starts its own ranks "
-    "(2 by default) on 127.0.0.1 with torch's launcher, on the machine's default backend "
-    "(gloo on a CPU-only machine); the defaults finish in under a minute on two cores.\n"
+    "commlib/torch time ratio with its spread over repeated trials, and the peak memory each "
+    "call needs. It starts its own ranks (2 by default) on 127.0.0.1 with torch's launcher, on "
+    "the machine's default backend (gloo on a CPU-only machine); the defaults take a few "
+    "minutes on two cores.\n"
 )
 w(
     "```console\n$ pip install torch==2.13.0 && pip install -e . && commlib bench\n"
@@ -65,88 +157,113 @@ w(
 w(
     "Options: `--nproc N` local ranks; `--backend NAME` (a commlib or torch.distributed backend); "
     "`--min-bytes/--max-bytes/--factor` the sweep (`1K`, `8M`, `1G`; default 1K to 16M, x4); "
-    "`--iters` timed calls per size (default 20 up to 1 MiB, proportionally fewer above, at "
-    "least 3); `--warmup` (default 3; the first call of each side is checked for a correct "
-    "result); `--ops` cases, collectives or kinds (`tensor`, `object`, `latency`, `helper`); "
-    "`--json FILE` every row and column; `--plot FILE.png` bus bandwidth against size "
+    "`--trials` repeated trials per size (default 5); `--iters` timed calls of each side per "
+    "trial (default 10 up to 1 MiB, proportionally fewer above, at least 3); `--warmup` "
+    "(default 3; the first call of each side is checked for a correct result); `--ops` cases, "
+    "collectives or kinds (`tensor`, `object`, `latency`, `helper`); `--json FILE` every row "
+    "and column, the per-trial times included; `--plot FILE.png` bus bandwidth against size "
     "(`pip install 'commlib[plot]'`); `--format markdown`; `--timeout SECONDS` (default 120): "
     "a rank that fails or hangs ends the run with that rank's error and a non-zero exit.\n"
 )
-cpu = meta.get("cpu_count")
-w(f"## Results: {rows[0]['world_size']} ranks, {rows[0]['backend']}, {cpu} CPU cores\n")
+w("## Trials, spread and noise\n")
 w(
-    f"Produced by `{meta['command']}` (torch {meta['torch']}, Python {meta['python']}, "
-    f"commlib {meta['commlib']}, {meta['date'][:10]}) on a {cpu}-core Linux VM: ratios move by "
-    "10-30 % from run to run, and small-size times are mostly scheduling latency. Run it on "
-    "your machine for your numbers.\n"
+    "A shared machine drifts: other work starts and stops, and a figure taken once can be off "
+    "by more than the difference it claims. So every row is measured in repeated *trials*:\n\n"
+    "- **In a trial**, each side makes `--iters` timed calls, commlib and torch alternating call "
+    "by call (which goes first alternates too), every call right after a barrier. A trial's "
+    "figure for a side is the median of its calls on each rank, then the slowest rank's (a "
+    "collective is as slow as its slowest rank). Drift hits both sides of a trial alike.\n"
+    "- **time** is the median over the trials of that figure, for each side; **ratio** is "
+    "commlib's time over torch's.\n"
+    "- **spread** is the lowest and the highest *per-trial* ratio (commlib's figure over "
+    "torch's in the same trial). With n independent trials, the median per-trial ratio lies "
+    "outside that range only when every trial falls on the same side of it, a chance of "
+    "2^(1-n): with the default 5 trials the spread is a 94 % confidence interval, whatever "
+    "the distribution of the times. The ratio always lies inside it. We use the range rather "
+    "than the interquartile range because five values have no meaningful quartiles.\n"
+    "- **noise**: a row is flagged when its spread reaches 1.0 from both sides "
+    "(lowest <= 1 <= highest, and the two differ): some trials had commlib faster, others "
+    "torch, so the run cannot say which is faster; the difference between the two is within "
+    "the spread. Its ratio is not bold in the tables. A single trial (`--trials 1`) has no "
+    "spread and flags nothing.\n"
+    "- **The summary** gives the geometric mean of the ratios per kind of case (with how many "
+    "of its rows are noise), then the **worst row**, the highest ratio that is not noise, and, "
+    "when another row is higher but noise, the **worst of all**, then how many rows are noise "
+    "and the median width of the spread relative to the ratio.\n"
 )
-w("```text\n" + "\n".join(report.summary(rows)) + "\n```\n")
-w(
-    "What it shows; each figure is commlib time / torch time, the geometric mean over the "
-    "rows with their range in brackets:\n"
-)
-bullets = []
-w = bullets.append
-w(
-    f"- **Object collectives, large payloads**: at 16M (numpy arrays or tensors in a dict) "
-    f"{rng([r['ratio'] for r in obj_big])}, with {min(mem):.1f}-{max(mem):.1f}x less peak "
-    "memory: buffers travel out of band instead of inside one pickled byte string. At 4M: "
-    f"{rng([r['ratio'] for r in obj_4m])}.\n"
-)
-w(
-    f"- **Small objects** (a 4-key dict, done in one round): {rng([r['ratio'] for r in lat])}; "
-    f"payloads of 1K-4K: {rng([r['ratio'] for r in obj_small])}.\n"
-)
-mid = [r["ratio"] for r in obj_mid]
-w(
-    f"- **Object collectives, 16K-1M**: {rng(mid)}: objects that do not fit the first round "
-    "(a 4 KiB slot per rank) pay a second round, "
-    + (
-        "so in this range commlib is on average slower than torch.\n"
-        if math.exp(sum(math.log(x) for x in mid) / len(mid)) > 1
-        else "and still come out ahead of torch's two rounds and extra copies on average.\n"
+
+
+def world_section(path, meta, rows):
+    r0 = rows[0]
+    n = r0["world_size"]
+    cpu = meta.get("cpu_count")
+    load = meta.get("load_average")
+    trials = r0.get("trials")
+    sec = []
+    s = sec.append
+    s(f"## Results: {n} ranks, {r0['backend']}, {cpu} CPU cores\n")
+    busy = (
+        f" The 1/5/15-minute load averages when it ended were {load[0]:.1f}/{load[1]:.1f}/"
+        f"{load[2]:.1f}: other work shared the machine throughout."
+        if load
+        else ""
     )
-)
-w(
-    f"- **Tensor collectives** run the same engine call: {rng([r['ratio'] for r in ten_big])} "
-    f"at 4M-16M, {rng([r['ratio'] for r in ten_small])} at 1K-64K, where commlib's own work per "
-    "call (argument checks, dispatch, a wait that can time out) shows against ~0.3 ms "
-    f"collectives. `all_gather`, {rng([r['ratio'] for r in ag])}, returns a list and accepts "
-    "different shapes on different ranks: tensors up to the 4 KiB slot travel with their "
-    "shapes in one round, larger ones pay one extra small round to learn the shapes first; "
-    "with equal shapes, `all_gather_into_tensor` costs what the other tensor collectives "
-    "cost.\n"
-)
-w(
-    f"- **`all_reduce_params`** over {par[0]['payload']}: {rng([r['ratio'] for r in par])} "
-    "against one torch `all_reduce` per tensor: it coalesces them into one collective.\n"
-)
-w = out.append
-w("".join(bullets))
-w("![bus bandwidth against size, commlib and torch.distributed](bench.png)\n")
-w("Every case at 4K, 1M and 16M (small objects at their own size); the full table is below.\n")
-w(report.format_markdown(short) + "\n")
-# markdown="1": the docs site (md_in_html) renders the table inside; GitHub ignores it
-w(
-    '<details markdown="1"><summary>Every row</summary>\n\n'
-    + report.format_markdown(rows)
-    + "\n\n</details>\n"
-)
+    oversub = (
+        f" {n} ranks on {cpu} cores: every rank also waits for a CPU, so these figures are "
+        "mostly scheduling; they say how the two compare under contention, not what either "
+        "would do on a core of its own."
+        if cpu and n > cpu
+        else ""
+    )
+    how = f"{trials} trials per row" if trials else "one trial per row (before --trials)"
+    s(
+        f"Produced by `{meta['command']}` ({how}; torch {meta['torch']}, Python "
+        f"{meta['python']}, commlib {meta['commlib']}, {meta['date'][:10]}) on a {cpu}-core "
+        f"Linux VM shared with other work, so it is noisy.{busy}{oversub} Run it on your "
+        "machine for your numbers.\n"
+    )
+    s("```text\n" + "\n".join(report.summary(rows)) + "\n```\n")
+    bullets = findings(rows)
+    if bullets:
+        s(
+            "What it shows; each figure is commlib time / torch time, the geometric mean over "
+            "the rows, their range and how many of them are noise in brackets:\n"
+        )
+        s("\n".join(bullets) + "\n")
+    png = plot_of(path, meta)
+    if png:
+        s(f"![{n} ranks: bus bandwidth against size, commlib and torch.distributed]({png})\n")
+    sizes = sorted({r["size_bytes"] for r in rows if r["kind"] != "latency"})
+    keep = {k for k in (4 << 10, 1 << 20, 16 << 20) if k in sizes} or set(sizes[-1:])
+    short = [r for r in rows if r["kind"] == "latency" or r["size_bytes"] in keep]
+    shown = ", ".join(format_size(k) for k in sorted(keep))
+    s(f"Every case at {shown} (small objects at their own size); every row below.\n")
+    s(report.format_markdown(short) + "\n")
+    # markdown="1": the docs site (md_in_html) renders the table inside; GitHub ignores it
+    s(
+        f'<details markdown="1"><summary>Every row, {n} ranks</summary>\n\n'
+        + report.format_markdown(rows)
+        + "\n\n</details>\n"
+    )
+    return sec
+
+
+for path, meta, rows in runs:
+    out.extend(world_section(path, meta, rows))
+
 w("## How to read it\n")
 w(
-    "- **time**: the median of the timed calls on each rank, then the slowest rank's median "
-    "(a collective is as slow as its slowest rank). commlib and torch calls alternate call by "
-    "call, the order alternates too, each call starts right after a barrier, and accelerator "
-    "work is synchronised before the clock stops.\n"
+    "- **time**, **ratio**, **spread**, **noise**: see "
+    "[Trials, spread and noise](#trials-spread-and-noise). Accelerator work is synchronised "
+    "before the clock stops.\n"
     "- **size**: the bytes of the operation, as nccl-tests counts them: the gathered output for "
     "all_gather-like collectives (world size x each rank's part), the full input for "
     "reduce_scatter, the buffer for all_reduce and broadcast. Object collectives count the raw "
     "payload (the array or tensor in the object, not the pickle): gathered total for "
     "`all_gather_object` / `gather_object`, the broadcast payload for `broadcast_object_list`.\n"
-    "- **algbw** = size / time; **busbw** = algbw x 2(n-1)/n for all_reduce and "
-    "all_reduce_params, (n-1)/n for all_gather, all_gather_into_tensor, reduce_scatter, "
-    "all_gather_object and gather_object (the root's link carries (n-1)/n of the gathered data), "
-    "1 for broadcast and broadcast_object_list. GB/s are 10^9 bytes per second.\n"
+    f"- **algbw** = size / time; **busbw** = algbw x {busbw_factors()}, as nccl-tests counts "
+    "it (for gather_object the root's link carries (n-1)/n of the gathered data). GB/s are "
+    "10^9 bytes per second.\n"
     "- **ratio** = commlib time / torch time: below 1, commlib is faster.\n"
     "- **peak RSS**: how far one call raises the process's peak resident memory (`VmHWM` reset "
     "through `/proc/self/clear_refs`), largest rank, measured in a separate pass after all "
@@ -159,5 +276,5 @@ w(
     "`all_reduce` per tensor (torch's coalesced `all_reduce_coalesced` is deprecated and warns "
     "on every call).\n"
 )
-with open(sys.argv[2], "w") as f:
+with open(target, "w") as f:
     f.write("\n".join(out))

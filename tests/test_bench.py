@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from commlib.bench import bandwidth, report
+from commlib.bench import bandwidth, report, stats
 from commlib.bench.cases import CASES, select_cases
 from commlib.bench.options import BenchOptions
 from commlib.bench.units import format_size, iterations_for, parse_size, size_sweep
 
-IMPL_COLUMNS = ("time_us", "algbw_gbps", "busbw_gbps", "peak_rss_mib")
+IMPL_COLUMNS = ("time_us", "algbw_gbps", "busbw_gbps", "peak_rss_mib", "trials_us")
 ROW_COLUMNS = {
     "case",
     "op",
@@ -33,8 +33,12 @@ ROW_COLUMNS = {
     "count",
     "iters",
     "warmup",
+    "trials",
     "busbw_factor",
     "ratio",
+    "ratio_low",
+    "ratio_high",
+    "noise",
     *(f"{impl}_{col}" for impl in ("commlib", "torch") for col in IMPL_COLUMNS),
 }
 
@@ -171,8 +175,12 @@ def _fake_rows() -> list[dict]:
                 "count": 1,
                 "iters": 3,
                 "warmup": 1,
+                "trials": 3,
                 "busbw_factor": 1.0,
                 "ratio": 0.5,
+                "ratio_low": 0.45,
+                "ratio_high": 0.55,
+                "noise": False,
             }
             for impl, t in (("commlib", 100.0), ("torch", 200.0)):
                 row.update(
@@ -181,6 +189,7 @@ def _fake_rows() -> list[dict]:
                         f"{impl}_algbw_gbps": 0.01,
                         f"{impl}_busbw_gbps": 0.01,
                         f"{impl}_peak_rss_mib": 0.5,
+                        f"{impl}_trials_us": [t, t, t],
                     }
                 )
             rows.append(row)
@@ -192,13 +201,48 @@ def test_text_and_markdown_tables():
     text = report.format_table(rows)
     assert "commlib" in text and "torch.distributed" in text
     assert text.count("all_reduce ") == 2 and "0.50" in text
+    assert "0.45-0.55" in text and "noise" not in text.split("\n", 3)[-1]
     md = report.format_markdown(rows).splitlines()
     assert len(md) == 2 + len(rows)
     assert all(line.startswith("|") and line.endswith("|") for line in md)
-    assert "`all_gather_object[small]`" in md[-1]
+    assert all(line.count("|") == md[0].count("|") for line in md)
+    assert "`all_gather_object[small]`" in md[-1] and "**0.50**" in md[-1]
     lines = report.summary(rows)
-    assert [line.split()[0] for line in lines] == ["tensor", "object", "small"]
-    assert all("0.50" in line for line in lines)
+    assert [line.split()[0] for line in lines] == ["tensor", "object", "small", "worst", "noise"]
+    assert all("0.50" in line for line in lines[:3])
+    assert "0 noise" in lines[0]
+    assert lines[3].startswith("worst row") and lines[3].endswith("not noise")
+    assert lines[4].startswith("noise                0 of 5 rows")
+
+
+def test_noise_rows_are_marked_in_the_tables():
+    rows = _fake_rows()
+    rows[1].update(ratio=1.5, ratio_low=0.9, ratio_high=1.8, noise=True)
+    text = report.format_table(rows).splitlines()
+    assert text[3].endswith("1.50 0.90-1.80 noise")
+    md = report.format_markdown(rows).splitlines()
+    assert "| 1.50 | 0.90-1.80 | noise |" in md[3]  # not bold: the run cannot vouch for it
+    lines = report.summary(rows)
+    assert "2 rows, 1 noise" in lines[0]
+    assert lines[3] == "worst row            all_reduce 1K: 0.50 (spread 0.45-0.55), not noise"
+    assert lines[4] == "worst of all         all_reduce 4K: 1.50 (spread 0.90-1.80), noise"
+    assert lines[5].startswith("noise                1 of 5 rows")
+
+
+def test_rows_without_trials_still_render():
+    """A JSON file written before trials (no spread, no noise flag) is still readable."""
+    rows = _fake_rows()
+    for row in rows:
+        for key in ("trials", "ratio_low", "ratio_high", "noise"):
+            del row[key]
+    text = report.format_table(rows)
+    assert " 0.50         -" in text
+    md = report.format_markdown(rows)
+    assert "| **0.50** | - |  |" in md
+    lines = report.summary(rows)
+    assert lines[-1].startswith("worst row") and not any(
+        line.startswith("noise") for line in lines
+    )
 
 
 def test_missing_rss_shows_as_dash():
@@ -206,6 +250,94 @@ def test_missing_rss_shows_as_dash():
     for row in rows:
         row["commlib_peak_rss_mib"] = row["torch_peak_rss_mib"] = None
     assert " - " in report.format_table(rows)
+
+
+# -- statistics --------------------------------------------------------------------------
+def test_median():
+    assert stats.median([3.0, 1.0, 2.0]) == 2.0
+    assert stats.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert stats.median([7.0]) == 7.0
+    with pytest.raises(ValueError):
+        stats.median([])
+
+
+def test_spread_is_the_range_of_the_per_trial_ratio():
+    ratios = stats.trial_ratios([1.0, 1.2, 3.0], [2.0, 1.0, 2.0])
+    assert ratios == pytest.approx([0.5, 1.2, 1.5])
+    assert stats.spread(ratios) == (0.5, 1.5)
+    assert stats.spread([0.8]) == (0.8, 0.8)
+    with pytest.raises(ValueError):
+        stats.trial_ratios([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        stats.spread([])
+
+
+@pytest.mark.parametrize(
+    "low, high, noise",
+    [
+        (0.8, 1.1, True),  # trials disagree on which side is faster
+        (1.0, 1.3, True),  # one trial was a tie
+        (0.7, 1.0, True),
+        (1.01, 1.3, False),  # every trial: torch faster
+        (0.5, 0.99, False),  # every trial: commlib faster
+        (1.0, 1.0, False),  # one trial: no spread, nothing to judge
+    ],
+)
+def test_noise_flag(low, high, noise):
+    assert stats.is_noise(low, high) is noise
+
+
+def test_confidence_of_the_spread():
+    assert stats.confidence(1) == 0.0
+    assert stats.confidence(2) == 0.5
+    assert stats.confidence(5) == pytest.approx(0.9375)
+
+
+def test_row_stats_with_fixed_numbers():
+    s = stats.row_stats([10.0, 12.0, 30.0, 11.0, 9.0], [10.0, 10.0, 10.0, 11.0, 10.0])
+    assert s["commlib"] == 11.0 and s["torch"] == 10.0
+    assert s["ratio"] == pytest.approx(1.1)  # ratio of the medians: one slow trial is ignored
+    assert (s["ratio_low"], s["ratio_high"]) == (pytest.approx(0.9), pytest.approx(3.0))
+    assert s["noise"] is True
+    s = stats.row_stats([5.0, 6.0, 5.5], [10.0, 9.0, 10.5])
+    assert s["ratio"] == pytest.approx(0.55) and s["noise"] is False
+    assert s["ratio_low"] <= s["ratio"] <= s["ratio_high"]
+
+
+def test_ratio_of_medians_lies_within_the_spread():
+    import random
+
+    rng = random.Random(0)
+    for n in (1, 2, 3, 4, 5, 8):
+        for _ in range(200):
+            c = [rng.uniform(0.1, 10) for _ in range(n)]
+            t = [rng.uniform(0.1, 10) for _ in range(n)]
+            s = stats.row_stats(c, t)
+            assert s["ratio_low"] - 1e-12 <= s["ratio"] <= s["ratio_high"] + 1e-12
+
+
+def test_worst_row():
+    rows = [
+        {"case": "a", "ratio": 1.5, "noise": True},
+        {"case": "b", "ratio": 1.2, "noise": False},
+        {"case": "c", "ratio": 0.7, "noise": False},
+        {"case": "d", "ratio": 1.4, "ratio_low": 0.95, "ratio_high": 1.6},  # noise by spread
+    ]
+    assert stats.worst(rows)["case"] == "a"
+    assert stats.worst(rows, skip_noise=True)["case"] == "b"
+    assert stats.worst([rows[0]], skip_noise=True) is None
+    assert stats.worst([]) is None
+    assert stats.spread_width({"ratio": 2.0, "ratio_low": 1.5, "ratio_high": 2.5}) == 0.5
+    assert stats.spread_width({"ratio": 2.0}) is None
+
+
+def test_measurement_reduces_calls_to_trials():
+    from commlib.bench.timing import Measurement
+
+    m = Measurement(times={"commlib": [[3.0, 1.0, 2.0], [5.0, 4.0]], "torch": [[1.0], [2.0]]})
+    assert m.trial_medians("commlib") == [2.0, 4.5]
+    assert m.median("commlib") == 3.25
+    assert m.median("torch") == 1.5
 
 
 def test_geomean():
@@ -309,7 +441,8 @@ def _bench_env() -> dict[str, str]:
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     args = ["bench", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "4K"]
-    args += ["--iters", "1", "--warmup", "1", "--json", str(out), "--no-progress"]
+    args += ["--iters", "1", "--trials", "2", "--warmup", "1", "--json", str(out)]
+    args += ["--no-progress"]
     plot = report.have_matplotlib()
     if plot:
         args += ["--plot", str(tmp_path / "bench.png")]
@@ -320,6 +453,7 @@ def test_bench_end_to_end(tmp_path):
     for case in CASES:
         assert case.name in proc.stdout
     assert "ratio" in proc.stdout and "geometric mean" in proc.stdout
+    assert "spread" in proc.stdout and "worst row" in proc.stdout
 
     data = json.loads(out.read_text())
     assert data["meta"]["command"].startswith("commlib bench")
@@ -332,6 +466,13 @@ def test_bench_end_to_end(tmp_path):
         assert row["world_size"] == 2 and row["backend"] == "gloo"
         assert row["commlib_time_us"] > 0 and row["torch_time_us"] > 0
         assert row["ratio"] == pytest.approx(row["commlib_time_us"] / row["torch_time_us"])
+        assert row["trials"] == 2 and row["iters"] == 1
+        for impl in ("commlib", "torch"):
+            assert len(row[f"{impl}_trials_us"]) == 2
+            assert row[f"{impl}_time_us"] == pytest.approx(stats.median(row[f"{impl}_trials_us"]))
+        ratios = stats.trial_ratios(row["commlib_trials_us"], row["torch_trials_us"])
+        assert (row["ratio_low"], row["ratio_high"]) == pytest.approx(stats.spread(ratios))
+        assert row["noise"] == stats.is_noise(row["ratio_low"], row["ratio_high"])
         assert row["commlib_peak_rss_mib"] >= 0 and row["torch_peak_rss_mib"] >= 0
     if plot:
         assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"

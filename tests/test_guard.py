@@ -50,6 +50,18 @@ def _mismatch(c: Communicator, what: str) -> None:
     elif what == "reduce_scatter":
         n = 3 if last else 2
         c.reduce_scatter(torch.empty(n), torch.ones(n * w))
+    elif what == "reduce-shape":
+        c.reduce(torch.ones(3 if last else 4), dst=0)
+    elif what == "scatter-shape":
+        parts = [torch.ones(4)] * w if c.rank == 0 else None
+        c.scatter(torch.empty(3 if last else 4), parts, src=0)
+    elif what == "all_to_all_single-splits":
+        # the last rank sends rank 0 two rows; rank 0 expects one
+        sends = [2] + [1] * (w - 1) if last else [1] * w
+        c.all_to_all_single(torch.empty(w), torch.ones(sum(sends)), None, sends)
+    elif what == "all_to_all-sizes":
+        ins = [torch.ones(2 if last and j == 0 else 1) for j in range(w)]
+        c.all_to_all([torch.empty(1) for _ in range(w)], ins)
     else:
         raise AssertionError(what)
 
@@ -80,6 +92,10 @@ MISMATCHES = [
     "gather-dst",
     "all_gather_into_tensor",
     "reduce_scatter",
+    "reduce-shape",
+    "scatter-shape",
+    "all_to_all_single-splits",
+    "all_to_all-sizes",
 ]
 
 
@@ -89,7 +105,12 @@ def test_mismatched_arguments_raise_the_same_error_on_every_rank(multi_world, wh
     checks, errors, after = zip(*results)
     assert set(checks) == {"guard"}
     assert len(set(errors)) == 1, errors  # every rank raised, the same error
-    assert "ranks passed different arguments" in errors[0], errors[0]
+    if what.startswith("all_to_all"):  # sizes that must match pair by pair
+        assert (
+            f"rank {multi_world.size - 1} sends rank 0 2 elements, rank 0 expects 1" in (errors[0])
+        ), errors[0]
+    else:
+        assert "ranks passed different arguments" in errors[0], errors[0]
     assert f"rank {multi_world.size - 1}: " in errors[0]
     assert set(after) == {float(multi_world.size)}
 
@@ -121,6 +142,24 @@ def _every_tensor_collective(c: Communicator, dtype: torch.dtype, n: int) -> lis
         chunk = torch.empty(n, dtype=dtype)
         c.reduce_scatter(chunk, torch.cat([base] * w))
         out.append(chunk)
+    x = base.clone()
+    c.reduce(x, dst=w - 1, op="max" if dtype != torch.bool else "sum")
+    out.append(x)
+    got = torch.zeros_like(base)
+    c.scatter(
+        got,
+        [base + i for i in range(w)]
+        if r == 0 and dtype != torch.bool
+        else ([base] * w if r == 0 else None),
+        src=0,
+    )
+    out.append(got)
+    mixed = torch.empty(n * w, dtype=dtype)
+    c.all_to_all_single(mixed, torch.cat([base] * w))
+    out.append(mixed)
+    outs = [torch.empty(n, dtype=dtype) for _ in range(w)]
+    c.all_to_all(outs, [base] * w)
+    out.append(outs)
     return out
 
 

@@ -2,11 +2,13 @@
 
 nccl-tests style: a sweep of sizes, one row per size with time, algorithm
 bandwidth and bus bandwidth, for commlib and for the equivalent
-torch.distributed call measured in the same run, plus their time ratio and
-peak memory. Modules, one job each:
+torch.distributed call measured in the same run, in repeated interleaved
+trials, plus their time ratio with its spread over the trials (a noise flag
+where the trials disagree) and peak memory. Modules, one job each:
 
 * :mod:`~commlib.bench.cases`: what is measured (the commlib and torch calls);
 * :mod:`~commlib.bench.timing`: how one case is timed on a rank;
+* :mod:`~commlib.bench.stats`: trials to a median, a spread and a noise flag;
 * :mod:`~commlib.bench.runner`: the sweep every rank runs;
 * :mod:`~commlib.bench.launcher`: starting the ranks (or joining torchrun's);
 * :mod:`~commlib.bench.report`: table, JSON and plot;

@@ -24,7 +24,8 @@ class BenchOptions:
     min_bytes: int = 1 << 10
     max_bytes: int = 16 << 20
     factor: float = 4.0
-    iters: int = 20
+    iters: int = 10
+    trials: int = 5
     warmup: int = 3
     ops: str | None = None
     json: str | None = None
@@ -115,7 +116,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--iters",
         type=_positive(int),
         default=d.iters,
-        help="timed calls per size up to 1M; fewer above, at least 3 (default %(default)s)",
+        help="timed calls of each side per trial, up to 1M; fewer above, at least 3 "
+        "(default %(default)s)",
+    )
+    add(
+        "--trials",
+        type=_positive(int),
+        default=d.trials,
+        help="repeated trials per size, commlib and torch interleaved in each; a row is the "
+        "median over them, with the spread of the per-trial ratio (default %(default)s)",
     )
     add(
         "--warmup",

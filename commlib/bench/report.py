@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from itertools import groupby
 from typing import Any, TextIO
 
-from commlib.bench import bandwidth, memory
+from commlib.bench import bandwidth, memory, stats
 from commlib.bench.units import format_size
 
 Row = dict[str, Any]
@@ -35,6 +35,28 @@ def _size(row: Row) -> str:
     return format_size(row["size_bytes"])
 
 
+def _spread(row: Row) -> str:
+    if "ratio_low" not in row or "ratio_high" not in row:
+        return "-"  # a row from before trials
+    return f"{row['ratio_low']:.2f}-{row['ratio_high']:.2f}"
+
+
+def _noise(row: Row) -> str:
+    return "noise" if stats.row_noise(row) else ""
+
+
+def label(row: Row) -> str:
+    """A row's name in prose: the case, and the size for swept cases.
+
+    Examples:
+        >>> label({"case": "all_reduce", "kind": "tensor", "size_bytes": 1 << 20})
+        'all_reduce 1M'
+        >>> label({"case": "gather_object[small]", "kind": "latency", "size_bytes": 158})
+        'gather_object[small]'
+    """
+    return row["case"] if row["kind"] == "latency" else f"{row['case']} {_size(row)}"
+
+
 # (header, width, cell); the two implementations get the same four columns
 def _impl_columns(impl: str) -> list[tuple[str, int, Callable[[Row], str]]]:
     return [
@@ -50,9 +72,10 @@ def format_table(rows: Sequence[Row]) -> str:
 
     Examples:
         >>> print(format_table(rows))           # rows: what run_rank returned  # doctest: +SKIP
-                                |               commlib               | ...
-        case         size iters |   time(us)   algbw   busbw rss(MiB) | ...
-        all_reduce     1K    20 |       41.2    0.02    0.02      0.1 | ...
+                                |          commlib ... | ...
+        case         size iters |   time(us) ... | ... |  ratio    spread
+        all_reduce     1K    10 |       41.2 ... | ... |   1.02 0.95-1.10
+        all_reduce     4K    10 |       52.0 ... | ... |   0.97 0.90-1.04 noise
     """
     name_w = max([len("case"), *(len(r["case"]) for r in rows)])
     left = [("size", 6, _size), ("iters", 5, lambda r: str(r["iters"]))]
@@ -69,7 +92,7 @@ def format_table(rows: Sequence[Row]) -> str:
         "case".ljust(name_w)
         + "".join(" " + h.rjust(w) for h, w, _ in left)
         + "".join(" | " + " ".join(h.rjust(w) for h, w, _ in cols) for cols in impls.values())
-        + " |  ratio",
+        + " |  ratio    spread",
     ]
     for i, (_, block) in enumerate(groupby(rows, key=lambda r: r["case"])):
         if i:
@@ -82,7 +105,7 @@ def format_table(rows: Sequence[Row]) -> str:
                     " | " + " ".join(cell(r).rjust(w) for _, w, cell in cols)
                     for cols in impls.values()
                 )
-                + f" | {r['ratio']:6.2f}"
+                + f" | {r['ratio']:6.2f} {_spread(r):>9} {_noise(r)}".rstrip()
             )
     return "\n".join(lines)
 
@@ -90,10 +113,12 @@ def format_table(rows: Sequence[Row]) -> str:
 def format_markdown(rows: Sequence[Row]) -> str:
     """The rows as a GitHub markdown table (commlib / torch side by side per cell).
 
+    A ratio is bold unless its row is noise.
+
     Examples:
         >>> print(format_markdown([]))          # the head; a line per row follows
-        | case | size | commlib (us) | torch (us) | commlib / torch | ...
-        |---|---|---:|---:|---:|---:|---:|
+        | case | size | commlib (us) | torch (us) | commlib / torch | spread | noise | ...
+        |---|---|---:|---:|---:|---:|---|---:|---:|
     """
     head = [
         "case",
@@ -101,17 +126,23 @@ def format_markdown(rows: Sequence[Row]) -> str:
         "commlib (us)",
         "torch (us)",
         "commlib / torch",
+        "spread",
+        "noise",
         "busbw GB/s commlib / torch",
         "peak RSS MiB commlib / torch",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    align = ["---"] * 2 + ["---:"] * 4 + ["---"] + ["---:"] * 2
+    lines = ["| " + " | ".join(head) + " |", "|" + "".join(a + "|" for a in align)]
     for r in rows:
+        noise = stats.row_noise(r)
         cells = [
             f"`{r['case']}`",
             _size(r),
             _us(r["commlib_time_us"]),
             _us(r["torch_time_us"]),
-            f"**{r['ratio']:.2f}**",
+            f"{r['ratio']:.2f}" if noise else f"**{r['ratio']:.2f}**",
+            _spread(r),
+            _noise(r),
             f"{_num(r['commlib_busbw_gbps'])} / {_num(r['torch_busbw_gbps'])}",
             f"{_mib(r['commlib_peak_rss_mib'])} / {_mib(r['torch_peak_rss_mib'])}",
         ]
@@ -130,12 +161,30 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(map(math.log, good)) / len(good)) if good else float("nan")
 
 
+def _worst_text(row: Row) -> str:
+    return f"{label(row)}: {row['ratio']:.2f} (spread {_spread(row)})"
+
+
 def summary(rows: Sequence[Row]) -> list[str]:
-    """One line per kind of case: the geometric mean of commlib/torch time.
+    """The geometric mean of commlib/torch time per kind of case, then the worst rows.
+
+    One line per kind (with how many of its rows are noise), the worst row that
+    is not noise and, when it is another, the worst row of all, and how many
+    rows are noise with the median width of the spread.
 
     Examples:
-        >>> summary([{"kind": "tensor", "ratio": 0.5}, {"kind": "tensor", "ratio": 2.0}])
-        ['tensor collectives   commlib/torch time  1.00 (geometric mean of 2 rows)']
+        >>> rows = [
+        ...     {"case": "all_reduce", "kind": "tensor", "size_bytes": 1024,
+        ...      "ratio": 0.5, "ratio_low": 0.45, "ratio_high": 0.55, "noise": False},
+        ...     {"case": "all_reduce", "kind": "tensor", "size_bytes": 4096,
+        ...      "ratio": 2.0, "ratio_low": 0.9, "ratio_high": 2.5, "noise": True},
+        ... ]
+        >>> for line in summary(rows):
+        ...     print(line)
+        tensor collectives   commlib/torch time  1.00 (geometric mean of 2 rows, 1 noise)
+        worst row            all_reduce 1K: 0.50 (spread 0.45-0.55), not noise
+        worst of all         all_reduce 4K: 2.00 (spread 0.90-2.50), noise
+        noise                1 of 2 rows; median spread 50 % of the ratio
     """
     names = {
         "tensor": "tensor collectives",
@@ -144,13 +193,31 @@ def summary(rows: Sequence[Row]) -> list[str]:
         "helper": "all_reduce_params",
     }
     out = []
-    for kind, label in names.items():
-        ratios = [r["ratio"] for r in rows if r["kind"] == kind]
-        if ratios:
+    for kind, name in names.items():
+        of_kind = [r for r in rows if r["kind"] == kind]
+        if of_kind:
+            noisy = sum(stats.row_noise(r) for r in of_kind)
             out.append(
-                f"{label:<20} commlib/torch time {geomean(ratios):5.2f} "
-                f"(geometric mean of {len(ratios)} rows)"
+                f"{name:<20} commlib/torch time {geomean([r['ratio'] for r in of_kind]):5.2f} "
+                f"(geometric mean of {len(of_kind)} rows, {noisy} noise)"
             )
+    if not rows:
+        return out
+    trusted, overall = stats.worst(rows, skip_noise=True), stats.worst(rows)
+    assert overall is not None
+    if trusted is None:
+        out.append(f"{'worst row':<20} none that is not noise")
+    else:
+        out.append(f"{'worst row':<20} {_worst_text(trusted)}, not noise")
+    if overall is not trusted:
+        out.append(f"{'worst of all':<20} {_worst_text(overall)}, noise")
+    widths = [w for w in map(stats.spread_width, rows) if w is not None]
+    if widths:
+        noisy = sum(stats.row_noise(r) for r in rows)
+        out.append(
+            f"{'noise':<20} {noisy} of {len(rows)} rows; "
+            f"median spread {100 * stats.median(widths):.0f} % of the ratio"
+        )
     return out
 
 
@@ -174,13 +241,16 @@ def header(rows: Sequence[Row]) -> list[str]:
     rss = "peak RSS growth of one call" + (
         "" if memory.method() == "vmhwm" else " (a lower bound: ru_maxrss delta)"
     )
+    trials = r0.get("trials", "?")
     return [
         f"# commlib bench: {r0['world_size']} ranks, backend {r0['backend']} ({r0['device']}), "
         f"torch {torch.__version__}, commlib {commlib.__version__}",
-        "# time: median over the timed calls, slowest rank; algbw/busbw in GB/s; "
+        f"# time: median over {trials} trials of each trial's median call (iters calls a side, "
+        "commlib and torch alternating), slowest rank per trial; algbw/busbw in GB/s; "
         f"rss(MiB): {rss}, largest rank",
         f"# busbw = algbw x {factors}",
-        "# ratio = commlib time / torch.distributed time (below 1: commlib is faster)",
+        "# ratio = commlib time / torch.distributed time (below 1: commlib is faster); "
+        "spread = lowest-highest per-trial ratio; noise: the spread reaches 1.0 from both sides",
     ]
 
 
@@ -220,9 +290,20 @@ def metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": platform.machine(),
         "system": platform.system(),
         "cpu_count": _cpu_count(),
+        "load_average": _load_average(),
         "rss_method": memory.method(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages as the run ends: how busy the machine was."""
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # not on Unix
+        return None
 
 
 def _cpu_count() -> int | None:

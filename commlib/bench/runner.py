@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import commlib
-from commlib.bench import bandwidth
+from commlib.bench import bandwidth, stats
 from commlib.bench.cases import IMPLS, Case, select_cases
 from commlib.bench.launcher import note_failure
 from commlib.bench.memory import single_arena, steady_malloc
@@ -27,14 +27,14 @@ Row = dict[str, Any]
 
 @dataclass
 class _Result:
-    """One (case, size) as the ranks agreed on it: the slowest rank's figures."""
+    """One (case, size) as the ranks agreed on it: the slowest rank's figure per trial."""
 
     case: Case
     nbytes: int
     count: int
     iters: int
     warmup: int
-    seconds: dict[str, float]
+    trials: dict[str, list[float]]
     rss: dict[str, float] | None = None
 
 
@@ -119,9 +119,11 @@ def _time_one(comm: Communicator, case: Case, size: int, opts: BenchOptions) -> 
     prepared = case.prepare(comm, size)
     iters = iterations_for(prepared.nbytes, opts.iters)
     warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
-    m = measure(prepared, iters, warmup, comm.group, comm.plugin.synchronize)
-    seconds = _worst(comm, {impl: m.median(impl) for impl in IMPLS})
-    return _Result(case, prepared.nbytes, prepared.count, iters, warmup, seconds)
+    m = measure(prepared, iters, warmup, comm.group, comm.plugin.synchronize, opts.trials)
+    mine = {f"{impl} {t}": s for impl in IMPLS for t, s in enumerate(m.trial_medians(impl))}
+    worst = _worst(comm, mine)  # per trial: a collective is as slow as its slowest rank
+    trials = {impl: [worst[f"{impl} {t}"] for t in range(opts.trials)] for impl in IMPLS}
+    return _Result(case, prepared.nbytes, prepared.count, iters, warmup, trials)
 
 
 def _injected_failure(rank: int) -> None:
@@ -159,14 +161,20 @@ def _row(comm: Communicator, r: _Result) -> Row:
         "count": r.count,
         "iters": r.iters,
         "warmup": r.warmup,
+        "trials": len(r.trials["commlib"]),
         "busbw_factor": bandwidth.busbw_factor(r.case.op, n),
     }
+    s = stats.row_stats(r.trials["commlib"], r.trials["torch"])
     for impl in IMPLS:
-        secs = r.seconds[impl]
+        secs = s[impl]
         row[f"{impl}_time_us"] = secs * 1e6
         row[f"{impl}_algbw_gbps"] = bandwidth.algbw(r.nbytes, secs)
         row[f"{impl}_busbw_gbps"] = bandwidth.busbw(r.case.op, r.nbytes, secs, n)
         # None: run with --no-memory
         row[f"{impl}_peak_rss_mib"] = None if r.rss is None else r.rss[impl] / (1 << 20)
-    row["ratio"] = r.seconds["commlib"] / r.seconds["torch"]
+        row[f"{impl}_trials_us"] = [t * 1e6 for t in r.trials[impl]]
+    row["ratio"] = s["ratio"]
+    row["ratio_low"] = s["ratio_low"]
+    row["ratio_high"] = s["ratio_high"]
+    row["noise"] = s["noise"]
     return row

@@ -1,10 +1,12 @@
 """Timing one prepared case on this rank: commlib and torch, interleaved.
 
-Fairness rules:
+The timed calls are grouped into repeated *trials* (``--trials``), each of
+``iters`` calls of each implementation, so a row can say how much its figures
+move within one run (see :mod:`commlib.bench.stats`). Fairness rules:
 
-* the two implementations alternate call by call, and which goes first
-  alternates too, so drift in the machine (other load, CPU frequency, cache
-  state) hits both alike;
+* the two implementations alternate call by call within every trial, and
+  which goes first alternates too, so drift in the machine (other load, CPU
+  frequency, cache state) hits both alike, in every trial;
 * every timed call starts right after a barrier, so a rank that is late from
   the previous call does not bill its lateness to the next one;
 * device work is waited for before the clock stops (accelerator backends);
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,28 +29,43 @@ import torch.distributed as dist
 
 from commlib.bench.cases import IMPLS, Prepared
 from commlib.bench.memory import peak_growth
+from commlib.bench.stats import median
 from commlib.types import Group
 
 
 @dataclass
 class Measurement:
-    """This rank's times for one case at one size: seconds per timed call, by implementation.
+    """This rank's times for one case at one size: seconds per timed call, by trial.
+
+    ``times[impl][t]`` holds the seconds of each of ``impl``'s timed calls in
+    trial ``t``.
 
     Examples:
         >>> Measurement().times
         {'commlib': [], 'torch': []}
     """
 
-    times: dict[str, list[float]] = field(default_factory=lambda: {i: [] for i in IMPLS})
+    times: dict[str, list[list[float]]] = field(default_factory=lambda: {i: [] for i in IMPLS})
 
-    def median(self, impl: str) -> float:
-        """Median seconds of ``impl``'s timed calls.
+    def trial_medians(self, impl: str) -> list[float]:
+        """Median seconds of ``impl``'s timed calls, one figure per trial.
 
         Examples:
-            >>> Measurement(times={"commlib": [1.0, 3.0, 2.0], "torch": []}).median("commlib")
+            >>> m = Measurement(times={"commlib": [[1.0, 3.0, 2.0], [4.0, 5.0]], "torch": []})
+            >>> m.trial_medians("commlib")
+            [2.0, 4.5]
+        """
+        return [median(calls) for calls in self.times[impl]]
+
+    def median(self, impl: str) -> float:
+        """Median over the trials of ``impl``'s per-trial medians.
+
+        Examples:
+            >>> m = Measurement(times={"commlib": [[1.0], [3.0], [2.0]], "torch": []})
+            >>> m.median("commlib")
             2.0
         """
-        return statistics.median(self.times[impl])
+        return median(self.trial_medians(impl))
 
 
 def _call_then_sync(call: Callable[[], object], sync: Callable[[], None]) -> None:
@@ -71,19 +87,22 @@ def measure(
     warmup: int,
     group: Group = None,
     sync: Callable[[], None] = _no_sync,
+    trials: int = 1,
 ) -> Measurement:
-    """Warm up, check, then time ``iters`` interleaved calls of each implementation.
+    """Warm up, check, then time ``trials`` trials of ``iters`` interleaved calls of each.
 
     Every rank of ``group`` must call it with the same arguments, as with any
-    collective. At least one warm-up call is made: its result is checked.
+    collective. At least one warm-up call is made: its result is checked. The
+    alternation runs on across trials, so with an odd ``iters`` the trials
+    start with commlib and with torch in turn.
 
     Examples:
         >>> from commlib.bench import cases
         >>> # every rank of an initialised process group:
         >>> prepared = cases.CASES[0].prepare(comm, 1 << 20)  # doctest: +SKIP
-        >>> m = measure(prepared, iters=10, warmup=2)       # doctest: +SKIP
-        >>> m.median("commlib"), m.median("torch")  # doctest: +SKIP
-        (0.00041, 0.0004)
+        >>> m = measure(prepared, iters=10, warmup=2, trials=5)  # doctest: +SKIP
+        >>> m.trial_medians("commlib")              # doctest: +SKIP
+        [0.00041, 0.00043, 0.0004, 0.00041, 0.00042]
     """
     calls = prepared.calls
     for i in range(max(1, warmup)):
@@ -98,14 +117,20 @@ def measure(
     # both; like timeit, time with the collector off and collect in between
     gc.disable()
     try:
-        for i in range(iters):
-            for impl in _order(i):
-                dist.barrier(group=group)
-                start = time.perf_counter()
-                calls[impl]()
-                sync()
-                out.times[impl].append(time.perf_counter() - start)
-                gc.collect(0)
+        i = 0
+        for _ in range(max(1, trials)):
+            trial: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+            for _ in range(iters):
+                for impl in _order(i):
+                    dist.barrier(group=group)
+                    start = time.perf_counter()
+                    calls[impl]()
+                    sync()
+                    trial[impl].append(time.perf_counter() - start)
+                    gc.collect(0)
+                i += 1
+            for impl in IMPLS:
+                out.times[impl].append(trial[impl])
     finally:
         gc.enable()
     return out

@@ -124,12 +124,7 @@ def test_objects_round_trip_exactly(some_world, data, src, slot_size, transport)
 def _count_rounds(comm, payload_kind):
     counting = CountingGloo()
     c = Communicator(backend=counting)
-    if payload_kind == "small":
-        obj = {"rank": c.rank, "loss": 0.5}
-    elif payload_kind == "large":
-        obj = {"rank": c.rank, "w": np.full(100_000, c.rank, dtype=np.float32)}
-    else:  # more buffers than the slot's table has room for
-        obj = [torch.full((2,), float(i + c.rank)) for i in range(600)]
+    obj = _expected(payload_kind, c.rank)
     rounds = {}
     out = c.all_gather_object(obj)
     rounds["all_gather_object"], counting.calls = counting.calls, []
@@ -144,23 +139,42 @@ def _count_rounds(comm, payload_kind):
 def _expected(kind, rank):
     if kind == "small":
         return {"rank": rank, "loss": 0.5}
-    if kind == "large":
+    if kind == "medium":  # 400 KB: round two below P2P_MIN
         return {"rank": rank, "w": np.full(100_000, rank, dtype=np.float32)}
-    return [torch.full((2,), float(i + rank)) for i in range(600)]
+    if kind == "large":  # 1.2 MB
+        return {"rank": rank, "w": np.full(300_000, rank, dtype=np.float32)}
+    # more buffers than the slot's table has room for: tiny ones, or 1.4 MB in all
+    n = 600 if kind == "packed-large" else 2
+    return [torch.full((n,), float(i + rank)) for i in range(600)]
+
+
+# the one padded collective a world of two uses for a round two below P2P_MIN: gather_object
+# to rank 1 has one sender, and one sender to every other rank is a broadcast
+_COLLECTIVE = {
+    "all_gather_object": "all_gather",
+    "gather_object": "broadcast",
+    "broadcast_object_list": "broadcast",
+}
 
 
 @pytest.mark.parametrize(
     "kind, expected",
     [
         ("small", ["all_gather"]),
+        ("medium", ["all_gather", "collective"]),
         ("large", ["all_gather", "exchange"]),
-        ("packed", ["all_gather", "exchange", "exchange"]),
+        ("packed", ["all_gather", "collective", "collective"]),
+        ("packed-large", ["all_gather", "exchange", "exchange"]),
     ],
 )
 def test_small_objects_take_one_round_large_ones_two(world2, kind, expected):
+    # gloo's round two is send/recv from P2P_MIN up, one padded collective below it
     for rounds, ok in world2.run(_count_rounds, kind):
         assert ok
-        assert rounds == {name: expected for name in rounds}
+        assert rounds == {
+            name: [_COLLECTIVE[name] if c == "collective" else c for c in expected]
+            for name in rounds
+        }
 
 
 # -- failures every rank agrees on ------------------------------------------------------

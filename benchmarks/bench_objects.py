@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/bench_objects.py                 # world sizes 2 and 4, 64 MiB
     python benchmarks/bench_objects.py --sizes 2 --big-mib 16 --reps 3
+    python benchmarks/bench_objects.py --payload-kib 16 256 1024 16384 65536
 
 Examples:
     >>> main(["--sizes", "2", "--big-mib", "4", "--reps", "2", "--small-reps", "50"])
@@ -40,10 +41,10 @@ from commlib.testing import World
 
 CASES = {
     "ag-small": "all_gather_object, small dict",
-    "ag-numpy": "all_gather_object, dict with {mib} MiB float32 numpy",
-    "ag-tensor": "all_gather_object, dict with {mib} MiB CPU tensor",
-    "bcast": "broadcast_object_list, {mib} MiB numpy (src 0)",
-    "gather": "gather_object, {mib} MiB numpy to rank 0",
+    "ag-numpy": "all_gather_object, dict with {size} float32 numpy",
+    "ag-tensor": "all_gather_object, dict with {size} CPU tensor",
+    "bcast": "broadcast_object_list, {size} numpy (src 0)",
+    "gather": "gather_object, {size} numpy to rank 0",
 }
 IMPLS = ("torch", "commlib")
 
@@ -171,19 +172,31 @@ def _fmt_rss(nbytes: float, payload: int) -> str:
     return f"{mib:.0f} MiB ({nbytes / payload:.1f}x)" if payload else f"{mib:.1f} MiB"
 
 
-def _run(sizes: list[int], cases: list[str], big: int, reps: int, small_reps: int) -> list:
+def _plan(cases: list[str], payloads: list[int], reps: int, small_reps: int) -> list:
+    """(case, payload bytes, timed iterations, warmup) per row: payloads below 4 MiB get more."""
+    plan = []
+    for nbytes in payloads:
+        for case in cases:
+            if case == "ag-small":
+                if nbytes == payloads[0]:
+                    plan.append((case, 0, small_reps, 20))
+            elif nbytes < 4 << 20:
+                plan.append((case, nbytes, max(reps, small_reps // 8), 5))
+            else:
+                plan.append((case, nbytes, reps, 1))
+    return plan
+
+
+def _run(sizes: list[int], cases: list[str], payloads: list[int], reps: int, small_reps: int):
     rows = []
     for size in sizes:
         with World(size, timeout=900, pg_timeout=900) as world:
-            for case in cases:
-                small = case == "ag-small"
-                n_reps, warmup = (small_reps, 20) if small else (reps, 1)
-                nbytes = 0 if small else big
+            for case, nbytes, n_reps, warmup in _plan(cases, payloads, reps, small_reps):
                 per_rank = world.run(_measure, case, n_reps, warmup, nbytes, timeout=900)
                 t = _summarize(per_rank, "torch")
                 c = _summarize(per_rank, "commlib")
                 rows.append((size, case, nbytes, t, c))
-                _print_row(rows[-1], big)
+                _print_row(rows[-1])
                 sys.stdout.flush()
     return rows
 
@@ -197,9 +210,21 @@ def _header() -> None:
     print("|---|---|---|---|---|---|---|---|")
 
 
-def _print_row(row: tuple, big: int) -> None:
+def _size_name(nbytes: int) -> str:
+    """``nbytes`` in KiB or MiB.
+
+    Examples:
+        >>> _size_name(16 << 10), _size_name(64 << 20)
+        ('16 KiB', '64 MiB')
+    """
+    if nbytes >= 1 << 20 and not nbytes % (1 << 20):
+        return f"{nbytes >> 20} MiB"
+    return f"{nbytes / 1024:g} KiB"
+
+
+def _print_row(row: tuple) -> None:
     size, case, nbytes, t, c = row
-    name = CASES[case].format(mib=big >> 20)
+    name = CASES[case].format(size=_size_name(nbytes))
     print(
         f"| {size} | {name} | {_fmt_ms(t[0])} / {_fmt_ms(t[1])} | {_fmt_ms(c[0])} / "
         f"{_fmt_ms(c[1])} | {t[1] / c[1]:.1f}x | {c[1] / t[1]:.2f} | {_fmt_rss(t[2], nbytes)} "
@@ -217,6 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--big-mib", type=int, default=64, help="payload of the large cases")
+    parser.add_argument(
+        "--payload-kib",
+        type=int,
+        nargs="+",
+        help="payloads of the large cases in KiB, one row each (instead of --big-mib)",
+    )
     parser.add_argument("--reps", type=int, default=7, help="timed iterations, large cases")
     parser.add_argument("--small-reps", type=int, default=400, help="timed iterations, small")
     args = parser.parse_args(argv)
@@ -229,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
         f"load average before: {os.getloadavg()[0]:.2f}"
     )
     _header()
-    _run(args.sizes, args.cases, args.big_mib << 20, args.reps, args.small_reps)
+    payloads = [k << 10 for k in args.payload_kib] if args.payload_kib else [args.big_mib << 20]
+    _run(args.sizes, args.cases, payloads, args.reps, args.small_reps)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -1007,23 +1007,25 @@ class Communicator:
             )
         out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
         in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
-        me = engine.rank
-        to_me = in_splits[me] if in_splits else input.shape[0] // world
-        from_me = out_splits[me] if out_splits else output.shape[0] // world
-        if to_me != from_me:  # the one pair of splits this rank alone must match
-            raise ValueError(
-                f"all_to_all_single: rank {me} sends itself {to_me} rows of input but expects "
-                f"{from_me} rows of output from itself"
-            )
         row = math.prod(input.shape[1:])
+        rows_out = in_splits or [input.shape[0] // world] * world
+        rows_in = out_splits or [output.shape[0] // world] * world
+        # checked, the pair this rank forms with itself is compared with every
+        # other pair, on every rank alike; raised here alone, the ranks would part
         self._check_pairs(
             engine,
             "all_to_all_single",
             lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
-            [n * row for n in (in_splits or [input.shape[0] // world] * world)],
-            [n * row for n in (out_splits or [output.shape[0] // world] * world)],
+            [n * row for n in rows_out],
+            [n * row for n in rows_in],
             timeout,
         )
+        me = engine.rank
+        if rows_out[me] != rows_in[me]:  # unchecked: the one pair this rank alone can see
+            raise ValueError(
+                f"all_to_all_single: rank {me} sends itself {rows_out[me]} rows of input but "
+                f"expects {rows_in[me]} rows of output from itself"
+            )
         out_t = engine.to_device(output)
         in_t = engine.to_device(input)
         return engine.submit(

@@ -59,6 +59,10 @@ def _mismatch(c: Communicator, what: str) -> None:
         # the last rank sends rank 0 two rows; rank 0 expects one
         sends = [2] + [1] * (w - 1) if last else [1] * w
         c.all_to_all_single(torch.empty(w), torch.ones(sum(sends)), None, sends)
+    elif what == "all_to_all_single-self":
+        # only the last rank's own pair disagrees: a local error would part the ranks
+        sends = [1] * (w - 1) + [2] if last else [1] * w
+        c.all_to_all_single(torch.empty(w), torch.ones(sum(sends)), [1] * w, sends)
     elif what == "all_to_all-sizes":
         ins = [torch.ones(2 if last and j == 0 else 1) for j in range(w)]
         c.all_to_all([torch.empty(1) for _ in range(w)], ins)
@@ -95,6 +99,7 @@ MISMATCHES = [
     "reduce-shape",
     "scatter-shape",
     "all_to_all_single-splits",
+    "all_to_all_single-self",
     "all_to_all-sizes",
 ]
 
@@ -105,7 +110,10 @@ def test_mismatched_arguments_raise_the_same_error_on_every_rank(multi_world, wh
     checks, errors, after = zip(*results)
     assert set(checks) == {"guard"}
     assert len(set(errors)) == 1, errors  # every rank raised, the same error
-    if what.startswith("all_to_all"):  # sizes that must match pair by pair
+    if what == "all_to_all_single-self":
+        last = multi_world.size - 1
+        assert f"rank {last} sends rank {last} 2 elements, rank {last} expects 1" in errors[0]
+    elif what.startswith("all_to_all"):  # sizes that must match pair by pair
         assert (
             f"rank {multi_world.size - 1} sends rank 0 2 elements, rank 0 expects 1" in (errors[0])
         ), errors[0]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from commlib.backend import Backend
+from commlib.backend import Backend, ThenWork
 from commlib.dtypes import byte_view
 from commlib.reductions import reduce_locally
 from commlib.types import EngineOp, Group, P2PRequest, Work
@@ -68,6 +68,16 @@ class EngineGaps(Backend):
       sending its tensor straight to every rank that needs it (``None``:
       never). For engines whose point-to-point moves large tensors faster
       than their gathers do (gloo).
+    * ``small_exchange_bytes``: up to how many bytes gathered in all (the
+      world times one rank's tensor) ``all_gather``, ``all_gather_into_tensor``
+      and ``all_reduce`` go through one ``all_to_all_single`` (each rank's
+      tensor repeated for every rank; ``all_reduce`` then reduces locally, in
+      rank order), and ``reduce`` through a ``gather`` to ``dst`` and a local
+      reduction (``None``: never). For engines whose all_to_all is cheaper
+      than their gathers and reductions of small tensors (gloo).
+    * ``reduce_scatter_by_all_to_all``: ``reduce_scatter`` sends each rank its
+      chunk in one ``all_to_all_single`` and reduces locally, in rank order:
+      for engines whose own reduce_scatter is slower than that (gloo).
     """
 
     reduce_ops: ClassVar[frozenset[str]] = frozenset(
@@ -78,6 +88,8 @@ class EngineGaps(Backend):
     native_gather: ClassVar[bool] = True
     native_scatter: ClassVar[bool] = True
     p2p_gather_bytes: ClassVar[int | None] = None
+    small_exchange_bytes: ClassVar[int | None] = None
+    reduce_scatter_by_all_to_all: ClassVar[bool] = False
 
     # -- what the library handles itself ---------------------------------------------
     def _wire_ok(self, dtype: torch.dtype) -> bool:
@@ -117,6 +129,43 @@ class EngineGaps(Backend):
         limit = self.p2p_gather_bytes
         return limit is not None and tensor.numel() * tensor.element_size() >= limit
 
+    def exchanges_small(self, tensor: torch.Tensor, group: Group) -> bool:
+        """Whether gathering ``tensor`` from every rank goes through one all_to_all.
+
+        Every rank decides alike, on the size of its own ``tensor`` (which the
+        collectives need to be the same everywhere).
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo.exchanges_small(torch.empty(1024, dtype=torch.uint8), group)  # doctest: +SKIP
+            True
+            >>> gloo.exchanges_small(torch.empty(8 << 20, dtype=torch.uint8), group)  # 2 ranks
+            ... # doctest: +SKIP
+            False
+        """
+        limit = self.small_exchange_bytes
+        nbytes = tensor.numel() * tensor.element_size()
+        return limit is not None and 0 < nbytes * self.world_size(group) <= limit
+
+    def gather_by_all_to_all(
+        self, output: torch.Tensor, tensor: torch.Tensor, group: Group, async_op: bool = False
+    ) -> Work | None:
+        """Every rank's ``tensor`` into ``output`` (contiguous, ``world`` times its bytes).
+
+        One ``all_to_all_single`` whose input is ``tensor`` once for every
+        rank: what an all_gather does, in the engine's all_to_all.
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> out = torch.empty(2 * 4)                                # doctest: +SKIP
+            >>> gloo.gather_by_all_to_all(out, torch.ones(4), group)  # every rank of 2
+            ... # doctest: +SKIP
+        """
+        world = self.world_size(group)
+        mine = as_bytes(tensor)
+        repeated = mine.unsqueeze(0).expand(world, mine.numel()).reshape(-1)
+        return self.all_to_all_single(as_bytes(output), repeated, None, None, group, async_op)
+
     def gather_p2p(
         self,
         parts: Sequence[torch.Tensor] | None,
@@ -153,18 +202,24 @@ class EngineGaps(Backend):
         return self.exchange(sends, recvs, group, async_op)
 
     # -- tensor collectives ------------------------------------------------------------
-    # The supplied paths (local reductions, gather by all_gather) complete before
-    # they return, so they return None: a finished call, as the contract allows.
+    # A composed path returns the engine's work with its local step to follow
+    # (ThenWork), or None once it finished: both as the contract allows.
     def all_reduce(
         self, tensor: torch.Tensor, op: EngineOp, group: Group, async_op: bool = False
     ) -> Work | None:
-        """The library's all_reduce, or an all_gather and a local reduction in rank order."""
-        if self.reduces_natively(op, tensor.dtype):
+        """The library's all_reduce, or a gather and a local reduction in rank order.
+
+        Small tensors (``small_exchange_bytes``) and what the library cannot
+        reduce take the gather.
+        """
+        small = self.exchanges_small(tensor, group)
+        if not small and self.reduces_natively(op, tensor.dtype):
             return super().all_reduce(tensor, op, group, async_op)
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
-        self.all_gather(parts, tensor, group)
-        tensor.copy_(reduce_locally(parts, op))
-        return None
+        if not tensor.numel():
+            return None
+        parts = tensor.new_empty((self.world_size(group), *tensor.shape))
+        work = self.all_gather_into_tensor(parts.view(-1), tensor.reshape(-1), group, async_op)
+        return ThenWork.of(work, lambda: tensor.copy_(reduce_locally(parts.unbind(0), op)))
 
     def reduce_scatter(
         self,
@@ -174,13 +229,24 @@ class EngineGaps(Backend):
         group: Group,
         async_op: bool = False,
     ) -> Work | None:
-        """The library's reduce_scatter, or a supplied all_reduce keeping this rank's chunk."""
-        if self.reduces_natively(op, input.dtype):
+        """The library's reduce_scatter, or an all_to_all and a local reduction in rank order.
+
+        The all_to_all sends each rank its chunk, so each rank reduces only
+        its own: with ``reduce_scatter_by_all_to_all``, and for what the
+        library cannot reduce.
+        """
+        if not self.reduce_scatter_by_all_to_all and self.reduces_natively(op, input.dtype):
             return super().reduce_scatter(output, input, op, group, async_op)
-        whole = input.clone()
-        self.all_reduce(whole, op, group)
-        output.copy_(whole.view(self.world_size(group), -1)[self.rank(group)].view_as(output))
-        return None
+        if not output.numel():
+            return None
+        world = self.world_size(group)
+        chunks = torch.empty_like(input)
+        work = self.all_to_all_single(chunks.view(-1), input.view(-1), None, None, group, async_op)
+
+        def then() -> None:
+            output.copy_(reduce_locally(chunks.view(world, -1).unbind(0), op).view_as(output))
+
+        return ThenWork.of(work, then)
 
     def all_gather(
         self,
@@ -189,9 +255,23 @@ class EngineGaps(Backend):
         group: Any,
         async_op: bool = False,
     ) -> Any:
-        """all_gather; dtypes the library cannot move travel as bytes; large ones p2p."""
+        """all_gather; dtypes the library cannot move travel as bytes; large ones p2p.
+
+        Small ones (``small_exchange_bytes``) go through one all_to_all.
+        """
         if self.gathers_p2p(tensor, group):
             return self.gather_p2p(tensor_list, tensor, None, group, async_op)
+        if self.exchanges_small(tensor, group):
+            nbytes = tensor.numel() * tensor.element_size()
+            flat = torch.empty(len(tensor_list) * nbytes, dtype=torch.uint8, device=tensor.device)
+            work = self.gather_by_all_to_all(flat, tensor, group, async_op)
+
+            def then() -> None:
+                rows = flat.view(len(tensor_list), -1)
+                for out, row in zip(tensor_list, rows.unbind(0)):
+                    out.copy_(row.view(tensor.dtype).view(out.shape))
+
+            return ThenWork.of(work, then)
         if self._wire_ok(tensor.dtype):
             return super().all_gather(tensor_list, tensor, group, async_op)
         raw = [as_bytes(t) for t in tensor_list]
@@ -200,10 +280,15 @@ class EngineGaps(Backend):
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool = False
     ) -> Any:
-        """all_gather_into_tensor; dtypes the engine cannot move as bytes; large ones p2p."""
+        """all_gather_into_tensor; dtypes the engine cannot move as bytes; large ones p2p.
+
+        Small ones (``small_exchange_bytes``) go through one all_to_all.
+        """
         if self.gathers_p2p(tensor, group):
             parts = output.view(self.world_size(group), *tensor.shape)
             return self.gather_p2p(list(parts.unbind(0)), tensor, None, group, async_op)
+        if self.exchanges_small(tensor, group):
+            return self.gather_by_all_to_all(output, tensor, group, async_op)
         if self._wire_ok(tensor.dtype):
             return super().all_gather_into_tensor(output, tensor, group, async_op)
         return super().all_gather_into_tensor(as_bytes(output), as_bytes(tensor), group, async_op)
@@ -239,15 +324,23 @@ class EngineGaps(Backend):
     def reduce(
         self, tensor: torch.Tensor, dst: int, op: EngineOp, group: Group, async_op: bool = False
     ) -> Work | None:
-        """The library's reduce, or a gather to ``dst`` and a local reduction in rank order."""
-        if self.reduces_natively(op, tensor.dtype):
+        """The library's reduce, or a gather to ``dst`` and a local reduction in rank order.
+
+        Small tensors (``small_exchange_bytes``) and what the library cannot
+        reduce take the gather.
+        """
+        small = self.native_gather and self.exchanges_small(tensor, group)
+        if not small and self.reduces_natively(op, tensor.dtype):
             return super().reduce(tensor, dst, op, group, async_op)
+        if not tensor.numel():
+            return None
         me = self.rank(group)
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size(group))]
-        self.gather(tensor, parts if me == dst else None, dst, group)
-        if me == dst:
-            tensor.copy_(reduce_locally(parts, op))
-        return None
+        parts = tensor.new_empty((self.world_size(group), *tensor.shape))
+        into = list(parts.unbind(0)) if me == dst else None
+        work = self.gather(tensor, into, dst, group, async_op)
+        if me != dst:
+            return work
+        return ThenWork.of(work, lambda: tensor.copy_(reduce_locally(parts.unbind(0), op)))
 
     def scatter(
         self,

@@ -4,7 +4,9 @@ gloo ends the whole process when ranks call the same collective with
 different byte counts (``gloo::EnforceNotMet`` is thrown on gloo's own I/O
 thread, where no caller can catch it), and other mismatches give wrong
 results or hang. So before a checked collective every rank contributes one
-slot of the communicator's ``slot_size`` bytes to one all_gather:
+slot to one all_gather, the same number of bytes on every rank: the
+communicator's ``slot_size``, or more where the last calls' data needed more
+(:mod:`commlib._rooms`, shared with ``all_gather``'s first round):
 
 * a header: a fingerprint of what the rank passes (collective, op, dtype,
   shape, src/dst), its byte count, and whether its data follows;
@@ -17,7 +19,8 @@ cannot abort. If the headers differ, every rank raises the same
 the collective completes from the gathered slots on every rank alike (a
 reduction in rank order, a copy of ``src``'s slot, ...): a small collective
 costs one round, as it would unchecked. Larger data follows in the engine's
-own collective, after the check: one small round more.
+own collective, after the check: one small round more, until the slot has
+learnt their size.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 
 from commlib import _objects
 from commlib._agreement import fingerprint
+from commlib._rooms import rooms_of
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
@@ -113,6 +117,8 @@ def exchange(
         True
     """
     world = engine.world_size
+    rooms = rooms_of(engine)
+    slot_size = rooms.slot_bytes(slot_size)
     nbytes = 0 if data is None else data.numel() * data.element_size()
     inline = data is not None and nbytes <= room(slot_size)
     header = _head(description) + _TAIL.pack(nbytes, int(inline))
@@ -144,7 +150,11 @@ def exchange(
         raise RemoteArgumentError(
             "/".join(names), dict(enumerate(texts)), "ranks passed different arguments"
         )
-    if not inline or data is None:
+    if data is None:
+        return None
+    # every rank passed data alike (the descriptions agree): the slot learns its size
+    rooms.learn(max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads), world)
+    if not inline:
         return None
     if not nbytes:
         return [torch.empty_like(data) for _ in range(world)]

@@ -6,14 +6,10 @@ the tensor is small enough, the tensor's bytes too. Small tensors therefore
 complete in that one round; larger ones follow in a second, padded all_gather.
 A dtype or ndim that differs across ranks raises the same error everywhere.
 
-The slot's room for data is learnt: after each all_gather every rank knows
-every rank's byte count, the same on every rank, so every rank sizes the next
-call's slot alike (:class:`Rooms`, one per process group): at least the
-communicator's ``slot_size``, and as much as the largest tensor of the last
-calls up to :data:`LEARN_CAP` bytes. A loop gathering tensors of steady shapes
-then completes each call in one round from its second call on; the byte count
-of every round is still the same on every rank, so no engine ever sees ranks
-disagree on a size.
+The slot's room for data is learnt (:mod:`commlib._rooms`, shared with the
+argument check): a loop gathering tensors of steady shapes completes each call
+in one round from its second call on; the byte count of every round is still
+the same on every rank, so no engine ever sees ranks disagree on a size.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from commlib._rooms import HEADER, Rooms
 from commlib.dtypes import byte_view, dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
@@ -35,67 +32,7 @@ if TYPE_CHECKING:
 MAX_DIMS = 31
 _HEADER = 36  # int64 fields: ok, dtype, ndim, nbytes, dims...; 288 bytes keeps data aligned
 _HEADER_BYTES = _HEADER * 8
-
-
-#: the largest room for data a slot learns (bytes per rank); larger tensors take
-#: two rounds, the first with a header only, where a padded slot would cost
-#: more than the round it saves
-LEARN_CAP = 1 << 20
-
-
-class Rooms:
-    """The room for data the next all_gather's slot has, learnt from the last ones.
-
-    One per process group, shared by every communicator over it (ranks may
-    call through different communicators of one group): every rank updates
-    it from the same gathered headers, so every rank holds the same value.
-
-    Examples:
-        >>> rooms = Rooms()
-        >>> rooms.room(3808)               # nothing learnt: the communicator's slot
-        3808
-        >>> rooms.learn(65536); rooms.room(3808)
-        65536
-        >>> rooms.learn(70000); rooms.room(3808)   # grows to the need at once
-        70000
-        >>> rooms.learn(40000); rooms.room(3808)   # keeps what it had while that is < 2x
-        70000
-        >>> rooms.learn(8 << 20); rooms.room(3808) # too big to pad: headers only
-        3808
-    """
-
-    __slots__ = ("learnt",)
-
-    def __init__(self) -> None:
-        self.learnt = 0
-
-    def room(self, floor: int) -> int:
-        """Bytes of data the next slot carries, at least ``floor``."""
-        return max(floor, self.learnt)
-
-    def learn(self, largest: int) -> None:
-        """The largest byte count of the call just gathered (known alike on every rank)."""
-        if largest > LEARN_CAP:
-            self.learnt = 0
-        elif largest > self.learnt or 2 * largest < self.learnt:
-            self.learnt = (largest + 15) // 16 * 16
-
-
-_rooms: weakref.WeakKeyDictionary[Any, Rooms] = weakref.WeakKeyDictionary()
-
-
-def rooms_of(engine: Engine) -> Rooms:
-    """The learnt rooms of ``engine``'s process group (its own for a group of ``None``).
-
-    Examples:
-        >>> rooms_of(engine).room(3808)
-        3808
-    """
-    key = engine.group if engine.group is not None else engine
-    found = _rooms.get(key)
-    if found is None:
-        found = _rooms[key] = Rooms()
-    return found
+assert _HEADER_BYTES == HEADER
 
 
 # this rank's outgoing slot per engine, in host memory, reused call after call:
@@ -144,9 +81,10 @@ def exchange(
     """
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()
-    if rooms is not None:
-        room = rooms.room(room)
     size = _HEADER_BYTES + room
+    if rooms is not None:
+        size = rooms.slot_bytes(size)
+        room = size - _HEADER_BYTES
     fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
@@ -178,7 +116,7 @@ def exchange(
         raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
     shapes = [list(h[4 : 4 + h[2]]) for h in heads]
     if rooms is not None:
-        rooms.learn(max(h[3] for h in heads))
+        rooms.learn(max(h[3] for h in heads), world)
     if any(h[3] > room for h in heads):
         return shapes, None
     if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all

@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -108,6 +108,53 @@ class WorkList:
             return self
         self.wait()
         return None
+
+
+class ThenWork:
+    """An engine's work followed by a step on this rank (a local reduction, copies out).
+
+    What a plugin returns when it composes a collective from the engine's
+    own: the engine call runs asynchronously, and ``then`` runs once, in the
+    first ``wait`` that sees it complete. Sliced waits (:mod:`commlib._waiting`)
+    treat it as they treat the work inside.
+
+    Examples:
+        >>> out = torch.zeros(2)
+        >>> work = ThenWork(WorkList([]), lambda: out.fill_(1))
+        >>> work.wait(datetime.timedelta(seconds=1)), out
+        (True, tensor([1., 1.]))
+    """
+
+    def __init__(self, work: Work, then: Callable[[], Any]):
+        self.work = work
+        self.then: Callable[[], Any] | None = then
+        self.interruptible = getattr(work, "interruptible", True)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if timeout is None:
+            self.work.wait()
+        else:
+            self.work.wait(timeout)
+        then, self.then = self.then, None
+        if then is not None:
+            then()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    @staticmethod
+    def of(work: Work | None, then: Callable[[], Any]) -> ThenWork | None:
+        """``work`` followed by ``then``; with no work (it finished), ``then`` now and ``None``.
+
+        Examples:
+            >>> ThenWork.of(None, lambda: None) is None
+            True
+        """
+        if work is None:
+            then()
+            return None
+        return ThenWork(work, then)
 
 
 class Backend:

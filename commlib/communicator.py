@@ -26,6 +26,7 @@ from commlib import (
     _objects,
     _p2p_objects,
     _ragged,
+    _rooms,
     _scatter_objects,
     _steps,
     plugins,
@@ -255,7 +256,8 @@ class Communicator:
         Like ``torch.distributed.new_group``, every rank of the world must call
         it with the same ``ranks``, members or not. Non-members get a
         communicator with ``is_member=False`` whose collectives raise
-        :class:`~commlib.errors.NotInGroupError`.
+        :class:`~commlib.errors.NotInGroupError`. The new communicator keeps
+        this one's backend, serializer, slot size and ``strict``.
 
         Examples:
             >>> evens = comm.new_group(range(0, comm.world_size, 2))
@@ -273,7 +275,13 @@ class Communicator:
         limit = as_timedelta(timeout) or self.timeout
         if not self._distributed:
             self.plugin.new_group(ranks, limit)
-            return Communicator(backend=self.plugin, serializer=self.serializer, timeout=limit)
+            return Communicator(
+                backend=self.plugin,
+                serializer=self.serializer,
+                timeout=limit,
+                slot_size=self.slot_size,
+                strict=self.strict,
+            )
         world_ranks = [self.ranks[r] for r in ranks] if self.is_member else ranks
         group = self.plugin.new_group(world_ranks, limit)
         return Communicator(
@@ -282,6 +290,7 @@ class Communicator:
             serializer=self.serializer,
             timeout=limit,
             slot_size=self.slot_size,
+            strict=self.strict,
         )
 
     @_collective("shrink")
@@ -555,7 +564,7 @@ class Communicator:
             "all_gather",
             room=_ragged.inline_room(self.slot_size),
             timeout=limit,
-            rooms=_ragged.rooms_of(engine),
+            rooms=_rooms.rooms_of(engine),
         )
         if out is not None:  # small: the data came with the shapes, one round
             pass

@@ -144,7 +144,8 @@ def test_subgroups_point_to_point(multi_world, pick):
 # -- all_gather's learnt slot ------------------------------------------------------------
 def _on_learnt_rooms(comm) -> list[int]:
     """A sequence of shapes (steady, growing, shrinking, uneven, past the cap): rounds per call."""
-    c = Communicator(timeout=60)
+    # a group of its own: the slot a group learns is shared by its communicators
+    c = Communicator(timeout=60).new_group(range(comm.world_size))
     engine, me = c._engine, c.rank
     rounds = []
     plan = [(4000,)] * 3 + [(9000,), (9000,), (100,), (5000 + 700 * me,), (5000 + 700 * me,)]
@@ -165,9 +166,10 @@ def test_all_gather_learns_its_slot(world):
     for rounds in world.run(_on_learnt_rooms):
         if world.size == 1:
             continue
-        # 16 KB: two rounds, then one; 36 KB: grows at once; 400 B: fits; uneven:
-        # the largest grows the room; 1.2 MB: past the cap, always two
-        assert rounds == [2, 1, 1, 2, 1, 1, 2, 1, 2, 2, 1], rounds
+        # 16 KB: two rounds, then one; 36 KB: grows at once; 400 B: fits, and
+        # the room stays (it shrinks after 8 smaller calls in a row), so the
+        # uneven 20-23 KB fit; 1.2 MB: past the cap, always two
+        assert rounds == [2, 1, 1, 2, 1, 1, 1, 1, 2, 2, 1], rounds
 
 
 # -- a rank dies in the middle of the schedule ------------------------------------------

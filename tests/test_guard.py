@@ -196,12 +196,12 @@ def test_checked_collectives_give_the_unchecked_results(world, dtype, n):
 
 def _on_rounds(comm) -> dict:
     # the engine numbers each call it makes: how many rounds each collective took
-    checked = Communicator(timeout=TIMEOUT)
-    unchecked = Communicator(timeout=TIMEOUT, strict=False)
-    strict = Communicator(timeout=TIMEOUT, strict=True)
     out = {}
-    for name, c in (("checked", checked), ("unchecked", unchecked), ("strict", strict)):
-        for label, n in (("small", 8), ("large", 100_000)):
+    for name, strict in (("checked", None), ("unchecked", False), ("strict", True)):
+        # a group of its own: the slot a group learns starts empty
+        c = Communicator(timeout=TIMEOUT, strict=strict).new_group(range(comm.world_size))
+        sizes = (("small", 8), ("large", 100_000), ("large again", 100_000), ("huge", 1 << 20))
+        for label, n in sizes:
             before = c._engine.seq
             c.all_reduce(torch.ones(n))
             out[f"{name} {label} all_reduce"] = c._engine.seq - before
@@ -216,12 +216,18 @@ def test_a_small_checked_collective_is_one_round(multi_world):
     assert rounds == {
         "checked small all_reduce": 1,  # the data travelled with the check
         "checked large all_reduce": 2,  # the check, then the engine's all_reduce
+        "checked large again all_reduce": 1,  # the slot learnt the size
+        "checked huge all_reduce": 2,  # 4 MiB: past what a slot learns
         "checked barrier": 1,  # no sizes to mismatch: unchecked by default
         "unchecked small all_reduce": 1,
         "unchecked large all_reduce": 1,
+        "unchecked large again all_reduce": 1,
+        "unchecked huge all_reduce": 1,
         "unchecked barrier": 1,
         "strict small all_reduce": 1,
         "strict large all_reduce": 2,
+        "strict large again all_reduce": 1,
+        "strict huge all_reduce": 2,
         "strict barrier": 2,
     }
 
@@ -237,4 +243,6 @@ def test_strict_settings(monkeypatch):
     with pytest.raises(ValueError, match="COMMLIB_STRICT"):
         strict_from_env()
     monkeypatch.delenv("COMMLIB_STRICT")
+    assert Communicator(strict=False).new_group([0]).strict is False  # subgroups keep it
+    assert Communicator(strict=True).new_group([0]).strict is True
     assert Communicator().checks == "off"  # a world of one has nothing to mismatch with

@@ -1,0 +1,108 @@
+"""How large the first round's slot is, learnt alike on every rank of a group.
+
+The argument check (:mod:`commlib._guard`) and ``all_gather`` (:mod:`commlib._ragged`)
+both start with one slot per rank, the same number of bytes on every rank, so
+that no engine ever sees ranks disagree on a size. Data that fits the slot
+travels in it, and the collective completes in that one round; larger data
+takes a second round.
+
+The slot grows to what the last calls needed: after each round every rank
+knows every rank's byte count, the same on every rank, so every rank sizes
+the next slot alike (:class:`Rooms`, one per process group, shared by both
+protocols so their first rounds stay the same size). A loop of steady sizes
+then completes each call in one round from its second call on.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from commlib._engine import Engine
+
+#: the largest header of a protocol that uses the slot (``all_gather``'s shapes)
+HEADER = 288
+
+#: what a slot may learn, over all ranks (bytes): larger needs take two rounds
+#: rather than pad every rank's slot
+LEARN_TOTAL = 2 << 20
+
+#: calls in a row needing less than half the room before it shrinks
+SHRINK_AFTER = 8
+
+
+def learn_cap(world: int) -> int:
+    """The most data a slot learns to carry per rank in a group of ``world`` ranks.
+
+    Examples:
+        >>> learn_cap(2), learn_cap(4)
+        (1048576, 524288)
+    """
+    return LEARN_TOTAL // max(world, 1)
+
+
+class Rooms:
+    """The room for data the next slot has, learnt from the last calls.
+
+    Grows at once to a need up to :func:`learn_cap`; shrinks only after
+    :data:`SHRINK_AFTER` calls in a row needed less than half of it (so a
+    loop alternating a large and a small call keeps the large room); needs
+    above the cap leave it as it is (they take two rounds anyway).
+
+    Examples:
+        >>> rooms = Rooms()
+        >>> rooms.slot_bytes(4096)              # nothing learnt: the communicator's slot
+        4096
+        >>> rooms.learn(65536, world=2); rooms.slot_bytes(4096)
+        65824
+        >>> rooms.learn(16, world=2); rooms.slot_bytes(4096)    # one small call: kept
+        65824
+        >>> for _ in range(SHRINK_AFTER): rooms.learn(16, world=2)
+        >>> rooms.slot_bytes(4096)
+        4096
+        >>> rooms.learn(8 << 20, world=2); rooms.slot_bytes(4096)  # too big to pad
+        4096
+    """
+
+    __slots__ = ("learnt", "recent", "smaller")
+
+    def __init__(self) -> None:
+        self.learnt = 0
+        self.smaller = 0
+        self.recent = 0
+
+    def slot_bytes(self, floor: int) -> int:
+        """Bytes of the next slot: at least ``floor``, and a header plus the learnt room."""
+        return max(floor, HEADER + self.learnt) if self.learnt else floor
+
+    def learn(self, largest: int, world: int) -> None:
+        """The largest byte count of the round just gathered (known alike on every rank)."""
+        if largest > learn_cap(world):
+            return
+        if largest > self.learnt:
+            self.learnt = (largest + 15) // 16 * 16
+        elif 2 * largest < self.learnt:
+            self.smaller += 1
+            self.recent = max(self.recent, largest)
+            if self.smaller < SHRINK_AFTER:
+                return
+            self.learnt = (self.recent + 15) // 16 * 16
+        self.smaller = self.recent = 0
+
+
+_rooms: weakref.WeakKeyDictionary[Any, Rooms] = weakref.WeakKeyDictionary()
+
+
+def rooms_of(engine: Engine) -> Rooms:
+    """The learnt rooms of ``engine``'s process group (its own for a group of ``None``).
+
+    Examples:
+        >>> rooms_of(engine).slot_bytes(4096)
+        4096
+    """
+    key = engine.group if engine.group is not None else engine
+    found = _rooms.get(key)
+    if found is None:
+        found = _rooms[key] = Rooms()
+    return found

@@ -75,9 +75,9 @@ class EngineGaps(Backend):
       rank order), and ``reduce`` through a ``gather`` to ``dst`` and a local
       reduction (``None``: never). For engines whose all_to_all is cheaper
       than their gathers and reductions of small tensors (gloo).
-    * ``reduce_scatter_by_all_to_all``: ``reduce_scatter`` sends each rank its
-      chunk in one ``all_to_all_single`` and reduces locally, in rank order:
-      for engines whose own reduce_scatter is slower than that (gloo).
+    * ``reduce_scatter_by_all_to_all``: ``reduce_scatter`` of any size sends
+      each rank its chunk in one ``all_to_all_single`` and reduces locally, in
+      rank order (small ones do so with ``small_exchange_bytes`` alone).
     """
 
     reduce_ops: ClassVar[frozenset[str]] = frozenset(
@@ -232,10 +232,11 @@ class EngineGaps(Backend):
         """The library's reduce_scatter, or an all_to_all and a local reduction in rank order.
 
         The all_to_all sends each rank its chunk, so each rank reduces only
-        its own: with ``reduce_scatter_by_all_to_all``, and for what the
-        library cannot reduce.
+        its own: with ``reduce_scatter_by_all_to_all``, for small inputs
+        (``small_exchange_bytes``) and for what the library cannot reduce.
         """
-        if not self.reduce_scatter_by_all_to_all and self.reduces_natively(op, input.dtype):
+        composed = self.reduce_scatter_by_all_to_all or self.exchanges_small(output, group)
+        if not composed and self.reduces_natively(op, input.dtype):
             return super().reduce_scatter(output, input, op, group, async_op)
         if not output.numel():
             return None

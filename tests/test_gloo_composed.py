@@ -1,0 +1,132 @@
+"""gloo's composed paths give the results of gloo's own collectives.
+
+The gloo plugin sends small gathers, all_reduces and reduces through gloo's
+all_to_all or gather with a local reduction in rank order, and every
+reduce_scatter through one all_to_all (``small_exchange_bytes``,
+``reduce_scatter_by_all_to_all``). Each is compared here with torch's own
+call, for every op and the dtypes gloo moves, below and above the threshold,
+blocking and async. The checks are off (``strict=False``), so the data
+reaches the plugin instead of completing in the argument check's round.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as tdist
+
+from commlib import Communicator
+
+_TORCH_OPS = {
+    "sum": tdist.ReduceOp.SUM,
+    "product": tdist.ReduceOp.PRODUCT,
+    "min": tdist.ReduceOp.MIN,
+    "max": tdist.ReduceOp.MAX,
+    "band": tdist.ReduceOp.BAND,
+    "bor": tdist.ReduceOp.BOR,
+    "bxor": tdist.ReduceOp.BXOR,
+}
+_reduce_scatter_single = (
+    getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
+)
+
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bfloat16]
+# 5 and 3000 elements go through the composed paths; 400_000 (over 1 MiB gathered) not
+SIZES = [5, 3000, 400_000]
+
+
+def _ops(dtype: torch.dtype) -> list[str]:
+    ops = ["sum", "min", "max"]
+    if dtype.is_floating_point:
+        return [*ops, "product"]
+    return [*ops, "band", "bor", "bxor"]
+
+
+def _value(rank: int, n: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
+    base = (torch.arange(n, dtype=torch.int64) * 7 + 3 * rank + salt) % 5 + 1
+    return base.to(dtype)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    if got.dtype.is_floating_point:
+        # rank order here, gloo's own order there: floating sums may round apart
+        return torch.allclose(got.double(), want.double(), rtol=1e-2)
+    return torch.equal(got, want)
+
+
+def _on_against_torch(comm, dtype: torch.dtype, n: int) -> list[str]:
+    c = Communicator(timeout=60, strict=False)
+    world, me = c.world_size, c.rank
+    wrong = []
+    for op in _ops(dtype):
+        torch_op = _TORCH_OPS[op]
+        for async_op in (False, True):
+            x, ref = _value(me, n, dtype), _value(me, n, dtype)
+            handle = c.all_reduce(x, op=op, async_op=async_op)
+            if handle is not None:
+                handle.wait()
+            tdist.all_reduce(ref, op=torch_op)
+            if not _same(x, ref):
+                wrong.append(f"all_reduce {op} async={async_op}")
+
+            whole = _value(me, n * world, dtype, salt=1)
+            out, ref = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
+            handle = c.reduce_scatter(out, whole, op=op, async_op=async_op)
+            if handle is not None:
+                handle.wait()
+            _reduce_scatter_single(ref, whole.clone(), op=torch_op)
+            if not _same(out, ref):
+                wrong.append(f"reduce_scatter {op} async={async_op}")
+
+            dst = world - 1
+            x, ref = _value(me, n, dtype, salt=2), _value(me, n, dtype, salt=2)
+            handle = c.reduce(x, dst=dst, op=op, async_op=async_op)
+            if handle is not None:
+                handle.wait()
+            tdist.reduce(ref, dst=dst, op=torch_op)
+            if me == dst and not _same(x, ref):
+                wrong.append(f"reduce {op} async={async_op}")
+            if me != dst and not torch.equal(x, _value(me, n, dtype, salt=2)):
+                wrong.append(f"reduce {op} async={async_op} changed a non-dst tensor")
+    x = _value(me, n, dtype, salt=3)
+    out = torch.empty(world * n, dtype=dtype)
+    handle = c.all_gather_into_tensor(out, x, async_op=True)
+    handle.wait()
+    if not torch.equal(out, torch.cat([_value(r, n, dtype, salt=3) for r in range(world)])):
+        wrong.append("all_gather_into_tensor async")
+    got = c.all_gather(x)
+    if not all(torch.equal(g, _value(r, n, dtype, salt=3)) for r, g in enumerate(got)):
+        wrong.append("all_gather")
+    return wrong
+
+
+@pytest.mark.parametrize("n", SIZES, ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_composed_paths_equal_torch(world, dtype, n):
+    if n == SIZES[-1] and dtype not in (torch.float32, torch.int64):
+        pytest.skip("the large size checks gloo's own path: two dtypes are enough")
+    for wrong in world.run(_on_against_torch, dtype, n, timeout=120):
+        assert wrong == []
+
+
+def _on_non_wire_dtype(comm) -> list[str]:
+    # int16 is not a dtype gloo moves: it travels as bytes and is reduced here
+    c = Communicator(timeout=60, strict=False)
+    world, me = c.world_size, c.rank
+    x = torch.full((10,), me + 1, dtype=torch.int16)
+    c.all_reduce(x, op="max")
+    whole = torch.arange(world * 3, dtype=torch.int16) + me
+    out = torch.empty(3, dtype=torch.int16)
+    c.reduce_scatter(out, whole)
+    expect = sum(torch.arange(world * 3, dtype=torch.int64) + r for r in range(world))
+    wrong = []
+    if not torch.equal(x, torch.full((10,), world, dtype=torch.int16)):
+        wrong.append(f"all_reduce max: {x}")
+    if not torch.equal(out.long(), expect[me * 3 : me * 3 + 3]):
+        wrong.append(f"reduce_scatter: {out}")
+    return wrong
+
+
+def test_a_dtype_gloo_cannot_move(world):
+    for wrong in world.run(_on_non_wire_dtype):
+        assert wrong == []

@@ -64,12 +64,29 @@ def _in_slices(work: Work, limit: datetime.timedelta, group: Any) -> None:
             work.wait(_FIRST_SLICE)
             return
         except RuntimeError as exc:
-            if "Operation timed out" not in str(exc) or work.is_completed():
-                raise
+            if not _slice_ended(work, exc):
+                return
         _look(group)
         _rest_in_slices(work, limit - _FIRST_SLICE, group, 2 * _FIRST_LOOK)
     else:
         _rest_in_slices(work, limit, group, _FIRST_LOOK)
+
+
+def _slice_ended(work: Work, exc: RuntimeError) -> bool:
+    """Whether ``exc`` from a sliced wait means only that the slice ran out.
+
+    Otherwise it is the work's own failure, raised here; or the work completed
+    between the wait giving up and this look (torch's ``Work`` says "Operation
+    timed out" when it was not complete at that moment), and its own outcome
+    counts: ``False``, or its error.
+    """
+    # torch's Work says this when only the wait's own time ran out
+    if "Operation timed out" not in str(exc):
+        raise exc
+    if work.is_completed():
+        work.wait()  # returns at once: raises the work's own error, if any
+        return False
+    return True
 
 
 def _rest_in_slices(work: Work, limit: datetime.timedelta, group: Any, look: float) -> None:
@@ -80,9 +97,9 @@ def _rest_in_slices(work: Work, limit: datetime.timedelta, group: Any, look: flo
             work.wait(datetime.timedelta(seconds=max(min(look, left), 0.001)))
             return
         except RuntimeError as exc:
-            # torch's Work says this when only the wait's own time ran out
-            sliced = "Operation timed out" in str(exc) and not work.is_completed()
-            if not sliced or time.monotonic() >= deadline:
+            if not _slice_ended(work, exc):
+                return
+            if time.monotonic() >= deadline:
                 raise
         _look(group)
         look = min(2 * look, _LAST_LOOK)

@@ -127,7 +127,7 @@ def exchange(
         host = _slots(engine, slot_size)
         host.raw[:_HEADER_SIZE] = header
         if inline and nbytes and data is not None:
-            host.mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+            host.mine.narrow(0, _DATA, nbytes).copy_(byte_view(data))
         mine, every, rows = host.mine, host.every, host.rows
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -158,7 +158,7 @@ def exchange(
         return None
     if not nbytes:
         return [torch.empty_like(data) for _ in range(world)]
-    block = rows[:, _DATA : _DATA + nbytes]
+    block = rows.narrow(1, _DATA, nbytes)
     if slot_size % 16:  # rows not aligned for every dtype
         block = block.clone()
     return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]

@@ -91,7 +91,7 @@ def exchange(
     slot, mine = _own_slot(engine, size)
     struct.pack_into(f"<{len(fields)}q", slot, 0, *fields)
     if ok and 0 < nbytes <= room:
-        mine[_HEADER_BYTES : _HEADER_BYTES + nbytes].copy_(byte_view(tensor))
+        mine.narrow(0, _HEADER_BYTES, nbytes).copy_(byte_view(tensor))
     world = engine.world_size
     mine = engine.plugin.to_device(mine)
     if mine.device.type == "cpu":
@@ -120,10 +120,10 @@ def exchange(
     if any(h[3] > room for h in heads):
         return shapes, None
     if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
-        block = rows[:, _HEADER_BYTES : _HEADER_BYTES + nbytes].view(tensor.dtype)
+        block = rows.narrow(1, _HEADER_BYTES, nbytes).view(tensor.dtype)
         return shapes, list(block.view(world, *shapes[0]).unbind(0))
     tensors = [
-        rows[r, _HEADER_BYTES : _HEADER_BYTES + h[3]].view(tensor.dtype).reshape(shapes[r])
+        rows[r].narrow(0, _HEADER_BYTES, h[3]).view(tensor.dtype).reshape(shapes[r])
         for r, h in enumerate(heads)
     ]
     return shapes, tensors

@@ -17,8 +17,6 @@ one was meant.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -135,12 +133,12 @@ def group_rank(
     return rank
 
 
-@contextlib.contextmanager
-def world_ranks_in_errors(comm: Communicator) -> Iterator[None]:
+class world_ranks_in_errors:
     """Re-raise a :class:`~commlib.errors.RemoteError` of a subgroup with world ranks added.
 
     Its ``failures`` stay keyed by group rank (as documented); the message
-    adds which world ranks those are, when the numbers differ.
+    adds which world ranks those are, when the numbers differ. (A class, not a
+    generator: it wraps every module-level call that takes a root rank.)
 
     Examples:
         >>> pair = commlib.new_group([1, 3])   # in a world of 4  # doctest: +SKIP
@@ -149,17 +147,27 @@ def world_ranks_in_errors(comm: Communicator) -> Iterator[None]:
         Traceback (most recent call last):
         RemoteError: broadcast_object_list failed on rank(s) [1] (world rank(s) [3]): ...
     """
-    try:
-        yield
-    except RemoteError as err:
+
+    __slots__ = ("comm",)
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> bool:
+        if not isinstance(err, RemoteError):
+            return False
+        comm = self.comm
         members = comm.ranks if comm.is_member else []
         failed = sorted(err.failures)
         if not members or all(members[r] == r for r in failed if 0 <= r < len(members)):
-            raise
+            return False
         world = [members[r] if 0 <= r < len(members) else r for r in failed]
         head = err.summary or f"failed on rank(s) {failed}"
         try:
             annotated = type(err)(err.collective, err.failures, f"{head} (world rank(s) {world})")
         except Exception:  # a subclass with another constructor keeps its own message
-            raise err from None
+            return False
         raise annotated from err

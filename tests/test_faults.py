@@ -1,7 +1,9 @@
 """Injected faults: every surviving rank raises a clear error in time; nothing hangs.
 
-Each test starts its own world (a fault can leave a process group unusable)
-with a short communicator timeout. The seconds each rank took to raise are
+A test whose fault leaves a process group unusable starts its own world;
+those whose ranks agree on a :class:`RemoteArgumentError` run on the session's
+worlds and check that they leave them usable. Communicators have a short
+timeout. The seconds each rank took to raise are
 printed (``pytest -s``) for the reliability report; they are not asserted.
 """
 
@@ -28,6 +30,16 @@ def fresh_world(request):
     world = World(request.param, timeout=60, pg_timeout=20).start()
     yield world
     world.kill()
+
+
+def _on_sum(comm) -> float:
+    x = torch.ones(1)
+    Communicator(timeout=TIMEOUT).all_reduce(x)
+    return x.item()
+
+
+def _still_usable(world) -> None:
+    assert world.run(_on_sum) == [float(world.size)] * world.size
 
 
 def _report(name, outcomes):
@@ -81,13 +93,14 @@ def _on_different_collective(comm):
         c.all_reduce(torch.ones(4))
 
 
-def test_one_rank_calls_a_different_collective(fresh_world):
-    outcomes = fresh_world.outcomes(_on_different_collective)
+def test_one_rank_calls_a_different_collective(multi_world):
+    outcomes = multi_world.outcomes(_on_different_collective)
     _report("different-collective", outcomes)
     assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes)
     msg = str(outcomes[0].error)
     assert len({str(o.error) for o in outcomes}) == 1
     assert "rank 1: broadcast(src=0" in msg and "rank 0: all_reduce(op=sum" in msg
+    _still_usable(multi_world)
 
 
 def _on_mismatch(comm, what):
@@ -104,11 +117,12 @@ def _on_mismatch(comm, what):
 
 
 @pytest.mark.parametrize("what", ["shape", "dtype", "src", "gather-dst"])
-def test_strict_mode_catches_mismatched_arguments(fresh_world, what):
-    outcomes = fresh_world.outcomes(_on_mismatch, what)
+def test_strict_mode_catches_mismatched_arguments(multi_world, what):
+    outcomes = multi_world.outcomes(_on_mismatch, what)
     _report(f"mismatch-{what}", outcomes)
     assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes), outcomes
     assert len({str(o.error) for o in outcomes}) == 1
+    _still_usable(multi_world)
 
 
 def _on_mismatch_not_strict(comm):
@@ -117,10 +131,11 @@ def _on_mismatch_not_strict(comm):
     c.broadcast_object_list([c.rank], src=c.world_size - 1 if c.rank == 0 else 0)
 
 
-def test_object_collective_root_mismatch_without_strict(fresh_world):
-    outcomes = fresh_world.outcomes(_on_mismatch_not_strict)
+def test_object_collective_root_mismatch_without_strict(multi_world):
+    outcomes = multi_world.outcomes(_on_mismatch_not_strict)
     assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes)
     assert "disagree on the src/dst" in str(outcomes[0].error)
+    _still_usable(multi_world)
 
 
 def _on_dict_keys(comm):
@@ -129,11 +144,12 @@ def _on_dict_keys(comm):
     dist.all_reduce_dict(d, group=c)
 
 
-def test_dict_keys_differ(fresh_world):
-    outcomes = fresh_world.outcomes(_on_dict_keys)
+def test_dict_keys_differ(multi_world):
+    outcomes = multi_world.outcomes(_on_dict_keys)
     _report("dict-keys", outcomes)
     assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes)
     assert len({str(o.error) for o in outcomes}) == 1
+    _still_usable(multi_world)
 
 
 def _on_killed_mid_transfer(comm, nbytes):

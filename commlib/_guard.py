@@ -150,11 +150,11 @@ def exchange(
         raise RemoteArgumentError(
             "/".join(names), dict(enumerate(texts)), "ranks passed different arguments"
         )
-    if data is None:
-        return None
-    # every rank passed data alike (the descriptions agree): the slot learns its size
+    # every rank passed the same (the descriptions agree): the slot learns alike
+    # everywhere; a call without data needs no room, so a run of them shrinks
+    # it (scatters and barriers after a large all_reduce paid its slot forever)
     rooms.learn(max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads), world)
-    if not inline:
+    if data is None or not inline:
         return None
     if not nbytes:
         return [torch.empty_like(data) for _ in range(world)]

@@ -232,6 +232,26 @@ def test_a_small_checked_collective_is_one_round(multi_world):
     }
 
 
+def _on_shrinking(comm) -> list[int]:
+    from commlib._rooms import SHRINK_AFTER, rooms_of
+
+    c = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))
+    rooms = rooms_of(c._engine)
+    c.all_reduce(torch.ones(100_000))  # the slot learns 400 KB
+    slots = [rooms.slot_bytes(c.slot_size)]
+    w = c.world_size
+    for _ in range(SHRINK_AFTER):  # checked, but nothing travels with the check
+        c.scatter(torch.empty(4), [torch.ones(4)] * w if c.rank == 0 else None, src=0)
+    slots.append(rooms.slot_bytes(c.slot_size))
+    return slots
+
+
+def test_calls_without_data_shrink_a_learnt_slot(multi_world):
+    # otherwise every later scatter's check paid the 400 KB slot of one all_reduce
+    for learnt, after in multi_world.run(_on_shrinking):
+        assert learnt > 400_000 and after == 4096
+
+
 def test_strict_settings(monkeypatch):
     monkeypatch.delenv("COMMLIB_STRICT", raising=False)
     assert strict_from_env() is None

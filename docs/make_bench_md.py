@@ -79,7 +79,8 @@ def findings(rows):
         slower = report.geomean([r["ratio"] for r in mid]) > 1
         out.append(
             f"- **Object collectives, {sizes_text(mid)}**: {rng(mid)}: objects that do not fit "
-            "the first round (a 4 KiB slot per rank) pay a second round, "
+            "the first round (a 4 KiB slot per rank, grown to what the last calls needed, "
+            "up to 2 MiB over all ranks) pay a second round, "
             + (
                 "so in this range commlib is on average slower than torch."
                 if slower
@@ -95,13 +96,19 @@ def findings(rows):
             f"- **Tensor collectives** run the same engine call: {rng(ten_big)} at "
             f"{sizes_text(ten_big)}, {rng(ten_small)} at {sizes_text(ten_small)}, where commlib's "
             "own work per call shows against sub-millisecond collectives: dispatch, a wait that "
-            "can time out, and on gloo the default argument check of the tensor collectives, "
-            "one more small round past its 4 KiB slot "
+            "can time out, and on gloo the default argument check of the tensor collectives: "
+            "data that fits its slot travels in it (one round, as unchecked), larger data pays "
+            "one more small round; the slot learns the size of the last calls' data, up to "
+            "2 MiB over all ranks "
             "([what it costs](reliability.md#mismatched-arguments-the-check); `strict=False` or "
-            f"`COMMLIB_STRICT=0` turns it off). `all_gather`, {rng(ag)}, returns a list and "
-            "accepts different shapes on different ranks: tensors up to the 4 KiB slot travel "
-            "with their shapes in one round, larger ones pay one extra small round to learn the "
-            "shapes first; with equal shapes, `all_gather_into_tensor` is the call to compare."
+            "`COMMLIB_STRICT=0` turns it off). On gloo, gathers, all_reduces and reduces of up "
+            "to 1 MiB in all, and every reduce_scatter, go through gloo's all_to_all (or its "
+            "gather) and a local reduction, which measured cheaper than gloo's own "
+            "([the measurements](benchmarks.md#gloos-own-collectives-bench_engine_pathspy)). "
+            f"`all_gather`, {rng(ag)}, returns a list and accepts different shapes on different "
+            "ranks: tensors that fit the slot travel with their shapes in one round, larger ones "
+            "pay one extra small round to learn the shapes first; with equal shapes, "
+            "`all_gather_into_tensor` is the call to compare."
         )
     par = [r for r in rows if r["kind"] == "helper"]
     if par:

@@ -17,7 +17,7 @@ one was meant.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch.distributed as dist
 
@@ -156,7 +156,7 @@ class world_ranks_in_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> Literal[False]:
         if not isinstance(err, RemoteError):
             return False
         comm = self.comm

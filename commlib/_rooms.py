@@ -47,8 +47,10 @@ class Rooms:
 
     Grows at once to a need up to :func:`learn_cap`; shrinks only after
     :data:`SHRINK_AFTER` calls in a row needed less than half of it (so a
-    loop alternating a large and a small call keeps the large room); needs
-    above the cap leave it as it is (they take two rounds anyway).
+    loop alternating a large and a small call keeps the large room). A need
+    above the cap counts as none: such calls take two rounds whatever the
+    slot, and a large slot only pads their first round (a loop of 4 MiB
+    all_reduces after one 1 MiB call sent 1 MiB slots on every call).
 
     Examples:
         >>> rooms = Rooms()
@@ -61,7 +63,9 @@ class Rooms:
         >>> for _ in range(SHRINK_AFTER): rooms.learn(16, world=2)
         >>> rooms.slot_bytes(4096)
         4096
-        >>> rooms.learn(8 << 20, world=2); rooms.slot_bytes(4096)  # too big to pad
+        >>> rooms.learn(65536, world=2)
+        >>> for _ in range(SHRINK_AFTER): rooms.learn(8 << 20, world=2)  # past the cap
+        >>> rooms.slot_bytes(4096)
         4096
     """
 
@@ -79,7 +83,7 @@ class Rooms:
     def learn(self, largest: int, world: int) -> None:
         """The largest byte count of the round just gathered (known alike on every rank)."""
         if largest > learn_cap(world):
-            return
+            largest = 0
         if largest > self.learnt:
             self.learnt = (largest + 15) // 16 * 16
         elif 2 * largest < self.learnt:

@@ -29,6 +29,7 @@ import time
 import torch
 import torch.distributed as tdist
 
+from commlib.bench.units import format_size
 from commlib.testing import World
 
 SIZES = [64, 4096, 65536, 262144, 1 << 20, 4 << 20]
@@ -103,13 +104,6 @@ def _on_measure(comm, iters: int, rounds: int) -> dict:
     return out
 
 
-def _size(nbytes: int) -> str:
-    for unit, shift in (("M", 20), ("K", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes >> shift}{unit}"
-    return str(nbytes)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
@@ -126,7 +120,7 @@ def main() -> None:
         composed = statistics.median(r["composed"] for r in rounds) * 1e3
         ratios = [r["composed"] / r["own"] for r in rounds]
         print(
-            f"| {name} | {_size(nbytes)} | {own:.3f} | {composed:.3f} | "
+            f"| {name} | {format_size(nbytes)} | {own:.3f} | {composed:.3f} | "
             f"{composed / own:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |"
         )
 

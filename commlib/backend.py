@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import functools
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -51,9 +50,6 @@ _TORCH_OPS = {
     "bxor": "BXOR",
     "avg": "AVG",
 }
-
-
-_group_sizes: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 @functools.cache
@@ -368,16 +364,7 @@ class Backend:
 
     def world_size(self, group: Group) -> int:
         """The number of ranks in ``group``."""
-        if group is None:  # the default group: it may be destroyed and made anew
-            return dist.get_world_size(group)
-        # a group's size never changes; composed collectives ask it on every call
-        try:
-            size = _group_sizes.get(group)
-            if size is None:
-                size = _group_sizes[group] = dist.get_world_size(group)
-        except TypeError:  # a group object that takes no weak reference
-            return dist.get_world_size(group)
-        return size
+        return dist.get_world_size(group)
 
     def torch_reduce_op(self, op: EngineOp) -> Any:
         """Map one of commlib's op names (``sum``, ``avg``, ...) to the engine's op."""

@@ -166,7 +166,6 @@ class Communicator:
         if self._distributed and group is None:
             group = dist.group.WORLD
         self.group: Group = group
-        self._ranks: list[int] | None = None
         self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
 
         if isinstance(backend, Backend):
@@ -244,11 +243,7 @@ class Communicator:
             return [0]
         if not self.is_member:
             raise NotInGroupError("this process is not a member of the group")
-        # a group's members never change: ask torch once (calls that take a
-        # root rank read this on every call)
-        if self._ranks is None:
-            self._ranks = list(dist.get_process_group_ranks(self.group))
-        return list(self._ranks)
+        return dist.get_process_group_ranks(self.group)
 
     def __repr__(self) -> str:
         who = f"rank={self.rank}/{self.world_size}" if self.is_member else "not a member"

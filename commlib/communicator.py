@@ -179,6 +179,15 @@ class Communicator:
             # a non-member cannot ask its group; the world's engine is the best answer
             torch_backend = _torch_backend_name(group if self.is_member else None)
             plugin = plugins.backend_for_group(torch_backend)
+        if not self._distributed and plugin.torch_backend:
+            # torch's own message ("Default process group has not been
+            # initialized") names neither the backend nor the way out
+            raise ValueError(
+                f"backend {plugin.name!r} drives torch.distributed ({plugin.torch_backend}), "
+                "which is not initialised in this process: start the ranks first "
+                "(commlib.init_dist(), torchrun, or torch.distributed.init_process_group), "
+                "or leave backend unset for a single-process run"
+            )
         self.plugin: Backend = plugin
         self.serializer: Serializer = serializer or plugin.serializer()
         self._engine: Engine | None = (

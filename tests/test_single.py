@@ -244,6 +244,9 @@ def test_communicator_arguments():
         Communicator(backend="nope")
     with pytest.raises(ValueError, match="not initialised"):
         Communicator(group=object())
+    # a distributed backend named before any process group: say so, and the way out
+    with pytest.raises(ValueError, match=r"'gloo' drives torch.distributed .*init_dist"):
+        Communicator(backend="gloo")
 
 
 def test_not_in_group_error_is_value_error():

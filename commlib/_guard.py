@@ -20,7 +20,10 @@ the collective completes from the gathered slots on every rank alike (a
 reduction in rank order, a copy of ``src``'s slot, ...): a small collective
 costs one round, as it would unchecked. Larger data follows in the engine's
 own collective, after the check: one small round more, until the slot has
-learnt their size.
+learnt their size. The slot learns only from the collectives where every
+rank needs every rank's data (``all_reduce``, ``all_gather_into_tensor``):
+a broadcast, scatter or reduce carried in a learnt slot would send every
+rank's data to every rank, up to ``world_size`` times what it needs.
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
 
 
+#: the checked collectives whose data size the slot learns (:mod:`commlib._rooms`):
+#: those where every rank needs every rank's data, so that data travelling in the
+#: slot is no more than the collective itself would move
+LEARNS = frozenset({"all_reduce", "all_gather_into_tensor"})
+
+
 def room(slot_size: int) -> int:
     """Bytes of data a slot of ``slot_size`` bytes carries after its header.
 
@@ -68,10 +77,17 @@ def _head(description: str) -> bytes:
     return _HEAD.pack(_MAGIC, fingerprint(description))
 
 
+#: data layouts (dtype and shape) a slot keeps views for; a loop uses a handful
+_LAYOUTS = 64
+
+
 class _HostSlots:
     """One engine's slot and gathered slots in host memory, reused call after call.
 
     Safe to reuse: a caller consumes the gathered data before its next call.
+    The views of the data areas, typed and shaped like the data, are made
+    once per layout: on a small CPU each view op costs microseconds, and a
+    checked call would otherwise make seven of them.
     """
 
     def __init__(self, world: int, slot_size: int):
@@ -81,6 +97,25 @@ class _HostSlots:
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
+        self.layouts: dict[tuple[torch.dtype, torch.Size], tuple[torch.Tensor, list[torch.Tensor]]]
+        self.layouts = {}
+
+    def layout(self, data: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """This rank's data area and every rank's, as views typed and shaped like ``data``."""
+        key = (data.dtype, data.shape)
+        found = self.layouts.get(key)
+        if found is None:
+            if len(self.layouts) >= _LAYOUTS:
+                self.layouts.clear()
+            found = self.layouts[key] = (
+                _typed(self.mine.narrow(0, _DATA, nbytes), data),
+                [_typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows.unbind(0)],
+            )
+        return found
+
+
+def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return area.view(like.dtype).view(like.shape)
 
 
 _host_slots: weakref.WeakKeyDictionary[Engine, _HostSlots] = weakref.WeakKeyDictionary()
@@ -123,11 +158,16 @@ def exchange(
     inline = data is not None and nbytes <= room(slot_size)
     header = _head(description) + _TAIL.pack(nbytes, int(inline))
     device = engine.device()
+    views = None
     if device.type == "cpu":
         host = _slots(engine, slot_size)
         host.raw[:_HEADER_SIZE] = header
         if inline and nbytes and data is not None:
-            host.mine.narrow(0, _DATA, nbytes).copy_(byte_view(data))
+            if slot_size % 16:  # rows not aligned for every dtype: bytes only
+                host.mine.narrow(0, _DATA, nbytes).copy_(byte_view(data))
+            else:
+                views = host.layout(data, nbytes)
+                views[0].copy_(data)
         mine, every, rows = host.mine, host.every, host.rows
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -153,11 +193,16 @@ def exchange(
     # every rank passed the same (the descriptions agree): the slot learns alike
     # everywhere; a call without data needs no room, so a run of them shrinks
     # it (scatters and barriers after a large all_reduce paid its slot forever)
-    rooms.learn(max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads), world)
+    # only where every rank needs every rank's data: a broadcast, scatter or
+    # reduce that learnt a large slot would send all data to every rank
+    need = max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads) if what in LEARNS else 0
+    rooms.learn(need, world)
     if data is None or not inline:
         return None
     if not nbytes:
         return [torch.empty_like(data) for _ in range(world)]
+    if views is not None:
+        return list(views[1])
     block = rows.narrow(1, _DATA, nbytes)
     if slot_size % 16:  # rows not aligned for every dtype
         block = block.clone()

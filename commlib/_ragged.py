@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib._rooms import HEADER, Rooms
-from commlib.dtypes import byte_view, dtype_code, dtype_from_code
+from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
 if TYPE_CHECKING:
@@ -35,16 +35,46 @@ _HEADER_BYTES = _HEADER * 8
 assert _HEADER_BYTES == HEADER
 
 
-# this rank's outgoing slot per engine, in host memory, reused call after call:
-# the engine's collective has read it before exchange returns
-_own: weakref.WeakKeyDictionary[Any, tuple[bytearray, torch.Tensor]] = weakref.WeakKeyDictionary()
+# gathered slots up to this many bytes land in a bytearray, larger ones in torch.empty
+_ZEROED_UP_TO = 64 << 10
+_HEADS = struct.Struct(f"<{_HEADER}q")
+_FIELDS = [struct.Struct(f"<{n}q") for n in range(4 + MAX_DIMS + 1)]
 
 
-def _own_slot(engine: Engine, size: int) -> tuple[bytearray, torch.Tensor]:
+class _OwnSlot:
+    """This rank's outgoing slot of one engine in host memory, reused call after call.
+
+    The engine's collective has read it before :func:`exchange` returns. The
+    data area's view, typed and shaped like the tensor sent, is made once per
+    layout (a view op costs microseconds on a small CPU).
+    """
+
+    __slots__ = ("inboxes", "raw", "tensor")
+
+    def __init__(self, size: int):
+        self.raw = bytearray(size)
+        self.tensor = torch.frombuffer(self.raw, dtype=torch.uint8)
+        self.inboxes: dict[tuple[torch.dtype, torch.Size], torch.Tensor] = {}
+
+    def put(self, tensor: torch.Tensor, nbytes: int) -> None:
+        """Copy ``tensor`` into the data area."""
+        key = (tensor.dtype, tensor.shape)
+        inbox = self.inboxes.get(key)
+        if inbox is None:
+            if len(self.inboxes) >= 64:
+                self.inboxes.clear()
+            area = self.tensor.narrow(0, _HEADER_BYTES, nbytes)
+            inbox = self.inboxes[key] = area.view(tensor.dtype).view(tensor.shape)
+        inbox.copy_(tensor)
+
+
+_own: weakref.WeakKeyDictionary[Any, _OwnSlot] = weakref.WeakKeyDictionary()
+
+
+def _own_slot(engine: Engine, size: int) -> _OwnSlot:
     found = _own.get(engine)
-    if found is None or len(found[0]) != size:
-        raw = bytearray(size)
-        found = _own[engine] = (raw, torch.frombuffer(raw, dtype=torch.uint8))
+    if found is None or len(found.raw) != size:
+        found = _own[engine] = _OwnSlot(size)
     return found
 
 
@@ -88,25 +118,27 @@ def exchange(
     fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
-    slot, mine = _own_slot(engine, size)
-    struct.pack_into(f"<{len(fields)}q", slot, 0, *fields)
+    own = _own_slot(engine, size)
+    _FIELDS[len(fields)].pack_into(own.raw, 0, *fields)
     if ok and 0 < nbytes <= room:
-        mine.narrow(0, _HEADER_BYTES, nbytes).copy_(byte_view(tensor))
+        own.put(tensor, nbytes)
     world = engine.world_size
-    mine = engine.plugin.to_device(mine)
-    if mine.device.type == "cpu":
-        raw: bytearray | bytes = bytearray(world * size)
+    mine = engine.plugin.to_device(own.tensor)
+    raw: Any
+    if mine.is_cpu and world * size <= _ZEROED_UP_TO:
+        raw = bytearray(world * size)  # small: the cheapest buffer to read headers from
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
     else:
+        # not zeroed: the round fills every byte, and zeroing megabytes costs
         gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
+        raw = gathered.numpy() if mine.is_cpu else None
     engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
-    if mine.device.type != "cpu":
+    if raw is not None:
+        stride = size
+    else:
         raw = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
         stride = _HEADER_BYTES
-    else:
-        stride = size
-    heads = [struct.unpack_from(f"<{_HEADER}q", raw, r * stride) for r in range(world)]
-    rows = gathered.view(world, size)
+    heads = [_HEADS.unpack_from(raw, r * stride) for r in range(world)]
 
     if not all(h[0] for h in heads):
         bad = {r: f"tensor has more than {MAX_DIMS} dims" for r, h in enumerate(heads) if not h[0]}
@@ -120,8 +152,9 @@ def exchange(
     if any(h[3] > room for h in heads):
         return shapes, None
     if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
-        block = rows.narrow(1, _HEADER_BYTES, nbytes).view(tensor.dtype)
+        block = gathered.as_strided((world, nbytes), (size, 1), _HEADER_BYTES).view(tensor.dtype)
         return shapes, list(block.view(world, *shapes[0]).unbind(0))
+    rows = gathered.view(world, size)
     tensors = [
         rows[r].narrow(0, _HEADER_BYTES, h[3]).view(tensor.dtype).reshape(shapes[r])
         for r, h in enumerate(heads)

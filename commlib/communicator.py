@@ -638,7 +638,7 @@ class Communicator:
             timeout,
         )
         if parts is not None:
-            out_t.view(-1).copy_(torch.cat([p.reshape(-1) for p in parts]))
+            torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
             return self._finished(lambda: _copy_back(out_t, output, world), async_op)
         return engine.submit(
             "all_gather_into_tensor",

@@ -37,6 +37,8 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     """
     if not tensor.is_contiguous():
         raise ValueError("byte_view needs a contiguous tensor")
+    if tensor.dtype == torch.uint8 and tensor.dim() == 1:
+        return tensor  # already what is asked for: no view ops on hot paths
     if tensor.numel() == 0:
         return torch.empty(0, dtype=torch.uint8, device=tensor.device)
     return tensor.as_strided((tensor.numel(),), (1,)).view(torch.uint8)

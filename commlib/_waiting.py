@@ -9,13 +9,15 @@ most every second) and stops with :class:`PeerFailed`.
 Only for engines whose collectives' ``Work.wait(timeout)`` merely waits
 (:attr:`commlib.Backend.interruptible_wait`): those are waited on in slices.
 Point-to-point works are not (gloo ends a receive whose wait timed out), so
-one thread waits on them while this one watches; the engine's own timeout
-ends that thread.
+a waiter thread, kept for the next wait, waits on them while this one
+watches; the engine's own timeout ends a wait nobody watches any more.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import queue
 import threading
 import time
 from typing import Any
@@ -105,22 +107,60 @@ def _rest_in_slices(work: Work, limit: datetime.timedelta, group: Any, look: flo
         look = min(2 * look, _LAST_LOOK)
 
 
+class _Job:
+    """One wait handed to a waiter thread, and how it ended."""
+
+    __slots__ = ("done", "failure", "limit", "work")
+
+    def __init__(self, work: Work, limit: datetime.timedelta):
+        self.work, self.limit = work, limit
+        self.done = threading.Event()
+        self.failure: BaseException | None = None
+
+
+class _Waiter(threading.Thread):
+    """A thread that waits on works handed to it, one at a time, for the process's life.
+
+    Starting a thread per wait cost about a third of a small send/recv on a
+    2-core machine; idle waiters are kept in :data:`_idle` instead. A waiter
+    still blocked on a work whose caller gave up (another rank failed) is
+    busy until the engine's own timeout ends that wait; a wait meanwhile
+    takes another waiter.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="commlib-wait", daemon=True)
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                job.work.wait(job.limit)
+            except BaseException as exc:  # handed to the caller's thread
+                job.failure = exc
+            finally:
+                _idle.append(self)  # first: the caller's next wait may reuse this thread
+                job.done.set()
+
+
+#: waiters with nothing to wait for (list.append and pop are atomic)
+_idle: list[_Waiter] = []
+# a forked child has none of the parent's threads
+os.register_at_fork(after_in_child=_idle.clear)
+
+
 def _beside(work: Work, limit: datetime.timedelta, group: Any) -> None:
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def waiter() -> None:
-        try:
-            work.wait(limit)
-        except BaseException as exc:  # handed to the caller's thread
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=waiter, name="commlib-wait", daemon=True).start()
+    job = _Job(work, limit)
+    try:
+        waiter = _idle.pop()
+    except IndexError:
+        waiter = _Waiter()
+        waiter.start()
+    waiter.jobs.put(job)
     look = _FIRST_LOOK
-    while not done.wait(look):
+    while not job.done.wait(look):
         _look(group)
         look = min(2 * look, _LAST_LOOK)
-    if failure:
-        raise failure[0]
+    if job.failure is not None:
+        raise job.failure

@@ -10,6 +10,8 @@ already past it, were told the group broke.
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 
 import pytest
 
@@ -65,3 +67,58 @@ class NeverDone:
 def test_a_work_that_never_completes_times_out_at_the_limit():
     with pytest.raises(RuntimeError, match="Operation timed out"):
         _waiting.wait_watching(NeverDone(), datetime.timedelta(seconds=0.3), None)
+
+
+class BlockingWork:
+    """A point-to-point-like work: ``wait`` blocks until released (never sliced)."""
+
+    interruptible = False
+
+    def __init__(self, error: str | None = None):
+        self.release = threading.Event()
+        self.error = error
+        self.waited_on: threading.Thread | None = None
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self.waited_on = threading.current_thread()
+        self.release.wait(None if timeout is None else timeout.total_seconds())
+        if self.error:
+            raise RuntimeError(self.error)
+        return True
+
+
+def test_point_to_point_waits_reuse_one_waiter_thread():
+    limit = datetime.timedelta(seconds=30)
+    first, second = BlockingWork(), BlockingWork()
+    first.release.set()
+    second.release.set()
+    _waiting.wait_watching(first, limit, None)
+    _waiting.wait_watching(second, limit, None)
+    assert first.waited_on is second.waited_on
+    assert first.waited_on is not threading.current_thread()
+
+
+def test_a_waiter_hands_the_work_error_to_the_caller():
+    work = BlockingWork(error="gloo: connection closed by peer")
+    work.release.set()
+    with pytest.raises(RuntimeError, match="connection closed"):
+        _waiting.wait_watching(work, datetime.timedelta(seconds=30), None)
+
+
+def test_a_busy_waiter_does_not_delay_the_next_wait():
+    stuck, later = BlockingWork(), BlockingWork()
+    later.release.set()
+    limit = datetime.timedelta(seconds=30)
+    caller = threading.Thread(target=_waiting.wait_watching, args=(stuck, limit, None))
+    caller.start()
+    try:
+        for _ in range(1000):  # until a waiter thread holds `stuck`
+            if stuck.waited_on is not None:
+                break
+            time.sleep(0.01)
+        assert stuck.waited_on is not None
+        _waiting.wait_watching(later, limit, None)  # returns although `stuck` still waits
+        assert later.waited_on is not stuck.waited_on
+    finally:
+        stuck.release.set()
+        caller.join(10)

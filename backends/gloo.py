@@ -73,7 +73,15 @@ class GlooBackend(EngineGaps, DirectCalls):
     interruptible_wait = True
     # gloo's results for these are what the check computes from its round
     completed_by_check = frozenset(
-        {"all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "gather", "reduce_scatter"}
+        {
+            "all_reduce",
+            "reduce",
+            "broadcast",
+            "all_gather_into_tensor",
+            "gather",
+            "reduce_scatter",
+            "all_to_all_single",
+        }
     )
 
 

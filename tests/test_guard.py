@@ -63,6 +63,13 @@ def _mismatch(c: Communicator, what: str) -> None:
         # only the last rank's own pair disagrees: a local error would part the ranks
         sends = [1] * (w - 1) + [2] if last else [1] * w
         c.all_to_all_single(torch.empty(w), torch.ones(sum(sends)), [1] * w, sends)
+    elif what == "all_to_all_single-even":
+        # even splits: the last rank's rows are larger; the shapes must agree
+        rows = 2 * w if last else w
+        c.all_to_all_single(torch.empty(rows), torch.ones(rows))
+    elif what == "all_to_all_single-even-large":  # beyond the slot: checked, not carried
+        rows = 4000 * w if last else 3000 * w
+        c.all_to_all_single(torch.empty(rows), torch.ones(rows))
     elif what == "all_to_all-sizes":
         ins = [torch.ones(2 if last and j == 0 else 1) for j in range(w)]
         c.all_to_all([torch.empty(1) for _ in range(w)], ins)
@@ -100,6 +107,8 @@ MISMATCHES = [
     "scatter-shape",
     "all_to_all_single-splits",
     "all_to_all_single-self",
+    "all_to_all_single-even",
+    "all_to_all_single-even-large",
     "all_to_all-sizes",
 ]
 
@@ -113,6 +122,9 @@ def test_mismatched_arguments_raise_the_same_error_on_every_rank(multi_world, wh
     if what == "all_to_all_single-self":
         last = multi_world.size - 1
         assert f"rank {last} sends rank {last} 2 elements, rank {last} expects 1" in errors[0]
+    elif what.startswith("all_to_all_single-even"):  # the shapes say it all
+        assert "ranks passed different arguments" in errors[0], errors[0]
+        assert "even splits" in errors[0], errors[0]
     elif what.startswith("all_to_all"):  # sizes that must match pair by pair
         assert (
             f"rank {multi_world.size - 1} sends rank 0 2 elements, rank 0 expects 1" in (errors[0])
@@ -200,6 +212,15 @@ def _on_rounds(comm) -> dict:
     for name, strict in (("checked", None), ("unchecked", False), ("strict", True)):
         # a group of its own: the slot a group learns starts empty
         c = Communicator(timeout=TIMEOUT, strict=strict).new_group(range(comm.world_size))
+        w = comm.world_size
+        for label, splits in (("even", None), ("uneven", [1] * w)):
+            before = c._engine.seq
+            c.all_to_all_single(torch.empty(w), torch.ones(w), splits, splits)
+            out[f"{name} small {label} all_to_all_single"] = c._engine.seq - before
+        for label in ("large", "large again"):  # a broadcast does not grow the slot
+            before = c._engine.seq
+            c.broadcast(torch.ones(100_000), src=0)
+            out[f"{name} {label} broadcast"] = c._engine.seq - before
         sizes = (("small", 8), ("large", 100_000), ("large again", 100_000), ("huge", 1 << 20))
         for label, n in sizes:
             before = c._engine.seq
@@ -214,16 +235,28 @@ def _on_rounds(comm) -> dict:
 def test_a_small_checked_collective_is_one_round(multi_world):
     rounds = multi_world.run(_on_rounds)[0]
     assert rounds == {
+        "checked small even all_to_all_single": 1,  # the input travelled with the check
+        "checked small uneven all_to_all_single": 2,  # the table of sizes, then the data
+        "checked large broadcast": 2,
+        "checked large again broadcast": 2,  # would send every rank's slot to every rank
         "checked small all_reduce": 1,  # the data travelled with the check
         "checked large all_reduce": 2,  # the check, then the engine's all_reduce
         "checked large again all_reduce": 1,  # the slot learnt the size
         "checked huge all_reduce": 2,  # 4 MiB: past what a slot learns
         "checked barrier": 1,  # no sizes to mismatch: unchecked by default
+        "unchecked small even all_to_all_single": 1,
+        "unchecked small uneven all_to_all_single": 1,
+        "unchecked large broadcast": 1,
+        "unchecked large again broadcast": 1,
         "unchecked small all_reduce": 1,
         "unchecked large all_reduce": 1,
         "unchecked large again all_reduce": 1,
         "unchecked huge all_reduce": 1,
         "unchecked barrier": 1,
+        "strict small even all_to_all_single": 1,
+        "strict small uneven all_to_all_single": 2,
+        "strict large broadcast": 2,
+        "strict large again broadcast": 2,
         "strict small all_reduce": 1,
         "strict large all_reduce": 2,
         "strict large again all_reduce": 1,

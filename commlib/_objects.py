@@ -341,8 +341,17 @@ def _outgoing_messages(engine: Engine, segments: list[torch.Tensor], sizes) -> l
 
 def _blob(engine: Engine, segments: list[torch.Tensor], sizes, size: int) -> torch.Tensor:
     """All segments at their offsets in one tensor of ``size`` bytes (zero padded)."""
-    blob = torch.zeros(size, dtype=torch.uint8, device=engine.plugin.device())
+    device = engine.plugin.device()
     offsets, _ = _layout(sizes)
+    if device.type == "cpu":
+        # Python's memory copies: no tensor op per segment
+        raw = bytearray(size)
+        view = memoryview(raw)
+        for pos, seg, n in zip(offsets, segments, sizes):
+            if n:
+                view[pos : pos + n] = _host(seg)
+        return torch.frombuffer(raw, dtype=torch.uint8)
+    blob = torch.zeros(size, dtype=torch.uint8, device=device)
     for pos, seg, n in zip(offsets, segments, sizes):
         blob[pos : pos + n].copy_(seg)
     return blob
@@ -468,7 +477,10 @@ def split_blob(blob: torch.Tensor, sizes: Sequence[int]) -> tuple[Any, list[torc
         (12, [20])
     """
     offsets, _ = _layout(sizes)
-    header = _host(blob[offsets[0] : offsets[0] + sizes[0]])
+    if blob.is_cpu:  # one view of the whole blob: no tensor op for the header
+        header = _host(blob)[offsets[0] : offsets[0] + sizes[0]]
+    else:
+        header = _host(blob[offsets[0] : offsets[0] + sizes[0]])
     buffers = [blob[o : o + n] for o, n in zip(offsets[1:], sizes[1:])]
     return header, buffers
 

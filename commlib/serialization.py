@@ -130,10 +130,16 @@ _DTYPE_NAMES = {d: n for n, d in _TORCH_DTYPES.items()}
 _PLAIN_KINDS = frozenset("biufcmMSUV")
 
 
+# read-only data up to this size is copied rather than viewed (see uint8_view)
+_COPY_READONLY_UP_TO = 64 << 10
+
+
 def uint8_view(data: Any) -> torch.Tensor:
     """A 1-D ``uint8`` tensor over the memory of ``data`` (bytes-like), without a copy.
 
-    Read-only memory (``bytes``) is accepted: commlib only ever reads it.
+    Read-only memory (``bytes``) is accepted: commlib only ever reads it. Small
+    read-only data is copied (torch warns on a read-only buffer, and silencing
+    that warning per call costs more than the copy).
 
     Examples:
         >>> uint8_view(b"ab")
@@ -142,6 +148,9 @@ def uint8_view(data: Any) -> torch.Tensor:
     mv = memoryview(data)
     if mv.nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
+    if mv.readonly and mv.nbytes <= _COPY_READONLY_UP_TO:
+        # a copy of a small header costs less than catch_warnings() does
+        return torch.frombuffer(bytearray(mv), dtype=torch.uint8)
     if mv.readonly:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the buffer is only ever read

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _validation as check
+from commlib._rooms import rooms_of
 from commlib._steps import Steps, call, run
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import Payload, Serializer, uint8_view
@@ -66,6 +67,8 @@ OP_NAMES = {
 
 # round two: buffers below SMALL are coalesced into messages of up to CAP bytes
 SMALL, CAP = 1 << 18, 1 << 20
+# a broadcast or gather object learns slots up to this (see _learn)
+PAD_UP_TO = 64 << 10
 # a "p2p" backend's round two goes through one collective while every blob is below this
 # (on gloo a message costs a few milliseconds more than a collective round)
 P2P_MIN = 1 << 20
@@ -546,6 +549,29 @@ def _prepare(
     return out
 
 
+def _need(slots: _RoundOne, r: int) -> int:
+    """Bytes rank ``r``'s payload needs in a slot (0: none, or too many buffers to count)."""
+    status = slots.status(r)
+    if status == INLINE:
+        return _SLOT.size + slots.heads[r][5]
+    if status == TABLE:
+        sizes = slots.sizes(r)
+        return _layout(sizes, _SLOT.size + _META.size + 8 * (len(sizes) - 1))[1]
+    return 0
+
+
+def _learn(engine: Engine, slots: _RoundOne, world: int, everyone_needs_all: bool) -> None:
+    """Let the group's slot learn this call's payloads (the same slots on every rank).
+
+    Where only some ranks need a payload (broadcast, gather), a learnt slot
+    pads every rank's contribution: worth it only up to :data:`PAD_UP_TO`.
+    """
+    need = max(_need(slots, r) for r in range(world))
+    if not everyone_needs_all and need > PAD_UP_TO:
+        need = 0
+    rooms_of(engine).learn(need, world)
+
+
 def _large(slots: _RoundOne, world: int) -> list[int]:
     """Ranks whose payload needs round two."""
     return [r for r in range(world) if slots.heads[r][0] in (TABLE, PACKED)]
@@ -568,6 +594,7 @@ def all_gather_object_steps(
     out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
     slots = yield from _round_one(engine, out, world)
     _agree(slots, ALL_GATHER)
+    _learn(engine, slots, world, everyone_needs_all=True)
     routes = [(s, r) for s in _large(slots, world) for r in range(world) if r != s]
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
@@ -592,6 +619,7 @@ def gather_object_steps(
     )
     slots = yield from _round_one(engine, out, world)
     _agree(slots, GATHER)
+    _learn(engine, slots, world, everyone_needs_all=False)
     routes = [(s, dst) for s in _large(slots, world) if s != dst]
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != dst:
@@ -625,6 +653,7 @@ def broadcast_object_list_steps(
     out = _prepare(slot_size, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
     slots = yield from _round_one(engine, out, world)
     _agree(slots, BROADCAST)
+    _learn(engine, slots, world, everyone_needs_all=False)
     routes = [(src, r) for r in range(world) if r != src] if _large(slots, world) else []
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != src:

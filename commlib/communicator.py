@@ -158,7 +158,9 @@ class Communicator:
         if slot_size < 64:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
         self.timeout: datetime.timedelta = as_timedelta(timeout) or default_timeout()
-        self.slot_size = slot_size
+        # a multiple of 16: every first round (checks, all_gather, objects) then
+        # sends the same bytes, and data in the slots stays aligned for every dtype
+        self.slot_size = (slot_size + 15) // 16 * 16
         self.strict: bool | None = strict_from_env() if strict is None else bool(strict)
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
@@ -1241,6 +1243,15 @@ class Communicator:
     # -- object collectives -------------------------------------------------------
     # Each takes ``timeout=`` (per round) and ``async_op=``: with it, the first
     # round is issued and a ResultHandle returned whose wait() gives the result.
+    def _first_slot(self, engine: Engine) -> int:
+        """Bytes of each rank's slot in an object collective's first round.
+
+        The size the group's slot learnt (:mod:`commlib._rooms`), as the tensor
+        checks and ``all_gather`` use: ranks that call different collectives
+        still send the same number of bytes, and find out instead of aborting.
+        """
+        return _rooms.rooms_of(engine).slot_bytes(self.slot_size)
+
     def _run_objects(
         self, engine: Engine, steps: _steps.Steps[Any], timeout: Timeout, async_op: bool
     ) -> Any:
@@ -1302,7 +1313,7 @@ class Communicator:
         if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
             return _steps.done([obj]) if async_op else [obj]
         ser = serializer or self.serializer
-        steps = _objects.all_gather_object_steps(engine, obj, ser, self.slot_size)
+        steps = _objects.all_gather_object_steps(engine, obj, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
     @overload
@@ -1356,7 +1367,7 @@ class Communicator:
             check.rank_in_range(dst, 1, "dst")
             return _steps.done([obj]) if async_op else [obj]
         ser = serializer or self.serializer
-        steps = _objects.gather_object_steps(engine, obj, dst, ser, self.slot_size)
+        steps = _objects.gather_object_steps(engine, obj, dst, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
     @_collective("broadcast_object_list", payload="object_list", peer="src")
@@ -1388,7 +1399,9 @@ class Communicator:
             check.rank_in_range(src, 1, "src")
             return _steps.done(None) if async_op else None
         ser = serializer or self.serializer
-        steps = _objects.broadcast_object_list_steps(engine, object_list, src, ser, self.slot_size)
+        steps = _objects.broadcast_object_list_steps(
+            engine, object_list, src, ser, self._first_slot(engine)
+        )
         return self._run_objects(engine, steps, timeout, async_op)
 
     @overload
@@ -1443,7 +1456,9 @@ class Communicator:
             return _steps.done(obj) if async_op else obj
         box = [obj]
         ser = serializer or self.serializer
-        steps = _objects.broadcast_object_list_steps(engine, box, src, ser, self.slot_size)
+        steps = _objects.broadcast_object_list_steps(
+            engine, box, src, ser, self._first_slot(engine)
+        )
         return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
 
     @_collective("scatter_object_list", payload="input_list", peer="src")
@@ -1481,7 +1496,7 @@ class Communicator:
             return _steps.done(None) if async_op else None
         ser = serializer or self.serializer
         steps = _scatter_objects.scatter_object_list_steps(
-            engine, output_list, input_list, src, ser, self.slot_size
+            engine, output_list, input_list, src, ser, self._first_slot(engine)
         )
         return self._run_objects(engine, steps, timeout, async_op)
 

@@ -121,19 +121,63 @@ def test_objects_round_trip_exactly(some_world, data, src, slot_size, transport)
 
 
 # -- rounds --------------------------------------------------------------------------------
+def _fresh(counting: CountingGloo) -> Communicator:
+    """A communicator on a group of its own: a slot that has learnt nothing yet."""
+    return Communicator(backend=counting).new_group(range(Communicator().world_size))
+
+
 def _count_rounds(comm, payload_kind):
     counting = CountingGloo()
-    c = Communicator(backend=counting)
+    c = _fresh(counting)
     obj = _expected(payload_kind, c.rank)
     rounds = {}
     out = c.all_gather_object(obj)
     rounds["all_gather_object"], counting.calls = counting.calls, []
-    c.gather_object(obj, dst=c.world_size - 1)
+    _fresh(counting).gather_object(obj, dst=c.world_size - 1)
     rounds["gather_object"], counting.calls = counting.calls, []
-    c.broadcast_object_list([obj], src=0)
+    _fresh(counting).broadcast_object_list([obj], src=0)
     rounds["broadcast_object_list"] = counting.calls
     ok = all(same(out[r], _expected(payload_kind, r)) for r in range(c.world_size))
     return rounds, ok
+
+
+def _count_learnt_rounds(comm):
+    counting = CountingGloo()
+    rounds = {}
+    calls = {
+        "all_gather_object": lambda c, obj: c.all_gather_object(obj),
+        "gather_object": lambda c, obj: c.gather_object(obj, dst=0),
+        "broadcast_object_list": lambda c, obj: c.broadcast_object_list([obj], src=0),
+    }
+    for name, call in calls.items():
+        for kind, n in (("16 KB", 4_000), ("400 KB", 100_000)):
+            c = _fresh(counting)
+            obj = {"rank": c.rank, "w": np.full(n, c.rank, dtype=np.float32)}
+            for attempt in ("first", "second"):
+                counting.calls = []
+                call(c, obj)
+                rounds[f"{name} {kind} {attempt}"] = len(counting.calls)
+    return rounds
+
+
+def test_the_first_round_learns_steady_sizes(world2):
+    rounds = world2.run(_count_learnt_rounds)[0]
+    assert rounds == {
+        # every rank needs every payload: the slot grows to them (up to 1 MiB a rank)
+        "all_gather_object 16 KB first": 2,
+        "all_gather_object 16 KB second": 1,
+        "all_gather_object 400 KB first": 2,
+        "all_gather_object 400 KB second": 1,
+        # one rank needs them: the slot grows only a little (every rank pads to it)
+        "gather_object 16 KB first": 2,
+        "gather_object 16 KB second": 1,
+        "gather_object 400 KB first": 2,
+        "gather_object 400 KB second": 2,
+        "broadcast_object_list 16 KB first": 2,
+        "broadcast_object_list 16 KB second": 1,
+        "broadcast_object_list 400 KB first": 2,
+        "broadcast_object_list 400 KB second": 2,
+    }
 
 
 def _expected(kind, rank):

@@ -168,7 +168,7 @@ def test_the_first_round_learns_steady_sizes(world2):
         "all_gather_object 16 KB second": 1,
         "all_gather_object 400 KB first": 2,
         "all_gather_object 400 KB second": 1,
-        # one rank needs them: the slot grows only a little (every rank pads to it)
+        # one rank needs them: the slot grows up to 128 KiB (every rank pads to it)
         "gather_object 16 KB first": 2,
         "gather_object 16 KB second": 1,
         "gather_object 400 KB first": 2,

@@ -40,9 +40,13 @@ _ALL_GATHER_SINGLE = _method("all_gather_single", "_allgather_base")
 _ALL_TO_ALL_SINGLE = _method("all_to_all_single", "alltoall_base")
 
 
+# Parameter turns __torch_function__ off: torch.distributed calls the group directly too
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _plain(*tensors: torch.Tensor) -> bool:
-    # a subclass may route collectives through __torch_function__ (DTensor, ...)
-    return all(type(t) is torch.Tensor for t in tensors)
+    # any other subclass may route collectives through __torch_function__ (DTensor, ...)
+    return all(type(t) in _PLAIN for t in tensors)
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:

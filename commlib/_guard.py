@@ -20,10 +20,11 @@ the collective completes from the gathered slots on every rank alike (a
 reduction in rank order, a copy of ``src``'s slot, ...): a small collective
 costs one round, as it would unchecked. Larger data follows in the engine's
 own collective, after the check: one small round more, until the slot has
-learnt their size. The slot learns only from the collectives where every
-rank needs every rank's data (``all_reduce``, ``all_gather_into_tensor``):
-a broadcast, scatter or reduce carried in a learnt slot would send every
-rank's data to every rank, up to ``world_size`` times what it needs.
+learnt their size. The slot learns sizes up to its cap from the collectives
+where every rank needs every rank's data (``all_reduce``,
+``all_gather_into_tensor``), and only up to ``_rooms.PAD_UP_TO`` (128 KiB)
+from the others: a broadcast or reduce carried in a large slot would send
+every rank's padding to every rank, more than the second round costs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import torch
 
 from commlib import _objects
 from commlib._agreement import fingerprint
-from commlib._rooms import rooms_of
+from commlib._rooms import need_of, rooms_of
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
@@ -55,10 +56,9 @@ _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
 
 
-#: the checked collectives whose data size the slot learns (:mod:`commlib._rooms`):
-#: those where every rank needs every rank's data, so that data travelling in the
-#: slot is no more than the collective itself would move
-LEARNS = frozenset({"all_reduce", "all_gather_into_tensor"})
+#: the checked collectives where every rank needs every rank's data: the slot learns
+#: their sizes up to its cap; the others' only up to ``_rooms.PAD_UP_TO``
+EVERYONE_NEEDS_ALL = frozenset({"all_reduce", "all_gather_into_tensor"})
 
 
 def room(slot_size: int) -> int:
@@ -193,10 +193,9 @@ def exchange(
     # every rank passed the same (the descriptions agree): the slot learns alike
     # everywhere; a call without data needs no room, so a run of them shrinks
     # it (scatters and barriers after a large all_reduce paid its slot forever)
-    # only where every rank needs every rank's data: a broadcast, scatter or
-    # reduce that learnt a large slot would send all data to every rank
-    need = max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads) if what in LEARNS else 0
-    rooms.learn(need, world)
+    # a broadcast or reduce in a large slot would send all data to every rank
+    largest = max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads)
+    rooms.learn(need_of(largest, what in EVERYONE_NEEDS_ALL), world)
     if data is None or not inline:
         return None
     if not nbytes:

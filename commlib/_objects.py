@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _validation as check
-from commlib._rooms import rooms_of
+from commlib._rooms import need_of, rooms_of
 from commlib._steps import Steps, call, run
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import Payload, Serializer, uint8_view
@@ -67,10 +67,6 @@ OP_NAMES = {
 
 # round two: buffers below SMALL are coalesced into messages of up to CAP bytes
 SMALL, CAP = 1 << 18, 1 << 20
-# a broadcast or gather object learns slots up to this (see _learn): measured on gloo,
-# 127.0.0.1, a first round with 128 KiB slots cost 55 us more than with 4 KiB ones at
-# 2 ranks (230 us at 4), less than the broadcast round it saves (160-430 us)
-PAD_UP_TO = 128 << 10
 # a "p2p" backend's round two goes through one collective while every blob is below this
 # (on gloo a message costs a few milliseconds more than a collective round)
 P2P_MIN = 1 << 20
@@ -566,12 +562,10 @@ def _learn(engine: Engine, slots: _RoundOne, world: int, everyone_needs_all: boo
     """Let the group's slot learn this call's payloads (the same slots on every rank).
 
     Where only some ranks need a payload (broadcast, gather), a learnt slot
-    pads every rank's contribution: worth it only up to :data:`PAD_UP_TO` (128 KiB).
+    pads every rank's contribution: worth it only up to ``_rooms.PAD_UP_TO`` (128 KiB).
     """
-    need = max(_need(slots, r) for r in range(world))
-    if not everyone_needs_all and need > PAD_UP_TO:
-        need = 0
-    rooms_of(engine).learn(need, world)
+    largest = max(_need(slots, r) for r in range(world))
+    rooms_of(engine).learn(need_of(largest, everyone_needs_all), world)
 
 
 def _large(slots: _RoundOne, world: int) -> list[int]:

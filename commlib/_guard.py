@@ -185,6 +185,18 @@ def exchange(
         heads = [gathered[r].tobytes() for r in range(world)]
     if any(h != heads[0] for h in heads):
         # every rank saw the same slots, so every rank takes this path
+        strangers = [r for r, h in enumerate(heads) if _HEAD.unpack_from(h)[0] != _MAGIC]
+        if strangers:
+            # those ranks run another protocol (all_gather, an object collective),
+            # which ends after this round: a second round here would wait for them
+            raise RemoteArgumentError(
+                what,
+                {
+                    r: "another collective" if r in strangers else "a checked tensor collective"
+                    for r in range(world)
+                },
+                "ranks called different collectives",
+            )
         texts = _objects.all_gather_object(engine, description, serializer, slot_size)
         names = sorted({t.split("(", 1)[0] for t in texts})
         raise RemoteArgumentError(

@@ -299,3 +299,49 @@ def test_strict_settings(monkeypatch):
     assert Communicator(strict=False).new_group([0]).strict is False  # subgroups keep it
     assert Communicator(strict=True).new_group([0]).strict is True
     assert Communicator().checks == "off"  # a world of one has nothing to mismatch with
+
+
+_KINDS = {
+    "all_reduce": lambda c: c.all_reduce(torch.ones(4)),
+    "broadcast": lambda c: c.broadcast(torch.ones(4), src=0),
+    "all_gather": lambda c: c.all_gather(torch.ones(4)),
+    "all_gather_object": lambda c: c.all_gather_object({"a": 1}),
+    "broadcast_object_list": lambda c: c.broadcast_object_list([{"a": 1}], src=0),
+}
+
+
+def _on_different_protocols(comm, first: str, others: str) -> tuple[str, float]:
+    import time
+
+    c = Communicator(timeout=TIMEOUT)
+    # a learnt slot first: every protocol's first round must still be the same size
+    c.all_reduce(torch.ones(20_000))
+    c.all_reduce(torch.ones(20_000))
+    started = time.monotonic()
+    try:
+        _KINDS[first if c.rank == 0 else others](c)
+    except RemoteArgumentError:
+        error = "RemoteArgumentError"
+    else:
+        error = "no error"
+    waited = time.monotonic() - started
+    x = torch.ones(2)
+    c.all_reduce(x)  # the group goes on
+    return error, waited, x[0].item()
+
+
+@pytest.mark.parametrize(
+    "first, others",
+    [
+        ("all_reduce", "all_gather_object"),
+        ("broadcast", "broadcast_object_list"),
+        ("all_reduce", "all_gather"),
+        ("all_gather", "all_gather_object"),
+    ],
+)
+def test_ranks_in_different_protocols_all_raise_at_once(multi_world, first, others):
+    # the checked ranks must not start a second round the others never join
+    for error, waited, after in multi_world.run(_on_different_protocols, first, others):
+        assert error == "RemoteArgumentError"
+        assert waited < TIMEOUT / 2
+        assert after == multi_world.size

@@ -120,7 +120,10 @@ class Communicator:
             30 minutes by default (``COMMLIB_TIMEOUT`` overrides). Blocking
             calls also take a per-call ``timeout=``.
         slot_size: bytes each rank contributes to the first round of an object
-            collective; objects that fit complete in that one round.
+            collective (and of a checked one, and of ``all_gather``), rounded up
+            to a multiple of 16; objects that fit complete in that one round.
+            The group's slot grows to what steady calls need (the docs'
+            reliability page, "the check").
         strict: how much the ranks check that they pass matching arguments
             (collective, dtypes, shapes, op, src/dst) before a collective; a
             mismatch raises the same :class:`~commlib.errors.RemoteArgumentError`

@@ -558,14 +558,15 @@ def _need(slots: _RoundOne, r: int) -> int:
     return 0
 
 
-def _learn(engine: Engine, slots: _RoundOne, world: int, everyone_needs_all: bool) -> None:
+def _learn(engine: Engine, slots: _RoundOne, world: int) -> None:
     """Let the group's slot learn this call's payloads (the same slots on every rank).
 
-    Where only some ranks need a payload (broadcast, gather), a learnt slot
-    pads every rank's contribution: worth it only up to ``_rooms.PAD_UP_TO`` (128 KiB).
+    Only up to ``_rooms.PAD_UP_TO`` (128 KiB): the slot is the first round of
+    every collective of the group, and a loop that gathers a large object
+    once per step would otherwise pad each of its small checked all_reduces.
     """
     largest = max(_need(slots, r) for r in range(world))
-    rooms_of(engine).learn(need_of(largest, everyone_needs_all), world)
+    rooms_of(engine).learn(need_of(largest, everyone_needs_all=False), world)
 
 
 def _large(slots: _RoundOne, world: int) -> list[int]:
@@ -590,7 +591,7 @@ def all_gather_object_steps(
     out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
     slots = yield from _round_one(engine, out, world)
     _agree(slots, ALL_GATHER)
-    _learn(engine, slots, world, everyone_needs_all=True)
+    _learn(engine, slots, world)
     routes = [(s, r) for s in _large(slots, world) for r in range(world) if r != s]
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     return [obj if r == me else _load(ser, engine, slots, received, r) for r in range(world)]
@@ -615,7 +616,7 @@ def gather_object_steps(
     )
     slots = yield from _round_one(engine, out, world)
     _agree(slots, GATHER)
-    _learn(engine, slots, world, everyone_needs_all=False)
+    _learn(engine, slots, world)
     routes = [(s, dst) for s in _large(slots, world) if s != dst]
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != dst:
@@ -649,7 +650,7 @@ def broadcast_object_list_steps(
     out = _prepare(slot_size, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
     slots = yield from _round_one(engine, out, world)
     _agree(slots, BROADCAST)
-    _learn(engine, slots, world, everyone_needs_all=False)
+    _learn(engine, slots, world)
     routes = [(src, r) for r in range(world) if r != src] if _large(slots, world) else []
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
     if me != src:

@@ -80,7 +80,7 @@ def findings(rows):
         out.append(
             f"- **Object collectives, {sizes_text(mid)}**: {rng(mid)}: objects that do not fit "
             "the first round (a 4 KiB slot per rank, grown to what the last calls needed, "
-            "up to 2 MiB over all ranks) pay a second round, "
+            "up to 128 KiB for objects) pay a second round, "
             + (
                 "so in this range commlib is on average slower than torch."
                 if slower

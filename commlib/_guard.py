@@ -163,11 +163,8 @@ def exchange(
         host = _slots(engine, slot_size)
         host.raw[:_HEADER_SIZE] = header
         if inline and nbytes and data is not None:
-            if slot_size % 16:  # rows not aligned for every dtype: bytes only
-                host.mine.narrow(0, _DATA, nbytes).copy_(byte_view(data))
-            else:
-                views = host.layout(data, nbytes)
-                views[0].copy_(data)
+            views = host.layout(data, nbytes)
+            views[0].copy_(data)
         mine, every, rows = host.mine, host.every, host.rows
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -203,9 +200,7 @@ def exchange(
             "/".join(names), dict(enumerate(texts)), "ranks passed different arguments"
         )
     # every rank passed the same (the descriptions agree): the slot learns alike
-    # everywhere; a call without data needs no room, so a run of them shrinks
-    # it (scatters and barriers after a large all_reduce paid its slot forever)
-    # a broadcast or reduce in a large slot would send all data to every rank
+    # everywhere; a call without data needs no room, so a run of them shrinks it
     largest = max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads)
     rooms.learn(need_of(largest, what in EVERYONE_NEEDS_ALL), world)
     if data is None or not inline:
@@ -214,7 +209,6 @@ def exchange(
         return [torch.empty_like(data) for _ in range(world)]
     if views is not None:
         return list(views[1])
+    # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)
-    if slot_size % 16:  # rows not aligned for every dtype
-        block = block.clone()
     return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]

@@ -79,6 +79,7 @@ class GlooBackend(EngineGaps, DirectCalls):
             "broadcast",
             "all_gather_into_tensor",
             "gather",
+            "scatter",
             "reduce_scatter",
             "all_to_all_single",
         }

@@ -44,6 +44,8 @@ from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from commlib._engine import Engine
     from commlib.serialization import Serializer
 
@@ -136,6 +138,8 @@ def exchange(
     slot_size: int,
     data: torch.Tensor | None = None,
     timeout: datetime.timedelta | None = None,
+    *,
+    write: Callable[[torch.Tensor], object] | None = None,
 ) -> list[torch.Tensor] | None:
     """Check that every rank passes the same ``description``; every rank's ``data`` if it fits.
 
@@ -143,7 +147,10 @@ def exchange(
     it fits; then the result is every rank's ``data``, as views of the
     gathered slots shaped like ``data``, valid until the engine's next call.
     Otherwise the result is ``None`` and the caller runs the engine's
-    collective.
+    collective. ``write``, when given, fills this rank's area (typed and
+    shaped like ``data``) instead of copying ``data``: then ``data`` only
+    gives the dtype and shape (every rank must declare the same), and a rank
+    with nothing to send writes nothing (a scatter's ranks other than src).
 
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
@@ -164,13 +171,19 @@ def exchange(
         host.raw[:_HEADER_SIZE] = header
         if inline and nbytes and data is not None:
             views = host.layout(data, nbytes)
-            views[0].copy_(data)
+            if write is None:
+                views[0].copy_(data)
+            else:
+                write(views[0])
         mine, every, rows = host.mine, host.every, host.rows
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
         mine[:_HEADER_SIZE].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
         if inline and nbytes and data is not None:
-            mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+            if write is None:
+                mine[_DATA : _DATA + nbytes].copy_(byte_view(data))
+            else:
+                write(_typed(mine.narrow(0, _DATA, nbytes), data))
         every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
         rows = every.view(world, slot_size)
     engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)

@@ -380,6 +380,7 @@ class Communicator:
         *,
         sized: bool = True,
         completes: bool = True,
+        write: Callable[[torch.Tensor], object] | None = None,
     ) -> list[torch.Tensor] | None:
         """The argument check before ``what``, if this communicator checks it.
 
@@ -389,6 +390,8 @@ class Communicator:
         when it travelled with the check, so the caller completes from it:
         only for collectives in the plugin's ``completed_by_check``, unless
         ``completes`` is false (then the data is what is checked).
+        ``write`` fills this rank's part of the slot instead of copying
+        ``data`` (see :func:`commlib._guard.exchange`).
         """
         checks = self.checks
         if checks == "off" or (checks == "guard" and not sized):
@@ -403,6 +406,7 @@ class Communicator:
             self.slot_size,
             data,
             as_timedelta(timeout),
+            write=write,
         )
 
     def _check_pairs(
@@ -923,13 +927,29 @@ class Communicator:
         if engine.rank == src:
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             parts = [engine.to_device(t) for t in scatter_list or ()]
-        self._check(
-            engine,
-            "scatter",
-            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
-            timeout=timeout,
-        )
         work_t = engine.to_device(tensor)
+        if "scatter" in self.plugin.completed_by_check:
+            # src's whole list travels in its slot of the check's round when it
+            # fits (every rank declares its size alike): one round, not two
+            sent = parts
+            got = self._check(
+                engine,
+                "scatter",
+                lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+                work_t.expand(world, *work_t.shape),
+                timeout,
+                write=lambda area: torch.stack(sent, out=area) if sent is not None else None,
+            )
+            if got is not None:
+                work_t.copy_(got[src][engine.rank])
+                return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
+        else:
+            self._check(
+                engine,
+                "scatter",
+                lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+                timeout=timeout,
+            )
         return engine.submit(
             "scatter",
             self.plugin.scatter,

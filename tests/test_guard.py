@@ -206,6 +206,28 @@ def test_checked_collectives_give_the_unchecked_results(world, dtype, n):
     assert world.run(_on_same_results, dtype, n, timeout=120) == [True] * world.size
 
 
+def _on_scatter_shapes(comm) -> bool:
+    # src's list travels in its slot of the check: scalars, empty and
+    # non-contiguous tensors come out as the engine's scatter would give them
+    c = Communicator(timeout=TIMEOUT)
+    w, r = c.world_size, c.rank
+    for shape in [(), (0,), (3, 2)]:
+        for dtype in (torch.float32, torch.bool, torch.complex64):
+            ins = [torch.full(shape, i + 1).to(dtype) for i in range(w)] if r == w - 1 else None
+            out = torch.zeros(shape, dtype=dtype)
+            c.scatter(out, ins, src=w - 1)
+            assert torch.equal(out, torch.full(shape, r + 1).to(dtype)), (shape, dtype)
+    base = torch.arange(12.0).view(3, 4)
+    out = torch.zeros(3, 4).t()
+    c.scatter(out, [base.t() + i for i in range(w)] if r == 0 else None, src=0)
+    assert torch.equal(out, base.t() + r)
+    return True
+
+
+def test_scatter_in_the_check_keeps_shapes(multi_world):
+    assert multi_world.run(_on_scatter_shapes) == [True] * multi_world.size
+
+
 def _on_rounds(comm) -> dict:
     # the engine numbers each call it makes: how many rounds each collective took
     out = {}
@@ -217,6 +239,11 @@ def _on_rounds(comm) -> dict:
             before = c._engine.seq
             c.all_to_all_single(torch.empty(w), torch.ones(w), splits, splits)
             out[f"{name} small {label} all_to_all_single"] = c._engine.seq - before
+        for label, n in (("small", 8), ("large", 100_000)):
+            before = c._engine.seq
+            ins = [torch.ones(n)] * w if c.rank == 0 else None
+            c.scatter(torch.empty(n), ins, src=0)
+            out[f"{name} {label} scatter"] = c._engine.seq - before
         for label in ("large", "large again"):  # a broadcast does not grow the slot
             before = c._engine.seq
             c.broadcast(torch.ones(100_000), src=0)
@@ -237,6 +264,8 @@ def test_a_small_checked_collective_is_one_round(multi_world):
     assert rounds == {
         "checked small even all_to_all_single": 1,  # the input travelled with the check
         "checked small uneven all_to_all_single": 2,  # the table of sizes, then the data
+        "checked small scatter": 1,  # src's list travelled in its slot
+        "checked large scatter": 2,
         "checked large broadcast": 2,
         "checked large again broadcast": 2,  # would send every rank's slot to every rank
         "checked small all_reduce": 1,  # the data travelled with the check
@@ -246,6 +275,8 @@ def test_a_small_checked_collective_is_one_round(multi_world):
         "checked barrier": 1,  # no sizes to mismatch: unchecked by default
         "unchecked small even all_to_all_single": 1,
         "unchecked small uneven all_to_all_single": 1,
+        "unchecked small scatter": 1,
+        "unchecked large scatter": 1,
         "unchecked large broadcast": 1,
         "unchecked large again broadcast": 1,
         "unchecked small all_reduce": 1,
@@ -255,6 +286,8 @@ def test_a_small_checked_collective_is_one_round(multi_world):
         "unchecked barrier": 1,
         "strict small even all_to_all_single": 1,
         "strict small uneven all_to_all_single": 2,
+        "strict small scatter": 1,
+        "strict large scatter": 2,
         "strict large broadcast": 2,
         "strict large again broadcast": 2,
         "strict small all_reduce": 1,
@@ -273,7 +306,7 @@ def _on_shrinking(comm) -> list[int]:
     c.all_reduce(torch.ones(100_000))  # the slot learns 400 KB
     slots = [rooms.slot_bytes(c.slot_size)]
     w = c.world_size
-    for _ in range(SHRINK_AFTER):  # checked, but nothing travels with the check
+    for _ in range(SHRINK_AFTER):  # checked, 16 bytes a rank travel with the check
         c.scatter(torch.empty(4), [torch.ones(4)] * w if c.rank == 0 else None, src=0)
     slots.append(rooms.slot_bytes(c.slot_size))
     return slots

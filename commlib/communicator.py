@@ -99,6 +99,10 @@ def _engine_of(comm: Communicator) -> Engine | None:
     return comm._engine
 
 
+def _write_nothing(area: torch.Tensor) -> None:
+    """A slot writer for a rank whose data nobody reads (see ``Communicator._check``)."""
+
+
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
     """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`)."""
     return observed(name, _engine_of, **facts)
@@ -722,6 +726,8 @@ class Communicator:
             lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
             work_t,
             timeout,
+            # only src's data is read: the others send their slot's header alone
+            write=None if engine.rank == src else _write_nothing,
         )
         if parts is not None:
             if engine.rank != src:
@@ -928,7 +934,7 @@ class Communicator:
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             parts = [engine.to_device(t) for t in scatter_list or ()]
         work_t = engine.to_device(tensor)
-        if "scatter" in self.plugin.completed_by_check:
+        if self.checks != "off" and "scatter" in self.plugin.completed_by_check:
             # src's whole list travels in its slot of the check's round when it
             # fits (every rank declares its size alike): one round, not two
             sent = parts

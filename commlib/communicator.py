@@ -934,6 +934,10 @@ class Communicator:
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             parts = [engine.to_device(t) for t in scatter_list or ()]
         work_t = engine.to_device(tensor)
+
+        def describe() -> str:
+            return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
+
         if self.checks != "off" and "scatter" in self.plugin.completed_by_check:
             # src's whole list travels in its slot of the check's round when it
             # fits (every rank declares its size alike): one round, not two
@@ -941,7 +945,7 @@ class Communicator:
             got = self._check(
                 engine,
                 "scatter",
-                lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+                describe,
                 work_t.expand(world, *work_t.shape),
                 timeout,
                 write=lambda area: torch.stack(sent, out=area) if sent is not None else None,
@@ -950,12 +954,7 @@ class Communicator:
                 work_t.copy_(got[src][engine.rank])
                 return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
         else:
-            self._check(
-                engine,
-                "scatter",
-                lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
-                timeout=timeout,
-            )
+            self._check(engine, "scatter", describe, timeout=timeout)
         return engine.submit(
             "scatter",
             self.plugin.scatter,

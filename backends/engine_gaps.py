@@ -294,6 +294,15 @@ class EngineGaps(Backend):
             return super().all_gather_into_tensor(output, tensor, group, async_op)
         return super().all_gather_into_tensor(as_bytes(output), as_bytes(tensor), group, async_op)
 
+    def all_gather_slots(
+        self, output: torch.Tensor, slots: torch.Tensor, group: Group, async_op: bool = False
+    ) -> Work | None:
+        """all_gather_slots; small ones as one all_to_all of ``slots`` as they are (no copy)."""
+        limit = self.small_exchange_bytes
+        if limit is not None and 0 < slots.numel() <= limit:
+            return self.all_to_all_single(output, slots, None, None, group, async_op)
+        return super().all_gather_slots(output, slots, group, async_op)
+
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any, async_op: bool = False) -> Any:
         """broadcast; dtypes the library cannot move travel as bytes."""
         if self._wire_ok(tensor.dtype):

@@ -137,6 +137,10 @@ class Engine:
         # when it makes its first engine call (None: nobody observes)
         self.observed: Any = None
         self.on_call: Callable[[str], None] | None = None
+        # what the protocols keep per engine between calls (the learnt rooms, host
+        # slots): an attribute lookup, where a weak dictionary keyed by the engine
+        # costs microseconds a call
+        self.kept: dict[str, Any] = {}
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:

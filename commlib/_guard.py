@@ -32,7 +32,6 @@ from __future__ import annotations
 import datetime
 import functools
 import struct
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -83,10 +82,32 @@ def _head(description: str) -> bytes:
 _LAYOUTS = 64
 
 
+class _Layout:
+    """Views of a slot's data areas, typed and shaped like one (dtype, shape) of data."""
+
+    __slots__ = ("every", "mine", "others", "sent")
+
+    def __init__(self, out: torch.Tensor, rows: torch.Tensor, like: torch.Tensor, nbytes: int):
+        world = out.shape[0]
+        areas = out.narrow(1, _DATA, nbytes).view(like.dtype)
+        #: the data area of every row of the outgoing slot, for one copy into all
+        self.sent = areas.view(world, *like.shape)
+        #: this rank's area in the first row, for a writer
+        self.mine = self.sent[0]
+        #: the other rows and the first, to copy what a writer wrote
+        used = _DATA + nbytes
+        self.others = (out[1:].narrow(1, 0, used), out[:1].narrow(1, 0, used))
+        #: every rank's area in the gathered slots
+        self.every = [_typed(row.narrow(0, _DATA, nbytes), like) for row in rows.unbind(0)]
+
+
 class _HostSlots:
-    """One engine's slot and gathered slots in host memory, reused call after call.
+    """One engine's outgoing and gathered slots in host memory, reused call after call.
 
     Safe to reuse: a caller consumes the gathered data before its next call.
+    The outgoing slot is kept once per rank (:meth:`Backend.all_gather_slots`):
+    this rank writes its header into every row, and its data into every row
+    with one copy.
     The views of the data areas, typed and shaped like the data, are made
     once per layout: on a small CPU each view op costs microseconds, and a
     checked call would otherwise make seven of them.
@@ -94,39 +115,39 @@ class _HostSlots:
 
     def __init__(self, world: int, slot_size: int):
         self.slot_size = slot_size
-        self.raw = bytearray(slot_size)
-        self.mine = torch.frombuffer(self.raw, dtype=torch.uint8)
+        self.starts = range(0, world * slot_size, slot_size)  # where each row begins
+        self.raw = bytearray(world * slot_size)
+        self.out = torch.frombuffer(self.raw, dtype=torch.uint8).view(world, slot_size)
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
-        self.layouts: dict[tuple[torch.dtype, torch.Size], tuple[torch.Tensor, list[torch.Tensor]]]
-        self.layouts = {}
+        self.layouts: dict[tuple[torch.dtype, torch.Size], _Layout] = {}
 
-    def layout(self, data: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """This rank's data area and every rank's, as views typed and shaped like ``data``."""
+    def layout(self, data: torch.Tensor, nbytes: int) -> _Layout:
+        """The data areas' views, typed and shaped like ``data`` (made once per layout)."""
         key = (data.dtype, data.shape)
         found = self.layouts.get(key)
         if found is None:
             if len(self.layouts) >= _LAYOUTS:
                 self.layouts.clear()
-            found = self.layouts[key] = (
-                _typed(self.mine.narrow(0, _DATA, nbytes), data),
-                [_typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows.unbind(0)],
-            )
+            found = self.layouts[key] = _Layout(self.out, self.rows, data, nbytes)
         return found
+
+    def head(self, header: bytes) -> None:
+        """Write ``header`` at the start of every row of the outgoing slot."""
+        size = len(header)
+        for start in self.starts:
+            self.raw[start : start + size] = header
 
 
 def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return area.view(like.dtype).view(like.shape)
 
 
-_host_slots: weakref.WeakKeyDictionary[Engine, _HostSlots] = weakref.WeakKeyDictionary()
-
-
 def _slots(engine: Engine, slot_size: int) -> _HostSlots:
-    slots = _host_slots.get(engine)
+    slots: _HostSlots | None = engine.kept.get("check")
     if slots is None or slots.slot_size != slot_size:
-        slots = _host_slots[engine] = _HostSlots(engine.world_size, slot_size)
+        slots = engine.kept["check"] = _HostSlots(engine.world_size, slot_size)
     return slots
 
 
@@ -150,7 +171,8 @@ def exchange(
     collective. ``write``, when given, fills this rank's area (typed and
     shaped like ``data``) instead of copying ``data``: then ``data`` only
     gives the dtype and shape (every rank must declare the same), and a rank
-    with nothing to send writes nothing (a scatter's ranks other than src).
+    with nothing to send writes nothing and returns ``False`` (a scatter's
+    ranks other than src).
 
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
@@ -162,20 +184,21 @@ def exchange(
     rooms = rooms_of(engine)
     slot_size = rooms.slot_bytes(slot_size)
     nbytes = 0 if data is None else data.numel() * data.element_size()
-    inline = data is not None and nbytes <= room(slot_size)
+    inline = data is not None and nbytes <= slot_size - _DATA
     header = _head(description) + _TAIL.pack(nbytes, int(inline))
     device = engine.device()
     views = None
     if device.type == "cpu":
         host = _slots(engine, slot_size)
-        host.raw[:_HEADER_SIZE] = header
+        host.head(header)
         if inline and nbytes and data is not None:
             views = host.layout(data, nbytes)
             if write is None:
-                views[0].copy_(data)
-            else:
-                write(views[0])
-        mine, every, rows = host.mine, host.every, host.rows
+                views.sent.copy_(data)  # into every row at once
+            elif write(views.mine) is not False and world > 1:
+                views.others[0].copy_(views.others[1])
+        every, rows = host.every, host.rows
+        engine.run(what, engine.plugin.all_gather_slots, every, host.out, timeout=timeout)
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
         mine[:_HEADER_SIZE].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
@@ -186,14 +209,14 @@ def exchange(
                 write(_typed(mine.narrow(0, _DATA, nbytes), data))
         every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
         rows = every.view(world, slot_size)
-    engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
+        engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
     if device.type == "cpu":
         raw = host.every_raw
-        heads = [raw[r * slot_size : r * slot_size + _HEADER_SIZE] for r in range(world)]
+        heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
     else:
         gathered = rows[:, :_HEADER_SIZE].cpu().numpy()
         heads = [gathered[r].tobytes() for r in range(world)]
-    if any(h != heads[0] for h in heads):
+    if any(h != header for h in heads):
         # every rank saw the same slots, so every rank takes this path
         strangers = [r for r, h in enumerate(heads) if _HEAD.unpack_from(h)[0] != _MAGIC]
         if strangers:
@@ -212,16 +235,16 @@ def exchange(
         raise RemoteArgumentError(
             "/".join(names), dict(enumerate(texts)), "ranks passed different arguments"
         )
-    # every rank passed the same (the descriptions agree): the slot learns alike
-    # everywhere; a call without data needs no room, so a run of them shrinks it
-    largest = max(_TAIL.unpack_from(h, _HEAD.size)[0] for h in heads)
-    rooms.learn(need_of(largest, what in EVERYONE_NEEDS_ALL), world)
+    # every rank sent this rank's header (description and byte count): the slot
+    # learns alike everywhere; a call without data needs no room, so a run of
+    # them shrinks it
+    rooms.learn(need_of(nbytes, what in EVERYONE_NEEDS_ALL), world)
     if data is None or not inline:
         return None
     if not nbytes:
         return [torch.empty_like(data) for _ in range(world)]
     if views is not None:
-        return list(views[1])
+        return list(views.every)
     # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)
     return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]

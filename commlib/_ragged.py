@@ -15,7 +15,6 @@ the same on every rank, so no engine ever sees ranks disagree on a size.
 from __future__ import annotations
 
 import struct
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,37 +43,50 @@ _FIELDS = [struct.Struct(f"<{n}q") for n in range(4 + MAX_DIMS + 1)]
 class _OwnSlot:
     """This rank's outgoing slot of one engine in host memory, reused call after call.
 
-    The engine's collective has read it before :func:`exchange` returns. The
-    data area's view, typed and shaped like the tensor sent, is made once per
-    layout (a view op costs microseconds on a small CPU).
+    The engine's collective has read it before :func:`exchange` returns. On a
+    CPU backend the slot is kept once per rank (``rows``, for
+    :meth:`Backend.all_gather_slots`), and the header and data are written
+    into every row; otherwise one row, moved to the device. The data areas'
+    view, typed and shaped like the tensor sent, is made once per layout (a
+    view op costs microseconds on a small CPU).
     """
 
-    __slots__ = ("inboxes", "raw", "tensor")
+    __slots__ = ("inboxes", "on_cpu", "raw", "rows", "size", "starts")
 
-    def __init__(self, size: int):
-        self.raw = bytearray(size)
-        self.tensor = torch.frombuffer(self.raw, dtype=torch.uint8)
+    def __init__(self, world: int, size: int, on_cpu: bool):
+        self.size = size
+        self.on_cpu = on_cpu
+        rows = world if on_cpu else 1
+        self.raw = bytearray(rows * size)
+        self.rows = torch.frombuffer(self.raw, dtype=torch.uint8).view(rows, size)
+        self.starts = range(size, rows * size, size)  # where the rows after the first begin
         self.inboxes: dict[tuple[torch.dtype, torch.Size], torch.Tensor] = {}
 
+    def head(self, fields: list[int]) -> None:
+        """Pack the header ``fields`` at the start of every row."""
+        pack = _FIELDS[len(fields)]
+        pack.pack_into(self.raw, 0, *fields)
+        first = self.raw[: pack.size]
+        for start in self.starts:
+            self.raw[start : start + pack.size] = first
+
     def put(self, tensor: torch.Tensor, nbytes: int) -> None:
-        """Copy ``tensor`` into the data area."""
+        """Copy ``tensor`` into the data area of every row, in one copy."""
         key = (tensor.dtype, tensor.shape)
         inbox = self.inboxes.get(key)
         if inbox is None:
             if len(self.inboxes) >= 64:
                 self.inboxes.clear()
-            area = self.tensor.narrow(0, _HEADER_BYTES, nbytes)
-            inbox = self.inboxes[key] = area.view(tensor.dtype).view(tensor.shape)
+            areas = self.rows.narrow(1, _HEADER_BYTES, nbytes).view(tensor.dtype)
+            inbox = self.inboxes[key] = areas.view(self.rows.shape[0], *tensor.shape)
         inbox.copy_(tensor)
 
 
-_own: weakref.WeakKeyDictionary[Any, _OwnSlot] = weakref.WeakKeyDictionary()
-
-
 def _own_slot(engine: Engine, size: int) -> _OwnSlot:
-    found = _own.get(engine)
-    if found is None or len(found.raw) != size:
-        found = _own[engine] = _OwnSlot(size)
+    found: _OwnSlot | None = engine.kept.get("ragged")
+    if found is None or found.size != size:
+        on_cpu = engine.device().type == "cpu"
+        found = engine.kept["ragged"] = _OwnSlot(engine.world_size, size, on_cpu)
     return found
 
 
@@ -119,20 +131,24 @@ def exchange(
     fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
     own = _own_slot(engine, size)
-    _FIELDS[len(fields)].pack_into(own.raw, 0, *fields)
+    own.head(fields)
     if ok and 0 < nbytes <= room:
         own.put(tensor, nbytes)
     world = engine.world_size
-    mine = engine.plugin.to_device(own.tensor)
+    on_cpu = own.on_cpu
     raw: Any
-    if mine.is_cpu and world * size <= _ZEROED_UP_TO:
+    if on_cpu and world * size <= _ZEROED_UP_TO:
         raw = bytearray(world * size)  # small: the cheapest buffer to read headers from
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
     else:
         # not zeroed: the round fills every byte, and zeroing megabytes costs
-        gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-        raw = gathered.numpy() if mine.is_cpu else None
-    engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
+        gathered = torch.empty(world * size, dtype=torch.uint8, device=engine.device())
+        raw = gathered.numpy() if on_cpu else None
+    if on_cpu:
+        engine.run(what, engine.plugin.all_gather_slots, gathered, own.rows, timeout=timeout)
+    else:
+        mine = engine.plugin.to_device(own.rows[0])
+        engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
     if raw is not None:
         stride = size
     else:

@@ -122,8 +122,11 @@ def rooms_of(engine: Engine) -> Rooms:
         >>> rooms_of(engine).slot_bytes(4096)
         4096
     """
-    key = engine.group if engine.group is not None else engine
-    found = _rooms.get(key)
+    found: Rooms | None = engine.kept.get("rooms")
     if found is None:
-        found = _rooms[key] = Rooms()
+        key = engine.group if engine.group is not None else engine
+        found = _rooms.get(key)
+        if found is None:
+            found = _rooms[key] = Rooms()
+        engine.kept["rooms"] = found
     return found

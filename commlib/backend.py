@@ -393,6 +393,20 @@ class Backend:
         """Concatenate every rank's ``tensor`` along dim 0 into ``output``."""
         return _all_gather_single(output, tensor, group=group, async_op=async_op)
 
+    def all_gather_slots(
+        self, output: torch.Tensor, slots: torch.Tensor, group: Group, async_op: bool = False
+    ) -> Work | None:
+        """Every rank's slot into ``output``: row ``r`` (of ``world_size``) from rank ``r``.
+
+        ``slots`` holds this rank's slot once per rank, ``(world_size, n)``
+        bytes with every row the same. The first rounds of commlib's protocols
+        (the argument check, ``all_gather``'s shapes, the object collectives)
+        keep such a buffer and fill it on each call, so that an engine that
+        gathers small tensors fastest with its all_to_all can send it as it
+        is, without building a new input. The default gathers the first row.
+        """
+        return self.all_gather_into_tensor(output, slots[0], group, async_op)
+
     def gather(
         self,
         tensor: torch.Tensor,

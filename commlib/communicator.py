@@ -99,8 +99,9 @@ def _engine_of(comm: Communicator) -> Engine | None:
     return comm._engine
 
 
-def _write_nothing(area: torch.Tensor) -> None:
+def _write_nothing(area: torch.Tensor) -> bool:
     """A slot writer for a rank whose data nobody reads (see ``Communicator._check``)."""
+    return False  # nothing written: nothing to copy to the slot's other rows
 
 
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
@@ -948,7 +949,7 @@ class Communicator:
                 describe,
                 work_t.expand(world, *work_t.shape),
                 timeout,
-                write=lambda area: torch.stack(sent, out=area) if sent is not None else None,
+                write=_write_nothing if sent is None else lambda area: torch.stack(sent, out=area),
             )
             if got is not None:
                 work_t.copy_(got[src][engine.rank])

@@ -130,3 +130,35 @@ def _on_non_wire_dtype(comm) -> list[str]:
 def test_a_dtype_gloo_cannot_move(world):
     for wrong in world.run(_on_non_wire_dtype):
         assert wrong == []
+
+
+def _on_all_gather_slots(comm) -> list[str]:
+    from commlib.backend import Backend
+
+    c = Communicator(timeout=60, strict=False)
+    world, me = c.world_size, c.rank
+    gloo, group = c.plugin, tdist.group.WORLD
+    wrong = []
+    # 16 bytes a slot: gloo's all_to_all of the rows as given; 600 KiB: over
+    # small_exchange_bytes at every world size, gloo's own gather of the first row
+    for n in (16, 600 << 10):
+        slot = (torch.arange(n, dtype=torch.int64) * 5 + me).to(torch.uint8)
+        slots = slot.expand(world, n).contiguous()
+        for plugin, name in ((gloo, "gloo"), (Backend(), "default")):
+            out = torch.full((world * n,), 7, dtype=torch.uint8)
+            work = plugin.all_gather_slots(out, slots, group, async_op=True)
+            if work is not None:
+                work.wait()
+            want = [
+                (torch.arange(n, dtype=torch.int64) * 5 + r).to(torch.uint8) for r in range(world)
+            ]
+            if not torch.equal(out, torch.cat(want)):
+                wrong.append(f"{name} all_gather_slots of {n} bytes")
+            if not torch.equal(slots, slot.expand(world, n)):
+                wrong.append(f"{name} all_gather_slots of {n} bytes changed its input")
+    return wrong
+
+
+def test_all_gather_slots_gives_every_ranks_slot_in_rank_order(world):
+    for wrong in world.run(_on_all_gather_slots):
+        assert wrong == []

@@ -918,6 +918,10 @@ class Communicator:
 
         ``src`` passes ``world_size`` tensors shaped like ``tensor``; the
         other ranks' ``scatter_list`` is ignored (``None`` is usual there).
+        Where the arguments are checked (:attr:`checks`), a wrong list on
+        ``src`` fails every rank alike, in the check's round; unchecked,
+        ``src`` raises before anything is sent, and the others wait for it
+        until their timeout.
 
         Examples:
             >>> out = torch.empty(2)
@@ -931,13 +935,23 @@ class Communicator:
         world = engine.world_size
         check.rank_in_range(src, world, "src")
         parts = None
+        refused: ValueError | TypeError | None = None
         if engine.rank == src:
-            check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
-            parts = [engine.to_device(t) for t in scatter_list or ()]
+            try:
+                check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
+            except (ValueError, TypeError) as exc:
+                if self.checks == "off":
+                    raise
+                # only src can get its list wrong, and the other ranks are waiting
+                # for it: the check's round tells them, and every rank raises alike
+                refused = exc
+            else:
+                parts = [engine.to_device(t) for t in scatter_list or ()]
         work_t = engine.to_device(tensor)
 
         def describe() -> str:
-            return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
+            why = "" if refused is None else f"; refused: {refused}"
+            return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}{why}"
 
         if self.checks != "off" and "scatter" in self.plugin.completed_by_check:
             # src's whole list travels in its slot of the check's round when it
@@ -956,6 +970,8 @@ class Communicator:
                 return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
         else:
             self._check(engine, "scatter", describe, timeout=timeout)
+        if refused is not None:  # src's description differs from the others': not reached
+            raise refused
         return engine.submit(
             "scatter",
             self.plugin.scatter,

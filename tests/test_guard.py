@@ -378,3 +378,51 @@ def test_ranks_in_different_protocols_all_raise_at_once(multi_world, first, othe
         assert error == "RemoteArgumentError"
         assert waited < TIMEOUT / 2
         assert after == multi_world.size
+
+
+_BAD_SCATTER_LISTS = {
+    "too many": lambda x, n: [x] * (n + 1),
+    "none": lambda x, n: None,
+    "wrong shape": lambda x, n: [torch.ones(3)] * n,
+    "wrong dtype": lambda x, n: [x.long()] * n,
+}
+
+
+def _on_bad_scatter_list(comm, bad: str, strict: bool, large: bool) -> tuple[str, str, float]:
+    import time
+
+    c = Communicator(timeout=TIMEOUT, strict=strict)
+    n, src = c.world_size, c.world_size - 1
+    x = torch.ones(300_000 if large else 4)  # large: past the slot, the data-less check
+    started = time.monotonic()
+    kind, text = "no error", ""
+    if strict or c.rank == src:  # unchecked, the others would wait for src
+        try:
+            c.scatter(x, _BAD_SCATTER_LISTS[bad](x, n) if c.rank == src else None, src=src)
+        except (ValueError, TypeError) as exc:
+            kind, text = type(exc).__name__, str(exc)
+    waited = time.monotonic() - started
+    y = torch.ones(2)
+    c.all_reduce(y)  # the group goes on
+    return kind, text, waited, y[0].item()
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["in-slot", "past-slot"])
+@pytest.mark.parametrize("bad", list(_BAD_SCATTER_LISTS))
+def test_a_bad_scatter_list_on_src_fails_every_rank_at_once(multi_world, bad, large):
+    n = multi_world.size
+    for rank, (kind, text, waited, after) in enumerate(
+        multi_world.run(_on_bad_scatter_list, bad, True, large)
+    ):
+        assert kind == "RemoteArgumentError", (rank, kind, text)
+        assert f"rank {n - 1}" in text and "scatter_list" in text, text
+        assert waited < TIMEOUT / 2
+        assert after == n
+
+
+def test_unchecked_a_bad_scatter_list_is_refused_on_src_before_sending(world2):
+    results = world2.run(_on_bad_scatter_list, "too many", False, False)
+    assert results[0][0] == "no error"  # rank 0 did not call: nothing to wait for
+    kind, text, _, after = results[1]
+    assert kind == "ValueError" and "scatter_list on src needs 2 tensors" in text
+    assert after == 2

@@ -238,10 +238,16 @@ def _bad_arguments_collectives(comm: Any, ctx: dict) -> None:
     expect_raises(TypeError, comm.reduce, x, op="band")
     expect_raises(ValueError, comm.reduce, x, op="median")
     expect_raises(ValueError, comm.scatter, x, src=n)
-    if r == 0:  # only src has a list to check
-        expect_raises(ValueError, comm.scatter, x, [x] * (n + 1), src=0)
-        expect_raises(TypeError, comm.scatter, x, None, src=0)
-        expect_raises(ValueError, comm.scatter, x, [torch.ones(3)] * n, src=0)
+    # only src has a list to check: checked, its refusal fails every rank alike
+    # (the others are inside the scatter, waiting for src); unchecked, src
+    # refuses before anything is sent
+    bad_lists = [(ValueError, [x] * (n + 1)), (TypeError, None), (ValueError, [torch.ones(3)] * n)]
+    for kind, bad in bad_lists:
+        if comm.checks != "off":
+            got = expect_raises(kind, comm.scatter, x, bad if r == 0 else None, src=0)
+            expect("scatter_list on src" in str(got) or "scatter_list[0]" in str(got), f"{got}")
+        elif r == 0:
+            expect_raises(kind, comm.scatter, x, bad, src=0)
     expect_raises(ValueError, comm.all_to_all, [x] * (n + 1), [x] * n)
     expect_raises(TypeError, comm.all_to_all, [x] * n, [x.long()] * n)
     out = torch.empty(2 * n)

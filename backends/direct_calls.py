@@ -62,12 +62,23 @@ def _finish(work: Any, async_op: bool) -> Work | None:
     return None
 
 
+# options without fields, one per (kind, async_op): the ProcessGroup takes them
+# by const reference, and building one costs microseconds on every call
+_FIELDLESS: dict[tuple[Any, bool], Any] = {}
+
+
 def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
+    if not fields:
+        found = _FIELDLESS.get((kind, async_op))
+        if found is not None:
+            return found
     opts = kind()
     for name, value in fields.items():
         setattr(opts, name, value)
     if _HAS_ASYNC_OP:
         opts.asyncOp = async_op
+    if not fields:
+        _FIELDLESS[(kind, async_op)] = opts
     return opts
 
 

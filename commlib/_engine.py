@@ -141,6 +141,7 @@ class Engine:
         # slots): an attribute lookup, where a weak dictionary keyed by the engine
         # costs microseconds a call
         self.kept: dict[str, Any] = {}
+        self.on_cpu = plugin.device().type == "cpu"
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -149,7 +150,8 @@ class Engine:
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as the plugin needs it: on its device and contiguous."""
-        moved = self.plugin.to_device(tensor)
+        # a tensor already on the device is itself (Backend.to_device): no call for it
+        moved = tensor if self.on_cpu and tensor.is_cpu else self.plugin.to_device(tensor)
         return moved if moved.is_contiguous() else moved.contiguous()
 
     # -- errors ----------------------------------------------------------------------
@@ -251,14 +253,18 @@ class Engine:
             >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
             >>> engine.wait(pending)
         """
-        self.health.check(what)
-        self.seq += 1
-        seq = self.seq
-        if self.on_call is not None:
-            self.on_call(what)
+        seq = self._next(what)
         with self.map_errors(what, seq, self.timeout):
             work = call(*args, group=self.group, async_op=True, **kwargs)
         return Pending(work, what, seq)
+
+    def _next(self, what: str) -> int:
+        """The next engine call's sequence number, once the group is known healthy."""
+        self.health.check(what)
+        self.seq += 1
+        if self.on_call is not None:
+            self.on_call(what)
+        return self.seq
 
     def wait(self, pending: Pending, timeout: datetime.timedelta | None = None) -> None:
         """Wait for a started call at most ``timeout`` (the engine's by default)."""
@@ -284,8 +290,13 @@ class Engine:
             >>> out
             tensor([1., 1.])
         """
-        self.bound_engine_wait(timeout or self.timeout)
-        self.wait(self.start(what, call, *args, **kwargs), timeout)
+        limit = timeout or self.timeout
+        self.bound_engine_wait(limit)
+        # start and wait in one block: what the two steps do, for a call on the hot path
+        with self.map_errors(what, self._next(what), limit):
+            work = call(*args, group=self.group, async_op=True, **kwargs)
+            if work is not None:
+                self._wait_work(work, limit)
 
     def submit(
         self,
@@ -318,13 +329,10 @@ class Engine:
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""
-        self.health.check("barrier")
-        self.seq += 1
-        if self.on_call is not None:
-            self.on_call("barrier")
+        seq = self._next("barrier")
         limit = timeout or self.timeout
         self.bound_engine_wait(limit)
-        with self.map_errors("barrier", self.seq, limit):
+        with self.map_errors("barrier", seq, limit):
             self.plugin.barrier(self.group, timeout=limit)
 
     # -- recovery --------------------------------------------------------------------

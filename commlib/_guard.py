@@ -85,18 +85,11 @@ _LAYOUTS = 64
 class _Layout:
     """Views of a slot's data areas, typed and shaped like one (dtype, shape) of data."""
 
-    __slots__ = ("every", "mine", "others", "sent")
+    __slots__ = ("every", "mine")
 
-    def __init__(self, out: torch.Tensor, rows: torch.Tensor, like: torch.Tensor, nbytes: int):
-        world = out.shape[0]
-        areas = out.narrow(1, _DATA, nbytes).view(like.dtype)
-        #: the data area of every row of the outgoing slot, for one copy into all
-        self.sent = areas.view(world, *like.shape)
-        #: this rank's area in the first row, for a writer
-        self.mine = self.sent[0]
-        #: the other rows and the first, to copy what a writer wrote
-        used = _DATA + nbytes
-        self.others = (out[1:].narrow(1, 0, used), out[:1].narrow(1, 0, used))
+    def __init__(self, mine: torch.Tensor, rows: torch.Tensor, like: torch.Tensor, nbytes: int):
+        #: this rank's area in its outgoing slot
+        self.mine = _typed(mine.narrow(0, _DATA, nbytes), like)
         #: every rank's area in the gathered slots
         self.every = [_typed(row.narrow(0, _DATA, nbytes), like) for row in rows.unbind(0)]
 
@@ -105,9 +98,8 @@ class _HostSlots:
     """One engine's outgoing and gathered slots in host memory, reused call after call.
 
     Safe to reuse: a caller consumes the gathered data before its next call.
-    The outgoing slot is kept once per rank (:meth:`Backend.all_gather_slots`):
-    this rank writes its header into every row, and its data into every row
-    with one copy.
+    The outgoing slot's buffer has a row per rank (:meth:`Backend.all_gather_slots`):
+    this rank's slot is the first, the others are the backend's scratch space.
     The views of the data areas, typed and shaped like the data, are made
     once per layout: on a small CPU each view op costs microseconds, and a
     checked call would otherwise make seven of them.
@@ -115,12 +107,13 @@ class _HostSlots:
 
     def __init__(self, world: int, slot_size: int):
         self.slot_size = slot_size
-        self.starts = range(0, world * slot_size, slot_size)  # where each row begins
         self.raw = bytearray(world * slot_size)
         self.out = torch.frombuffer(self.raw, dtype=torch.uint8).view(world, slot_size)
+        self.mine = self.out[0]
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
+        self.starts = range(0, world * slot_size, slot_size)  # where each row begins
         self.layouts: dict[tuple[torch.dtype, torch.Size], _Layout] = {}
 
     def layout(self, data: torch.Tensor, nbytes: int) -> _Layout:
@@ -130,14 +123,8 @@ class _HostSlots:
         if found is None:
             if len(self.layouts) >= _LAYOUTS:
                 self.layouts.clear()
-            found = self.layouts[key] = _Layout(self.out, self.rows, data, nbytes)
+            found = self.layouts[key] = _Layout(self.mine, self.rows, data, nbytes)
         return found
-
-    def head(self, header: bytes) -> None:
-        """Write ``header`` at the start of every row of the outgoing slot."""
-        size = len(header)
-        for start in self.starts:
-            self.raw[start : start + size] = header
 
 
 def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -171,8 +158,7 @@ def exchange(
     collective. ``write``, when given, fills this rank's area (typed and
     shaped like ``data``) instead of copying ``data``: then ``data`` only
     gives the dtype and shape (every rank must declare the same), and a rank
-    with nothing to send writes nothing and returns ``False`` (a scatter's
-    ranks other than src).
+    with nothing to send writes nothing (a scatter's ranks other than src).
 
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
@@ -190,13 +176,13 @@ def exchange(
     views = None
     if device.type == "cpu":
         host = _slots(engine, slot_size)
-        host.head(header)
+        host.raw[:_HEADER_SIZE] = header
         if inline and nbytes and data is not None:
             views = host.layout(data, nbytes)
             if write is None:
-                views.sent.copy_(data)  # into every row at once
-            elif write(views.mine) is not False and world > 1:
-                views.others[0].copy_(views.others[1])
+                views.mine.copy_(data)
+            else:
+                write(views.mine)
         every, rows = host.every, host.rows
         engine.run(what, engine.plugin.all_gather_slots, every, host.out, timeout=timeout)
     else:

@@ -99,9 +99,8 @@ def _engine_of(comm: Communicator) -> Engine | None:
     return comm._engine
 
 
-def _write_nothing(area: torch.Tensor) -> bool:
+def _write_nothing(area: torch.Tensor) -> None:
     """A slot writer for a rank whose data nobody reads (see ``Communicator._check``)."""
-    return False  # nothing written: nothing to copy to the slot's other rows
 
 
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:

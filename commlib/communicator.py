@@ -15,7 +15,7 @@ import datetime
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, NoReturn, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -412,6 +412,30 @@ class Communicator:
             as_timedelta(timeout),
             write=write,
         )
+
+    def _refuse(
+        self, engine: Engine, what: str, error: ValueError | TypeError, timeout: Timeout
+    ) -> NoReturn:
+        """Raise ``error``, a mistake in this rank's own arguments to ``what``, on every rank.
+
+        For arguments only this rank can get wrong (a scatter list on src, its
+        own all_to_all lists and splits), while the other ranks may be in
+        ``what``'s check already, waiting for it. Where ``what`` is checked,
+        this rank joins that round with its refusal as its description: every
+        rank raises the same :class:`~commlib.errors.RemoteArgumentError` (or,
+        when every rank made the same mistake, its own ``error``). Unchecked,
+        it raises here alone, before anything is sent.
+        """
+        if self.checks != "off":
+            _guard.exchange(
+                engine,
+                what,
+                f"{what}(refused: {error})",
+                self.serializer,
+                self.slot_size,
+                timeout=as_timedelta(timeout),
+            )
+        raise error
 
     def _check_pairs(
         self,
@@ -918,7 +942,7 @@ class Communicator:
         ``src`` passes ``world_size`` tensors shaped like ``tensor``; the
         other ranks' ``scatter_list`` is ignored (``None`` is usual there).
         Where the arguments are checked (:attr:`checks`), a wrong list on
-        ``src`` fails every rank alike, in the check's round; unchecked,
+        ``src`` fails every rank at once, in the check's round; unchecked,
         ``src`` raises before anything is sent, and the others wait for it
         until their timeout.
 
@@ -934,23 +958,16 @@ class Communicator:
         world = engine.world_size
         check.rank_in_range(src, world, "src")
         parts = None
-        refused: ValueError | TypeError | None = None
         if engine.rank == src:
             try:
                 check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             except (ValueError, TypeError) as exc:
-                if self.checks == "off":
-                    raise
-                # only src can get its list wrong, and the other ranks are waiting
-                # for it: the check's round tells them, and every rank raises alike
-                refused = exc
-            else:
-                parts = [engine.to_device(t) for t in scatter_list or ()]
+                self._refuse(engine, "scatter", exc, timeout)  # the others wait for src
+            parts = [engine.to_device(t) for t in scatter_list or ()]
         work_t = engine.to_device(tensor)
 
         def describe() -> str:
-            why = "" if refused is None else f"; refused: {refused}"
-            return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}{why}"
+            return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
 
         if self.checks != "off" and "scatter" in self.plugin.completed_by_check:
             # src's whole list travels in its slot of the check's round when it
@@ -969,8 +986,6 @@ class Communicator:
                 return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
         else:
             self._check(engine, "scatter", describe, timeout=timeout)
-        if refused is not None:  # src's description differs from the others': not reached
-            raise refused
         return engine.submit(
             "scatter",
             self.plugin.scatter,
@@ -1006,9 +1021,12 @@ class Communicator:
         """
         engine = self._member("all_to_all")
         world = engine.world_size
-        check.tensor_list(output_tensor_list, world, "output_tensor_list")
-        check.tensor_list(input_tensor_list, world, "input_tensor_list")
-        check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
+        try:
+            check.tensor_list(output_tensor_list, world, "output_tensor_list")
+            check.tensor_list(input_tensor_list, world, "input_tensor_list")
+            check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
+        except (ValueError, TypeError) as exc:
+            self._refuse(engine, "all_to_all", exc, timeout)  # each rank's own lists
         dtype = input_tensor_list[0].dtype
         self._check_pairs(
             engine,
@@ -1062,17 +1080,21 @@ class Communicator:
         """
         engine = self._member("all_to_all_single")
         world = engine.world_size
-        check.tensor(output, "output")
-        check.tensor(input, "input")
-        check.same_dtype([output, input], "all_to_all_single")
-        if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
-            raise ValueError(
-                "all_to_all_single needs output and input of at least one dim whose rows "
-                f"(dims after the first) match, got {tuple(output.shape)} and "
-                f"{tuple(input.shape)}"
-            )
-        out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
-        in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
+        try:
+            check.tensor(output, "output")
+            check.tensor(input, "input")
+            check.same_dtype([output, input], "all_to_all_single")
+            if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
+                raise ValueError(
+                    "all_to_all_single needs output and input of at least one dim whose rows "
+                    f"(dims after the first) match, got {tuple(output.shape)} and "
+                    f"{tuple(input.shape)}"
+                )
+            out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
+            in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
+        except (ValueError, TypeError) as exc:
+            # each rank's own shapes and splits: the others may be waiting in the check
+            self._refuse(engine, "all_to_all_single", exc, timeout)
         row = math.prod(input.shape[1:])
         rows_out = in_splits or [input.shape[0] // world] * world
         rows_in = out_splits or [output.shape[0] // world] * world

@@ -420,6 +420,54 @@ def test_a_bad_scatter_list_on_src_fails_every_rank_at_once(multi_world, bad, la
         assert after == n
 
 
+_ONE_RANKS_MISTAKES = {
+    # (what the last rank passes, what the others pass)
+    "all_to_all list length": lambda c, bad: c.all_to_all(
+        [torch.empty(2) for _ in range(c.world_size + bad)],
+        [torch.ones(2) for _ in range(c.world_size)],
+    ),
+    "all_to_all dtypes": lambda c, bad: c.all_to_all(
+        [torch.empty(2) for _ in range(c.world_size)],
+        [torch.ones(2, dtype=torch.int64 if bad else torch.float32) for _ in range(c.world_size)],
+    ),
+    "all_to_all_single splits": lambda c, bad: c.all_to_all_single(
+        torch.empty(2 * c.world_size),
+        torch.ones(2 * c.world_size),
+        [2] * (c.world_size + bad),
+        [2] * c.world_size,
+    ),
+    "all_to_all_single rows": lambda c, bad: c.all_to_all_single(
+        torch.empty(c.world_size, 2 + bad), torch.ones(c.world_size, 2)
+    ),
+}
+
+
+def _on_one_ranks_mistake(comm, case: str) -> tuple[str, str, float, float]:
+    import time
+
+    c = Communicator(timeout=TIMEOUT)
+    started = time.monotonic()
+    kind, text = "no error", ""
+    try:
+        _ONE_RANKS_MISTAKES[case](c, int(c.rank == c.world_size - 1))
+    except (ValueError, TypeError) as exc:
+        kind, text = type(exc).__name__, str(exc)
+    waited = time.monotonic() - started
+    y = torch.ones(2)
+    c.all_reduce(y)  # the group goes on
+    return kind, text, waited, y[0].item()
+
+
+@pytest.mark.parametrize("case", list(_ONE_RANKS_MISTAKES))
+def test_a_mistake_in_one_ranks_own_lists_fails_every_rank_at_once(multi_world, case):
+    n = multi_world.size
+    for kind, text, waited, after in multi_world.run(_on_one_ranks_mistake, case):
+        assert kind == "RemoteArgumentError", (kind, text)
+        assert f"rank {n - 1}: " in text and "refused" in text, text
+        assert waited < TIMEOUT / 2
+        assert after == n
+
+
 def test_unchecked_a_bad_scatter_list_is_refused_on_src_before_sending(world2):
     results = world2.run(_on_bad_scatter_list, "too many", False, False)
     assert results[0][0] == "no error"  # rank 0 did not call: nothing to wait for

@@ -231,7 +231,13 @@ def _async_object_collectives(comm: Any, ctx: dict) -> None:
 
 @check("bad_arguments_collectives")
 def _bad_arguments_collectives(comm: Any, ctx: dict) -> None:
-    """The new collectives refuse bad arguments before anything is sent."""
+    """The new collectives refuse bad arguments on every rank, and the group goes on.
+
+    A mistake only one rank can make (src's scatter list, a rank's own
+    all_to_all lists and splits) fails every rank together where the
+    arguments are checked (in the check's round); unchecked, that rank
+    refuses before anything is sent.
+    """
     n, r = comm.world_size, comm.rank
     x = torch.ones(2)
     expect_raises(ValueError, comm.reduce, x, dst=n)

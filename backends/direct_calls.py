@@ -62,14 +62,18 @@ def _finish(work: Any, async_op: bool) -> Work | None:
     return None
 
 
-# options without fields, one per (kind, async_op): the ProcessGroup takes them
-# by const reference, and building one costs microseconds on every call
-_FIELDLESS: dict[tuple[Any, bool], Any] = {}
+# options whose fields are plain ints (a root rank), one per kind and fields: the
+# ProcessGroup takes them by const reference, and building one costs microseconds
+# on every call. Not a reduce op: premul_sum ops compare equal whatever their factor.
+_BUILT: dict[tuple[Any, ...], Any] = {}
 
 
 def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
-    if not fields:
-        found = _FIELDLESS.get((kind, async_op))
+    key = (
+        (kind, async_op, *fields.items()) if all(type(v) is int for v in fields.values()) else None
+    )
+    if key is not None:
+        found = _BUILT.get(key)
         if found is not None:
             return found
     opts = kind()
@@ -77,8 +81,10 @@ def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
         setattr(opts, name, value)
     if _HAS_ASYNC_OP:
         opts.asyncOp = async_op
-    if not fields:
-        _FIELDLESS[(kind, async_op)] = opts
+    if key is not None:
+        if len(_BUILT) >= 256:  # roots of many subgroups: stay small
+            _BUILT.clear()
+        _BUILT[key] = opts
     return opts
 
 

@@ -297,10 +297,11 @@ class EngineGaps(Backend):
     def all_gather_slots(
         self, output: torch.Tensor, slots: torch.Tensor, group: Group, async_op: bool = False
     ) -> Work | None:
-        """all_gather_slots; small ones as one all_to_all of the slot repeated in ``slots``."""
+        """all_gather_slots; small repeated ones as one all_to_all of ``slots`` as they are."""
         limit = self.small_exchange_bytes
-        if limit is not None and 0 < slots.numel() <= limit:
-            slots[1:].copy_(slots[:1])  # one op, into the caller's buffer: no allocation
+        total = slots.numel()
+        # output holds a slot from every rank: as many bytes as slots repeated per rank
+        if limit is not None and 0 < total <= limit and total == output.numel():
             return self.all_to_all_single(output, slots, None, None, group, async_op)
         return super().all_gather_slots(output, slots, group, async_op)
 

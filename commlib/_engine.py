@@ -318,13 +318,13 @@ class Engine:
             >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
             <Handle pending>
         """
-        self.bound_engine_wait(timeout or self.timeout)
-        pending = self.start(what, call, *args, **kwargs)
         if not async_op:
-            self.wait(pending, timeout)
+            self.run(what, call, *args, timeout=timeout, **kwargs)
             if finish is not None:
                 finish()
             return None
+        self.bound_engine_wait(timeout or self.timeout)
+        pending = self.start(what, call, *args, **kwargs)
         return Handle(lambda t: self.wait(pending, t or timeout), finish, pending.work)
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:

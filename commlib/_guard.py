@@ -38,7 +38,7 @@ import torch
 
 from commlib import _objects
 from commlib._agreement import fingerprint
-from commlib._rooms import need_of, rooms_of
+from commlib._rooms import REPEAT_UP_TO, need_of, rooms_of
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
@@ -85,11 +85,15 @@ _LAYOUTS = 64
 class _Layout:
     """Views of a slot's data areas, typed and shaped like one (dtype, shape) of data."""
 
-    __slots__ = ("every", "mine")
+    __slots__ = ("every", "mine", "others", "sent")
 
-    def __init__(self, mine: torch.Tensor, rows: torch.Tensor, like: torch.Tensor, nbytes: int):
-        #: this rank's area in its outgoing slot
-        self.mine = _typed(mine.narrow(0, _DATA, nbytes), like)
+    def __init__(self, sent: torch.Tensor, rows: torch.Tensor, like: torch.Tensor, nbytes: int):
+        #: the data area of every row of the outgoing slots, for one copy into all
+        self.sent = sent.narrow(1, _DATA, nbytes).view(like.dtype).view(len(sent), *like.shape)
+        #: this rank's area in the first row, for a writer
+        self.mine = self.sent[0]
+        #: the rows after the first and the first, to copy what a writer wrote
+        self.others = (self.sent[1:], self.sent[:1])
         #: every rank's area in the gathered slots
         self.every = [_typed(row.narrow(0, _DATA, nbytes), like) for row in rows.unbind(0)]
 
@@ -98,22 +102,23 @@ class _HostSlots:
     """One engine's outgoing and gathered slots in host memory, reused call after call.
 
     Safe to reuse: a caller consumes the gathered data before its next call.
-    The outgoing slot's buffer has a row per rank (:meth:`Backend.all_gather_slots`):
-    this rank's slot is the first, the others are the backend's scratch space.
-    The views of the data areas, typed and shaped like the data, are made
-    once per layout: on a small CPU each view op costs microseconds, and a
-    checked call would otherwise make seven of them.
+    A small outgoing slot is repeated once per rank, larger ones are sent
+    once (:meth:`Backend.all_gather_slots`). The views of the data areas,
+    typed and shaped like the data, are made once per layout: on a small CPU
+    each view op costs microseconds, and a checked call would otherwise make
+    seven of them.
     """
 
     def __init__(self, world: int, slot_size: int):
         self.slot_size = slot_size
-        self.raw = bytearray(world * slot_size)
-        self.out = torch.frombuffer(self.raw, dtype=torch.uint8).view(world, slot_size)
-        self.mine = self.out[0]
+        copies = world if slot_size <= REPEAT_UP_TO else 1
+        self.raw = bytearray(copies * slot_size)
+        self.sent = torch.frombuffer(self.raw, dtype=torch.uint8).view(copies, slot_size)
+        self.heads = range(0, copies * slot_size, slot_size)  # where each sent row begins
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
-        self.starts = range(0, world * slot_size, slot_size)  # where each row begins
+        self.starts = range(0, world * slot_size, slot_size)  # where each gathered row begins
         self.layouts: dict[tuple[torch.dtype, torch.Size], _Layout] = {}
 
     def layout(self, data: torch.Tensor, nbytes: int) -> _Layout:
@@ -123,8 +128,14 @@ class _HostSlots:
         if found is None:
             if len(self.layouts) >= _LAYOUTS:
                 self.layouts.clear()
-            found = self.layouts[key] = _Layout(self.mine, self.rows, data, nbytes)
+            found = self.layouts[key] = _Layout(self.sent, self.rows, data, nbytes)
         return found
+
+    def head(self, header: bytes) -> None:
+        """Write ``header`` at the start of every sent row."""
+        size = len(header)
+        for start in self.heads:
+            self.raw[start : start + size] = header
 
 
 def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -158,7 +169,8 @@ def exchange(
     collective. ``write``, when given, fills this rank's area (typed and
     shaped like ``data``) instead of copying ``data``: then ``data`` only
     gives the dtype and shape (every rank must declare the same), and a rank
-    with nothing to send writes nothing (a scatter's ranks other than src).
+    with nothing to send writes nothing and returns ``False`` (a scatter's
+    ranks other than src).
 
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
@@ -176,15 +188,15 @@ def exchange(
     views = None
     if device.type == "cpu":
         host = _slots(engine, slot_size)
-        host.raw[:_HEADER_SIZE] = header
+        host.head(header)
         if inline and nbytes and data is not None:
             views = host.layout(data, nbytes)
             if write is None:
-                views.mine.copy_(data)
-            else:
-                write(views.mine)
+                views.sent.copy_(data)  # into every sent row at once
+            elif write(views.mine) is not False and len(views.sent) > 1:
+                views.others[0].copy_(views.others[1])
         every, rows = host.every, host.rows
-        engine.run(what, engine.plugin.all_gather_slots, every, host.out, timeout=timeout)
+        engine.run(what, engine.plugin.all_gather_slots, every, host.sent, timeout=timeout)
     else:
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
         mine[:_HEADER_SIZE].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlib._rooms import HEADER, Rooms
+from commlib._rooms import HEADER, REPEAT_UP_TO, Rooms
 from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
@@ -44,31 +44,42 @@ class _OwnSlot:
     """This rank's outgoing slot of one engine in host memory, reused call after call.
 
     The engine's collective has read it before :func:`exchange` returns. On a
-    CPU backend the buffer has a row per rank (:meth:`Backend.all_gather_slots`:
-    the slot is the first, the others the backend's scratch space); otherwise
-    one row, moved to the device. The data area's view, typed and shaped like
-    the tensor sent, is made once per layout (a view op costs microseconds on
-    a small CPU).
+    CPU backend a small slot is written once per rank, into every row of
+    ``rows`` (:meth:`Backend.all_gather_slots`), a larger one once; otherwise
+    it is one row, moved to the device. The data areas' view, typed and
+    shaped like the tensor sent, is made once per layout (a view op costs
+    microseconds on a small CPU).
     """
 
-    __slots__ = ("inboxes", "on_cpu", "raw", "rows", "size")
+    __slots__ = ("heads", "inboxes", "on_cpu", "raw", "rows", "size")
 
     def __init__(self, world: int, size: int, on_cpu: bool):
         self.size = size
         self.on_cpu = on_cpu
-        self.raw = bytearray((world if on_cpu else 1) * size)
-        self.rows = torch.frombuffer(self.raw, dtype=torch.uint8).view(-1, size)
+        copies = world if on_cpu and size <= REPEAT_UP_TO else 1
+        self.raw = bytearray(copies * size)
+        self.rows = torch.frombuffer(self.raw, dtype=torch.uint8).view(copies, size)
+        self.heads = range(size, copies * size, size)  # where the rows after the first begin
         self.inboxes: dict[tuple[torch.dtype, torch.Size], torch.Tensor] = {}
 
+    def head(self, fields: list[int]) -> None:
+        """Pack the header ``fields`` at the start of every row."""
+        pack = _FIELDS[len(fields)]
+        pack.pack_into(self.raw, 0, *fields)
+        if self.heads:
+            first = self.raw[: pack.size]
+            for start in self.heads:
+                self.raw[start : start + pack.size] = first
+
     def put(self, tensor: torch.Tensor, nbytes: int) -> None:
-        """Copy ``tensor`` into the slot's data area."""
+        """Copy ``tensor`` into the data area of every row, in one copy."""
         key = (tensor.dtype, tensor.shape)
         inbox = self.inboxes.get(key)
         if inbox is None:
             if len(self.inboxes) >= 64:
                 self.inboxes.clear()
-            area = self.rows[0].narrow(0, _HEADER_BYTES, nbytes)
-            inbox = self.inboxes[key] = area.view(tensor.dtype).view(tensor.shape)
+            areas = self.rows.narrow(1, _HEADER_BYTES, nbytes).view(tensor.dtype)
+            inbox = self.inboxes[key] = areas.view(len(self.rows), *tensor.shape)
         inbox.copy_(tensor)
 
 
@@ -121,7 +132,7 @@ def exchange(
     fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
     own = _own_slot(engine, size)
-    _FIELDS[len(fields)].pack_into(own.raw, 0, *fields)
+    own.head(fields)
     if ok and 0 < nbytes <= room:
         own.put(tensor, nbytes)
     world = engine.world_size

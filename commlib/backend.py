@@ -398,13 +398,13 @@ class Backend:
     ) -> Work | None:
         """Every rank's slot into ``output``: row ``r`` (of ``world_size``) from rank ``r``.
 
-        ``slots`` is ``(world_size, n)`` bytes: this rank's slot in the first
-        row, the others scratch space the method may overwrite. The first
-        rounds of commlib's protocols (the argument check, ``all_gather``'s
-        shapes) keep such a buffer from call to call, so that an engine that
-        gathers small tensors fastest with its all_to_all copies the slot into
-        the other rows and sends them as they are, without allocating an
-        input. The default gathers the first row.
+        ``slots`` is ``(k, n)`` bytes: this rank's slot ``n`` bytes long,
+        repeated ``k`` times, where ``k`` is ``world_size`` (small slots) or 1.
+        The first rounds of commlib's protocols (the argument check,
+        ``all_gather``'s shapes) keep such a buffer from call to call and
+        write small slots into every row, so that an engine that gathers small
+        tensors fastest with its all_to_all sends them as they are, without
+        building an input. The default gathers the first row.
         """
         return self.all_gather_into_tensor(output, slots[0], group, async_op)
 

@@ -99,8 +99,9 @@ def _engine_of(comm: Communicator) -> Engine | None:
     return comm._engine
 
 
-def _write_nothing(area: torch.Tensor) -> None:
+def _write_nothing(area: torch.Tensor) -> bool:
     """A slot writer for a rank whose data nobody reads (see ``Communicator._check``)."""
+    return False  # nothing written: nothing to copy into the slot's other rows
 
 
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:

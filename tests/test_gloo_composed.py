@@ -139,13 +139,13 @@ def _on_all_gather_slots(comm) -> list[str]:
     world, me = c.world_size, c.rank
     gloo, group = c.plugin, tdist.group.WORLD
     wrong = []
-    # 16 bytes a slot: gloo's all_to_all, the slot copied into the scratch rows;
-    # 600 KiB: over small_exchange_bytes at every world size, gloo's own gather
-    for n in (16, 600 << 10):
+    # 16 bytes a slot: gloo's all_to_all of the rows as they are, or (one row)
+    # its gather by all_to_all; 600 KiB: over small_exchange_bytes at every world
+    # size, gloo's own gather
+    for n, copies in ((16, world), (16, 1), (600 << 10, world), (600 << 10, 1)):
         slot = (torch.arange(n, dtype=torch.int64) * 5 + me).to(torch.uint8)
         for plugin, name in ((gloo, "gloo"), (Backend(), "default")):
-            slots = torch.full((world, n), 99, dtype=torch.uint8)  # scratch after the first
-            slots[0] = slot
+            slots = slot.expand(copies, n).contiguous()
             out = torch.full((world * n,), 7, dtype=torch.uint8)
             work = plugin.all_gather_slots(out, slots, group, async_op=True)
             if work is not None:
@@ -154,9 +154,9 @@ def _on_all_gather_slots(comm) -> list[str]:
                 (torch.arange(n, dtype=torch.int64) * 5 + r).to(torch.uint8) for r in range(world)
             ]
             if not torch.equal(out, torch.cat(want)):
-                wrong.append(f"{name} all_gather_slots of {n} bytes")
-            if not torch.equal(slots[0], slot):
-                wrong.append(f"{name} all_gather_slots of {n} bytes changed the slot")
+                wrong.append(f"{name} all_gather_slots of {n} bytes x {copies}")
+            if not torch.equal(slots, slot.expand(copies, n)):
+                wrong.append(f"{name} all_gather_slots of {n} bytes changed its input")
     return wrong
 
 

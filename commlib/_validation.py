@@ -139,10 +139,11 @@ def same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:
         Traceback (most recent call last):
         TypeError: all_to_all needs tensors of one dtype, got torch.float32 and torch.int64
     """
+    first = tensors[0].dtype
+    if all(t.dtype == first for t in tensors):
+        return first
     dtypes = sorted({str(t.dtype) for t in tensors})
-    if len(dtypes) > 1:
-        raise TypeError(f"{what} needs tensors of one dtype, got {' and '.join(dtypes)}")
-    return tensors[0].dtype
+    raise TypeError(f"{what} needs tensors of one dtype, got {' and '.join(dtypes)}")
 
 
 def split_sizes(value: Any, world_size: int, rows: int, what: str) -> list[int] | None:

@@ -62,16 +62,6 @@ _DATA = 64  # where the data starts in a slot: aligned for every dtype
 EVERYONE_NEEDS_ALL = frozenset({"all_reduce", "all_gather_into_tensor"})
 
 
-def room(slot_size: int) -> int:
-    """Bytes of data a slot of ``slot_size`` bytes carries after its header.
-
-    Examples:
-        >>> room(4096)
-        4032
-    """
-    return max(0, slot_size - _DATA)
-
-
 @functools.lru_cache(maxsize=4096)
 def _head(description: str) -> bytes:
     # a hot loop passes the same few descriptions: hash each once

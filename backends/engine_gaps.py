@@ -17,7 +17,7 @@ import torch
 
 from commlib.backend import Backend, ThenWork
 from commlib.dtypes import byte_view
-from commlib.reductions import reduce_locally
+from commlib.reductions import reduce_into, reduce_locally
 from commlib.types import EngineOp, Group, P2PRequest, Work
 
 _REAL_OF_COMPLEX = {
@@ -219,7 +219,7 @@ class EngineGaps(Backend):
             return None
         parts = tensor.new_empty((self.world_size(group), *tensor.shape))
         work = self.all_gather_into_tensor(parts.view(-1), tensor.reshape(-1), group, async_op)
-        return ThenWork.of(work, lambda: tensor.copy_(reduce_locally(parts.unbind(0), op)))
+        return ThenWork.of(work, lambda: reduce_into(tensor, parts.unbind(0), op))
 
     def reduce_scatter(
         self,
@@ -352,7 +352,7 @@ class EngineGaps(Backend):
         work = self.gather(tensor, into, dst, group, async_op)
         if me != dst:
             return work
-        return ThenWork.of(work, lambda: tensor.copy_(reduce_locally(parts.unbind(0), op)))
+        return ThenWork.of(work, lambda: reduce_into(tensor, parts.unbind(0), op))
 
     def scatter(
         self,

@@ -40,7 +40,7 @@ from commlib.handle import Handle, ResultHandle
 from commlib.launch import teardown_at_exit
 from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
-from commlib.reductions import reduce_locally
+from commlib.reductions import reduce_into, reduce_locally
 from commlib.serialization import Serializer
 from commlib.types import EngineOp, Group, P2PRequest, ReduceOp, Timeout
 
@@ -562,7 +562,7 @@ class Communicator:
             timeout,
         )
         if parts is not None:
-            work_t.copy_(reduce_locally(parts, engine_op))
+            reduce_into(work_t, parts, engine_op)
             return self._finished(lambda: back(work_t, tensor, world), async_op)
         return engine.submit(
             "all_reduce",
@@ -913,7 +913,7 @@ class Communicator:
         if parts is not None:
             if finish is None:
                 return self._finished(lambda: None, async_op)
-            work_t.copy_(reduce_locally(parts, engine_op))
+            reduce_into(work_t, parts, engine_op)
             return self._finished(finish, async_op)
         if finish is None and work_t is tensor:
             work_t = tensor.clone()

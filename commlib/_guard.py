@@ -38,7 +38,8 @@ import torch
 
 from commlib import _objects
 from commlib._agreement import fingerprint
-from commlib._rooms import REPEAT_UP_TO, need_of, rooms_of
+from commlib._rooms import need_of, rooms_of
+from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
@@ -68,64 +69,34 @@ def _head(description: str) -> bytes:
     return _HEAD.pack(_MAGIC, fingerprint(description))
 
 
-#: data layouts (dtype and shape) a slot keeps views for; a loop uses a handful
-_LAYOUTS = 64
-
-
-class _Layout:
-    """Views of a slot's data areas, typed and shaped like one (dtype, shape) of data."""
-
-    __slots__ = ("every", "mine", "others", "sent")
-
-    def __init__(self, sent: torch.Tensor, rows: torch.Tensor, like: torch.Tensor, nbytes: int):
-        #: the data area of every row of the outgoing slots, for one copy into all
-        self.sent = sent.narrow(1, _DATA, nbytes).view(like.dtype).view(len(sent), *like.shape)
-        #: this rank's area in the first row, for a writer
-        self.mine = self.sent[0]
-        #: the rows after the first and the first, to copy what a writer wrote
-        self.others = (self.sent[1:], self.sent[:1])
-        #: every rank's area in the gathered slots
-        self.every = [_typed(row.narrow(0, _DATA, nbytes), like) for row in rows.unbind(0)]
-
-
 class _HostSlots:
     """One engine's outgoing and gathered slots in host memory, reused call after call.
 
     Safe to reuse: a caller consumes the gathered data before its next call.
-    A small outgoing slot is repeated once per rank, larger ones are sent
-    once (:meth:`Backend.all_gather_slots`). The views of the data areas,
-    typed and shaped like the data, are made once per layout: on a small CPU
-    each view op costs microseconds, and a checked call would otherwise make
-    seven of them.
+    The views of every rank's data area in the gathered slots, typed and
+    shaped like the data, are made once per layout, as the sent slot's are.
     """
 
     def __init__(self, world: int, slot_size: int):
         self.slot_size = slot_size
-        copies = world if slot_size <= REPEAT_UP_TO else 1
-        self.raw = bytearray(copies * slot_size)
-        self.sent = torch.frombuffer(self.raw, dtype=torch.uint8).view(copies, slot_size)
-        self.heads = range(0, copies * slot_size, slot_size)  # where each sent row begins
+        self.sent = SentSlot(copies_of(world, slot_size, on_cpu=True), slot_size, _DATA)
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
         self.starts = range(0, world * slot_size, slot_size)  # where each gathered row begins
-        self.layouts: dict[tuple[torch.dtype, torch.Size], _Layout] = {}
+        self.layouts: dict[tuple[torch.dtype, torch.Size], list[torch.Tensor]] = {}
 
-    def layout(self, data: torch.Tensor, nbytes: int) -> _Layout:
-        """The data areas' views, typed and shaped like ``data`` (made once per layout)."""
+    def gathered(self, data: torch.Tensor, nbytes: int) -> list[torch.Tensor]:
+        """Every rank's data area in the gathered slots, typed and shaped like ``data``."""
         key = (data.dtype, data.shape)
         found = self.layouts.get(key)
         if found is None:
-            if len(self.layouts) >= _LAYOUTS:
+            if len(self.layouts) >= LAYOUTS:
                 self.layouts.clear()
-            found = self.layouts[key] = _Layout(self.sent, self.rows, data, nbytes)
+            found = self.layouts[key] = [
+                _typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows.unbind(0)
+            ]
         return found
-
-    def head(self, header: bytes) -> None:
-        """Write ``header`` at the start of every sent row."""
-        size = len(header)
-        for start in self.heads:
-            self.raw[start : start + size] = header
 
 
 def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -174,20 +145,20 @@ def exchange(
     nbytes = 0 if data is None else data.numel() * data.element_size()
     inline = data is not None and nbytes <= slot_size - _DATA
     header = _head(description) + _TAIL.pack(nbytes, int(inline))
-    device = engine.device()
-    views = None
-    if device.type == "cpu":
+    on_cpu = engine.on_cpu
+    if on_cpu:
         host = _slots(engine, slot_size)
-        host.head(header)
+        host.sent.head(header)
         if inline and nbytes and data is not None:
-            views = host.layout(data, nbytes)
+            areas = host.sent.areas(data, nbytes)
             if write is None:
-                views.sent.copy_(data)  # into every sent row at once
-            elif write(views.mine) is not False and len(views.sent) > 1:
-                views.others[0].copy_(views.others[1])
+                areas.every.copy_(data)  # into every sent row at once
+            elif write(areas.first) is not False:
+                areas.spread()
         every, rows = host.every, host.rows
-        engine.run(what, engine.plugin.all_gather_slots, every, host.sent, timeout=timeout)
+        engine.run(what, engine.plugin.all_gather_slots, every, host.sent.rows, timeout=timeout)
     else:
+        device = engine.device()
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
         mine[:_HEADER_SIZE].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
         if inline and nbytes and data is not None:
@@ -198,7 +169,7 @@ def exchange(
         every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
         rows = every.view(world, slot_size)
         engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
-    if device.type == "cpu":
+    if on_cpu:
         raw = host.every_raw
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
     else:
@@ -231,8 +202,8 @@ def exchange(
         return None
     if not nbytes:
         return [torch.empty_like(data) for _ in range(world)]
-    if views is not None:
-        return list(views.every)
+    if on_cpu:
+        return list(host.gathered(data, nbytes))
     # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)
     return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]

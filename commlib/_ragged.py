@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlib._rooms import HEADER, REPEAT_UP_TO, Rooms
+from commlib._rooms import HEADER, Rooms
+from commlib._sent_slots import SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
@@ -40,54 +41,11 @@ _HEADS = struct.Struct(f"<{_HEADER}q")
 _FIELDS = [struct.Struct(f"<{n}q") for n in range(4 + MAX_DIMS + 1)]
 
 
-class _OwnSlot:
-    """This rank's outgoing slot of one engine in host memory, reused call after call.
-
-    The engine's collective has read it before :func:`exchange` returns. On a
-    CPU backend a small slot is written once per rank, into every row of
-    ``rows`` (:meth:`Backend.all_gather_slots`), a larger one once; otherwise
-    it is one row, moved to the device. The data areas' view, typed and
-    shaped like the tensor sent, is made once per layout (a view op costs
-    microseconds on a small CPU).
-    """
-
-    __slots__ = ("heads", "inboxes", "on_cpu", "raw", "rows", "size")
-
-    def __init__(self, world: int, size: int, on_cpu: bool):
-        self.size = size
-        self.on_cpu = on_cpu
-        copies = world if on_cpu and size <= REPEAT_UP_TO else 1
-        self.raw = bytearray(copies * size)
-        self.rows = torch.frombuffer(self.raw, dtype=torch.uint8).view(copies, size)
-        self.heads = range(size, copies * size, size)  # where the rows after the first begin
-        self.inboxes: dict[tuple[torch.dtype, torch.Size], torch.Tensor] = {}
-
-    def head(self, fields: list[int]) -> None:
-        """Pack the header ``fields`` at the start of every row."""
-        pack = _FIELDS[len(fields)]
-        pack.pack_into(self.raw, 0, *fields)
-        if self.heads:
-            first = self.raw[: pack.size]
-            for start in self.heads:
-                self.raw[start : start + pack.size] = first
-
-    def put(self, tensor: torch.Tensor, nbytes: int) -> None:
-        """Copy ``tensor`` into the data area of every row, in one copy."""
-        key = (tensor.dtype, tensor.shape)
-        inbox = self.inboxes.get(key)
-        if inbox is None:
-            if len(self.inboxes) >= 64:
-                self.inboxes.clear()
-            areas = self.rows.narrow(1, _HEADER_BYTES, nbytes).view(tensor.dtype)
-            inbox = self.inboxes[key] = areas.view(len(self.rows), *tensor.shape)
-        inbox.copy_(tensor)
-
-
-def _own_slot(engine: Engine, size: int) -> _OwnSlot:
-    found: _OwnSlot | None = engine.kept.get("ragged")
+def _own_slot(engine: Engine, size: int) -> SentSlot:
+    found: SentSlot | None = engine.kept.get("ragged")
     if found is None or found.size != size:
-        on_cpu = engine.device().type == "cpu"
-        found = engine.kept["ragged"] = _OwnSlot(engine.world_size, size, on_cpu)
+        copies = copies_of(engine.world_size, size, engine.on_cpu)
+        found = engine.kept["ragged"] = SentSlot(copies, size, _HEADER_BYTES)
     return found
 
 
@@ -132,11 +90,11 @@ def exchange(
     fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
     own = _own_slot(engine, size)
-    own.head(fields)
+    own.head(_FIELDS[len(fields)].pack(*fields))
     if ok and 0 < nbytes <= room:
-        own.put(tensor, nbytes)
+        own.areas(tensor, nbytes).every.copy_(tensor)  # into every row at once
     world = engine.world_size
-    on_cpu = own.on_cpu
+    on_cpu = engine.on_cpu
     raw: Any
     if on_cpu and world * size <= _ZEROED_UP_TO:
         raw = bytearray(world * size)  # small: the cheapest buffer to read headers from

@@ -35,12 +35,6 @@ LEARN_TOTAL = 2 << 20
 #: (230 us at 4), less than the round they save (160-430 us).
 PAD_UP_TO = 128 << 10
 
-#: slots up to this many bytes are written once per rank in the sender's buffer
-#: (one copy of the data into every row), so an engine that gathers them by
-#: all_to_all needs no input built per call (``Backend.all_gather_slots``);
-#: larger ones are written once, and not copied where the engine gathers them
-REPEAT_UP_TO = PAD_UP_TO
-
 #: calls in a row needing less than half the room before it shrinks
 SHRINK_AFTER = 8
 

@@ -10,6 +10,9 @@ unchecked, small tensors in one round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -388,40 +391,23 @@ _BAD_SCATTER_LISTS = {
 }
 
 
-def _on_bad_scatter_list(comm, bad: str, strict: bool, large: bool) -> tuple[str, str, float]:
-    import time
+def _bad_scatter_list(make: Callable[[torch.Tensor, int], Any], large: bool) -> Callable:
+    def call(c: Communicator, bad: int) -> None:
+        x = torch.ones(300_000 if large else 4)  # large: past the slot, the data-less check
+        c.scatter(x, make(x, c.world_size) if bad else None, src=c.world_size - 1)
 
-    c = Communicator(timeout=TIMEOUT, strict=strict)
-    n, src = c.world_size, c.world_size - 1
-    x = torch.ones(300_000 if large else 4)  # large: past the slot, the data-less check
-    started = time.monotonic()
-    kind, text = "no error", ""
-    if strict or c.rank == src:  # unchecked, the others would wait for src
-        try:
-            c.scatter(x, _BAD_SCATTER_LISTS[bad](x, n) if c.rank == src else None, src=src)
-        except (ValueError, TypeError) as exc:
-            kind, text = type(exc).__name__, str(exc)
-    waited = time.monotonic() - started
-    y = torch.ones(2)
-    c.all_reduce(y)  # the group goes on
-    return kind, text, waited, y[0].item()
+    return call
 
 
-@pytest.mark.parametrize("large", [False, True], ids=["in-slot", "past-slot"])
-@pytest.mark.parametrize("bad", list(_BAD_SCATTER_LISTS))
-def test_a_bad_scatter_list_on_src_fails_every_rank_at_once(multi_world, bad, large):
-    n = multi_world.size
-    for rank, (kind, text, waited, after) in enumerate(
-        multi_world.run(_on_bad_scatter_list, bad, True, large)
-    ):
-        assert kind == "RemoteArgumentError", (rank, kind, text)
-        assert f"rank {n - 1}" in text and "scatter_list" in text, text
-        assert waited < TIMEOUT / 2
-        assert after == n
-
-
-_ONE_RANKS_MISTAKES = {
-    # (what the last rank passes, what the others pass)
+# arguments only one rank reads: what the last rank passes (bad=1), the others (bad=0)
+_ONE_RANKS_MISTAKES: dict[str, Callable[[Communicator, int], object]] = {
+    **{
+        f"scatter list {name}, {'past' if large else 'in'} the slot": _bad_scatter_list(
+            make, large
+        )
+        for name, make in _BAD_SCATTER_LISTS.items()
+        for large in (False, True)
+    },
     "all_to_all list length": lambda c, bad: c.all_to_all(
         [torch.empty(2) for _ in range(c.world_size + bad)],
         [torch.ones(2) for _ in range(c.world_size)],
@@ -442,16 +428,18 @@ _ONE_RANKS_MISTAKES = {
 }
 
 
-def _on_one_ranks_mistake(comm, case: str) -> tuple[str, str, float, float]:
+def _on_one_ranks_mistake(comm, case: str, strict: bool = True) -> tuple[str, str, float, float]:
     import time
 
-    c = Communicator(timeout=TIMEOUT)
+    c = Communicator(timeout=TIMEOUT, strict=strict)
     started = time.monotonic()
     kind, text = "no error", ""
-    try:
-        _ONE_RANKS_MISTAKES[case](c, int(c.rank == c.world_size - 1))
-    except (ValueError, TypeError) as exc:
-        kind, text = type(exc).__name__, str(exc)
+    last = c.rank == c.world_size - 1
+    if strict or last:  # unchecked, the others would wait for the last rank
+        try:
+            _ONE_RANKS_MISTAKES[case](c, int(last))
+        except (ValueError, TypeError) as exc:
+            kind, text = type(exc).__name__, str(exc)
     waited = time.monotonic() - started
     y = torch.ones(2)
     c.all_reduce(y)  # the group goes on
@@ -459,17 +447,21 @@ def _on_one_ranks_mistake(comm, case: str) -> tuple[str, str, float, float]:
 
 
 @pytest.mark.parametrize("case", list(_ONE_RANKS_MISTAKES))
-def test_a_mistake_in_one_ranks_own_lists_fails_every_rank_at_once(multi_world, case):
+def test_a_mistake_in_one_ranks_own_arguments_fails_every_rank_at_once(multi_world, case):
     n = multi_world.size
-    for kind, text, waited, after in multi_world.run(_on_one_ranks_mistake, case):
-        assert kind == "RemoteArgumentError", (kind, text)
+    for rank, (kind, text, waited, after) in enumerate(
+        multi_world.run(_on_one_ranks_mistake, case)
+    ):
+        assert kind == "RemoteArgumentError", (rank, kind, text)
         assert f"rank {n - 1}: " in text and "refused" in text, text
+        if case.startswith("scatter"):
+            assert "scatter_list" in text, text
         assert waited < TIMEOUT / 2
         assert after == n
 
 
 def test_unchecked_a_bad_scatter_list_is_refused_on_src_before_sending(world2):
-    results = world2.run(_on_bad_scatter_list, "too many", False, False)
+    results = world2.run(_on_one_ranks_mistake, "scatter list too many, in the slot", False)
     assert results[0][0] == "no error"  # rank 0 did not call: nothing to wait for
     kind, text, _, after = results[1]
     assert kind == "ValueError" and "scatter_list on src needs 2 tensors" in text

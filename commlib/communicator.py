@@ -35,7 +35,7 @@ from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
-from commlib.errors import NotInGroupError, RemoteArgumentError
+from commlib.errors import BackendUnavailableError, NotInGroupError, RemoteArgumentError
 from commlib.handle import Handle, ResultHandle
 from commlib.launch import teardown_at_exit
 from commlib.observe.dispatch import observed
@@ -178,11 +178,17 @@ class Communicator:
         self.group: Group = group
         self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
 
-        if isinstance(backend, Backend):
-            plugin = backend
-        elif backend is not None:
-            # a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device ("npu")
-            plugin = plugins.resolve_backend(backend)
+        if backend is not None:
+            # an instance, a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device
+            plugin = backend if isinstance(backend, Backend) else plugins.resolve_backend(backend)
+            reason = plugin.unavailable_reason()
+            if reason is not None:
+                # the engine's own failure ("Torch not compiled with CUDA enabled", a
+                # missing torch_npu) would come later and name neither
+                raise BackendUnavailableError(
+                    f"backend {plugin.name!r} is not available in this process: {reason} "
+                    "(`commlib info` lists the backends and why)"
+                )
         elif not self._distributed:
             plugin = plugins.get_backend_plugin("single")
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import types
@@ -94,6 +95,19 @@ def test_unknown_backend_lists_known_ones():
         plugins.get_backend_plugin("nope")
     with pytest.raises(ValueError, match="drives"):
         plugins.backend_for_torch("nope")
+
+
+@pytest.mark.parametrize("name", ["nccl", "hccl", "cncl"])
+def test_selecting_a_backend_this_machine_lacks_says_why(name):
+    plugin = commlib.plugins.get_backend_plugin(name)
+    reason = plugin.unavailable_reason()
+    if reason is None:
+        pytest.skip(f"{name} is available here")
+    # before any engine call: torch's own failure would name neither backend nor reason
+    with pytest.raises(commlib.BackendUnavailableError, match=f"'{name}'.*{re.escape(reason)}"):
+        commlib.Communicator(backend=name)
+    with pytest.raises(commlib.BackendUnavailableError, match=re.escape(reason)):
+        commlib.Communicator(backend=plugin)
 
 
 def test_pluggy_plugin_registration(clean_registry):

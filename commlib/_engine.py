@@ -149,9 +149,13 @@ class Engine:
         return self.plugin.device()
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` as the plugin needs it: on its device and contiguous."""
+        """``tensor`` as the plugin needs it: on its device, contiguous, outside autograd."""
         # a tensor already on the device is itself (Backend.to_device): no call for it
         moved = tensor if self.on_cpu and tensor.is_cpu else self.plugin.to_device(tensor)
+        if moved.requires_grad:
+            # collectives write in place outside autograd, as torch.distributed's do: a
+            # loss averaged for logging, a leaf parameter (an out= reduction refuses both)
+            moved = moved.detach()
         return moved if moved.is_contiguous() else moved.contiguous()
 
     # -- errors ----------------------------------------------------------------------

@@ -84,7 +84,7 @@ def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
     if result is target:
         return
     if result.data_ptr() != target.data_ptr() or result.device != target.device:
-        target.copy_(result.view(target.shape))
+        _write(target, result.view(target.shape))
 
 
 def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
@@ -92,7 +92,19 @@ def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None
         result.div_(world)
         _copy_back(result, target, world)
     else:
-        target.copy_(torch.true_divide(result, world).view(target.shape))
+        _write(target, torch.true_divide(result, world).view(target.shape))
+
+
+def _write(target: torch.Tensor, value: torch.Tensor) -> None:
+    """``target.copy_(value)`` as torch.distributed writes: outside autograd, and once
+    per memory location of an expanded tensor (whose aliased elements agree)."""
+    if target.requires_grad:
+        target = target.detach()
+    if not target.is_contiguous() and 0 in target.stride():
+        for dim, (size, step) in enumerate(zip(target.shape, target.stride())):
+            if step == 0 and size > 1:
+                target, value = target.narrow(dim, 0, 1), value.narrow(dim, 0, 1)
+    target.copy_(value)
 
 
 def _engine_of(comm: Communicator) -> Engine | None:

@@ -93,6 +93,55 @@ def test_all_reduce(world):
     assert got["async mean"] == [sum(ranks) / n] * 4
 
 
+def _on_autograd_and_expanded(comm):
+    """In-place collectives on what torch.distributed takes: tensors in autograd, expanded."""
+    r = comm.rank
+    makers = {
+        "loss": lambda: torch.tensor([1.0 + r], requires_grad=True) * 2,  # not a leaf
+        "leaf": lambda: torch.tensor([1.0 + r], requires_grad=True),
+        "expanded": lambda: torch.tensor([[1.0 + r], [5.0]]).expand(2, 3),
+    }
+    out = {}
+    for strict in (True, False):
+        c = dist.Communicator(strict=strict)
+        for name, make in makers.items():
+            for op in ("sum", "mean", "max"):
+                x = make()
+                c.all_reduce(x, op)
+                out[(strict, name, op)] = x.tolist()
+            x = make()
+            c.broadcast(x, src=comm.world_size - 1)
+            out[(strict, name, "broadcast")] = x.tolist()
+            d = {"v": make()}
+            dist.all_reduce_dict(d, "mean")
+            out[(strict, name, "dict")] = d["v"].tolist()
+    # the group goes on: nothing above broke it
+    y = torch.ones(1)
+    dist.all_reduce(y)
+    out["after"] = y.item()
+    return out
+
+
+def test_autograd_and_expanded_tensors_reduce_in_place(world):
+    n = world.size
+    results = world.run(_on_autograd_and_expanded)
+    assert all(res == results[0] for res in results)
+    got = results[0]
+    total = sum(1.0 + r for r in range(n))
+    for strict in (True, False):
+        assert got[(strict, "loss", "sum")] == [2 * total]
+        assert got[(strict, "loss", "mean")] == pytest.approx([2 * total / n])
+        assert got[(strict, "loss", "max")] == [2.0 * n]
+        assert got[(strict, "loss", "broadcast")] == [2.0 * n]
+        assert got[(strict, "leaf", "mean")] == pytest.approx([total / n])
+        assert got[(strict, "leaf", "dict")] == pytest.approx([total / n])
+        assert got[(strict, "expanded", "sum")] == [[total] * 3, [5.0 * n] * 3]
+        assert got[(strict, "expanded", "max")] == [[float(n)] * 3, [5.0] * 3]
+        assert got[(strict, "expanded", "broadcast")] == [[float(n)] * 3, [5.0] * 3]
+        assert got[(strict, "expanded", "dict")][0] == pytest.approx([total / n] * 3)
+    assert got["after"] == n
+
+
 def _on_all_gather(comm, ragged):
     r = comm.rank
     t = torch.arange(r + 1 if ragged else 3, dtype=torch.float32) + 10 * r

@@ -37,7 +37,11 @@ from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
 from commlib.errors import BackendUnavailableError, NotInGroupError, RemoteArgumentError
 from commlib.handle import Handle, ResultHandle
-from commlib.launch import teardown_at_exit
+from commlib.launch import (
+    plugin_of_started_world,
+    teardown_at_exit,
+    warn_if_launched_without_init,
+)
 from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
 from commlib.reductions import reduce_into, reduce_locally
@@ -206,7 +210,9 @@ class Communicator:
         else:
             # a non-member cannot ask its group; the world's engine is the best answer
             torch_backend = _torch_backend_name(group if self.is_member else None)
-            plugin = plugins.backend_for_group(torch_backend)
+            plugin = plugin_of_started_world(torch_backend) or plugins.backend_for_group(
+                torch_backend
+            )
         if not self._distributed and plugin.torch_backend:
             # torch's own message ("Default process group has not been
             # initialized") names neither the backend nor the way out
@@ -388,6 +394,9 @@ class Communicator:
                 f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
                 "communicator's group"
             )
+        if not self._distributed:
+            # under torchrun before init_dist each rank would compute alone: say so once
+            warn_if_launched_without_init()
         # an async object collective started earlier keeps its place in the order
         if _steps.pending():
             _steps.finish_pending()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import multiprocessing
 import os
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -104,8 +107,17 @@ def warn_if_launched_without_init() -> None:
         "alone. Call commlib.init_dist() (e.g. init_dist('pytorch')) before the first "
         "collective.",
         UserWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """The stack level of the first frame outside commlib: the user's line."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def init_dist(
@@ -119,8 +131,13 @@ def init_dist(
 
     ``launcher`` is ``"pytorch"`` (torchrun: ``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``), ``"slurm"`` or ``"mpi"`` (their rank
-    variables are mapped onto torchrun's; ``MASTER_ADDR``/``MASTER_PORT`` must be
-    set). ``backend`` is a commlib plugin name, a torch backend name (also
+    variables are mapped onto torchrun's). As mmengine: under slurm ``port=``
+    (else ``MASTER_PORT``, else 29500) is the port and ``MASTER_ADDR`` defaults
+    to the first host of ``SLURM_NODELIST`` (``scontrol show hostname``); under
+    mpi ``MASTER_PORT`` defaults to 29500 and ``MASTER_ADDR`` must be set; the
+    multiprocessing start method becomes ``"spawn"`` unless one is already
+    set (forked workers of a process that started an accelerator break).
+    ``backend`` is a commlib plugin name, a torch backend name (also
     multi-device, ``"cpu:gloo,cuda:nccl"``) or a device type (``"npu"``: the
     backend torch registers for it); by default the one torch picks for this
     machine's accelerator. The plugin selects the device from ``LOCAL_RANK``
@@ -152,12 +169,23 @@ def init_dist(
             os.environ[torch_name] = value
     if launcher == "slurm" and "," in os.environ.get("LOCAL_WORLD_SIZE", ""):
         os.environ["LOCAL_WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"].split("(")[0]
+    port = kwargs.pop("port", None)
+    if port is not None:
+        if launcher != "slurm":
+            raise TypeError(f"init_dist: port= is for the slurm launcher, not {launcher!r}")
+        os.environ["MASTER_PORT"] = str(port)
+    if launcher != "pytorch":
+        os.environ.setdefault("MASTER_PORT", "29500")  # torch.distributed's default, as mmengine
+    if launcher == "slurm" and "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"] = _first_slurm_host()
     for needed in ("MASTER_ADDR", "MASTER_PORT"):
         if needed not in os.environ:
             raise ValueError(f"init_dist: {needed} is not set")
     plugin = _plugin(backend)
     if plugin.torch_backend is None:
         raise ValueError(f"backend {plugin.name!r} runs without a process group")
+    if multiprocessing.get_start_method(allow_none=True) is None:
+        multiprocessing.set_start_method("spawn")
     plugin.setup_device(int(os.environ.get("LOCAL_RANK", 0)))
     if isinstance(timeout, (int, float)):
         timeout = datetime.timedelta(seconds=timeout)
@@ -165,6 +193,7 @@ def init_dist(
         kwargs["timeout"] = timeout
     kwargs.setdefault("init_method", "env://")
     plugin.init_process_group(**kwargs)
+    _started[:] = [dist.group.WORLD, str(dist.get_backend()), plugin]
     teardown_at_exit()
     # the plugin that started the world serves it, even if another one drives
     # the same torch backend
@@ -172,6 +201,53 @@ def init_dist(
     from commlib.functional import set_default_communicator
 
     set_default_communicator(Communicator(backend=plugin))
+
+
+# the world init_dist started: [its group, its torch backend, the plugin that started it]
+_started: list[Any] = [None, None, None]
+
+
+def plugin_of_started_world(torch_backend: str) -> Backend | None:
+    """The plugin :func:`init_dist` started this world with, for a group of ``torch_backend``.
+
+    So a ``Communicator()`` made later is served by the plugin the user chose
+    (their own subclass of gloo's, say), not by the first one registered for
+    the torch backend. ``None`` when init_dist did not start the current world
+    or the group runs another torch backend.
+
+    Examples:
+        >>> plugin_of_started_world("gloo") is None    # no init_dist in this process
+        True
+    """
+    world, started_backend, plugin = _started
+    if plugin is None or torch_backend != started_backend:
+        return None
+    if not (dist.is_initialized() and dist.group.WORLD is world):
+        return None  # destroyed, or started again without init_dist
+    return plugin
+
+
+def _first_slurm_host() -> str:
+    """The first host of ``SLURM_NODELIST``, where the slurm job's rank 0 runs."""
+    nodes = os.environ.get("SLURM_NODELIST")
+    if not nodes:
+        raise ValueError("init_dist: MASTER_ADDR is not set (nor SLURM_NODELIST to take it from)")
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "hostname", nodes],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(
+            f"init_dist: MASTER_ADDR is not set and `scontrol show hostname {nodes}` failed "
+            f"({exc}); set MASTER_ADDR"
+        ) from None
+    if not shown:
+        raise ValueError(f"init_dist: `scontrol show hostname {nodes}` named no host")
+    return shown[0]
 
 
 @functools.lru_cache(maxsize=1)

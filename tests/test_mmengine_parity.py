@@ -598,6 +598,15 @@ def test_a_launcher_without_init_dist_warns_once(fresh_warning):
         dist.barrier()
 
 
+def test_a_communicator_under_a_launcher_without_init_dist_warns(fresh_warning):
+    fresh_warning.setenv("WORLD_SIZE", "2")
+    comm = dist.Communicator()
+    assert (comm.rank, comm.world_size) == (0, 1)  # made and asked: quiet
+    with pytest.warns(UserWarning, match=r"WORLD_SIZE=2.*init_dist") as caught:
+        comm.all_reduce(torch.ones(1))
+    assert caught[0].filename == __file__
+
+
 @pytest.mark.parametrize("world_size", [None, "1", "junk"])
 def test_single_process_use_stays_silent(fresh_warning, world_size):
     if world_size is not None:
@@ -606,6 +615,7 @@ def test_single_process_use_stays_silent(fresh_warning, world_size):
         warnings.simplefilter("error")
         dist.all_reduce(torch.ones(1))
         dist.collect_results([1], 1)
+        dist.Communicator().broadcast(torch.ones(1))
 
 
 def _on_warnings(comm):

@@ -329,11 +329,17 @@ def backend_for_device(device: Any) -> Backend:
     Examples:
         >>> backend_for_device("cpu").name
         'gloo'
+        >>> backend_for_device("npu:1").name      # without torch_npu too
+        'hccl'
     """
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError):
-        raise ValueError(f"not a device: {device!r}") from None
+        # torch learns "npu" / "mlu" only when torch_npu / torch_mlu is imported: the
+        # plugin serving that device type still answers, and says why it cannot run
+        kind = device.split(":", 1)[0] if isinstance(device, str) else None
+        if kind not in {b.device_type for b in _backends().values() if b.torch_backend}:
+            raise ValueError(f"not a device: {device!r}") from None
     getter = getattr(dist, "get_default_backend_for_device", None)
     if getter is not None:
         try:

@@ -108,6 +108,12 @@ def test_selecting_a_backend_this_machine_lacks_says_why(name):
         commlib.Communicator(backend=name)
     with pytest.raises(commlib.BackendUnavailableError, match=re.escape(reason)):
         commlib.Communicator(backend=plugin)
+    # and by its device's name, which torch itself may not know without the extension
+    device = f"{plugin.device_type}:1"
+    assert plugins.resolve_backend(plugin.device_type) is plugin
+    assert plugins.backend_for_device(device) is plugin
+    with pytest.raises(commlib.BackendUnavailableError, match=re.escape(reason)):
+        commlib.Communicator(backend=plugin.device_type)
 
 
 def test_pluggy_plugin_registration(clean_registry):

@@ -85,9 +85,17 @@ class _FixedSource(commlib.Backend):
         return super().broadcast(tensor, 0, group, async_op)
 
 
+class _PlainGloo(commlib.Backend):
+    """gloo through torch.distributed alone: no way around the dtypes gloo refuses."""
+
+    name = "kit-plain-gloo"
+    torch_backend = "gloo"
+
+
 def register_broken(rank: int, size: int) -> None:
     commlib.register_backend(_WrongSum)
     commlib.register_backend(_FixedSource)
+    commlib.register_backend(_PlainGloo)
 
 
 @pytest.mark.timeout(180)
@@ -107,6 +115,23 @@ def test_kit_reports_broken_backends():
         run_conformance(
             "kit-fixed-source", world_sizes=(2,), setup=register_broken, checks=["broadcast"]
         )
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_collective_names_its_arguments_and_spares_later_checks():
+    report = run_conformance(
+        "kit-plain-gloo",
+        world_sizes=(2,),
+        setup=register_broken,
+        checks=["reduce", "barrier", "all_reduce_ops"],
+        raise_on_failure=False,
+    )
+    failed = {r.check: r.detail for r in report.failures}
+    # gloo refuses int16: the failure says where, and the group it broke is not reused
+    assert "reduce" in failed, str(report)
+    assert "reduce(dst 0, sum, int16 (2, 3)) raised CommError" in failed["reduce"]
+    assert "Invalid scalar type" in failed["reduce"]
+    assert report.results[1].status == "passed", str(report)  # barrier, on fresh ranks
 
 
 @pytest.mark.timeout(180)

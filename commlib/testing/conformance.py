@@ -6,7 +6,7 @@ Examples:
     >>> from commlib.testing.conformance import run_conformance
     >>> report = run_conformance("gloo")       # starts ranks  # doctest: +SKIP
     >>> print(report)                          # doctest: +SKIP
-    gloo: 86 passed, 4 skipped, 0 failed
+    gloo: 126 passed, 9 skipped, 0 failed
     >>> # a vendor backend, simulated on this machine
     >>> from commlib.testing import simulated
     >>> run_conformance("hccl", setup=simulated.setup("hccl"))  # doctest: +SKIP
@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from commlib.hookspecs import hookimpl
 from commlib.testing.checks import CHECKS, Check
 from commlib.testing.checks import collectives as _collectives  # noqa: F401
 from commlib.testing.checks import errors as _errors  # noqa: F401  (registers checks)
@@ -124,6 +125,47 @@ class _LocalWorld:
 
     def close(self) -> None:
         pass
+
+
+class _FirstFailure:
+    """An observer in each rank: the first collective of a check that ended in an error."""
+
+    event: Any = None
+
+    @hookimpl
+    def commlib_collective_end(self, event: Any) -> None:
+        if event.error is not None and self.event is None:
+            self.event = event
+
+
+_failure = _FirstFailure()
+
+
+def _run_check(comm: Any, fn: Callable[[Any, dict], None], ctx: dict) -> None:
+    """Run a check in a rank; an engine error names the collective and what it was given.
+
+    The error alone ("Invalid scalar type") does not say which of a check's
+    dtypes, roots and devices the backend lacks.
+    """
+    from commlib import plugins
+
+    manager = plugins.plugin_manager()
+    if not manager.is_registered(_failure):
+        manager.register(_failure, name="commlib.testing.first-failure")
+    _failure.event = None
+    try:
+        fn(comm, ctx)
+    except AssertionError:
+        raise
+    except Exception as exc:
+        event = _failure.event
+        if event is None:
+            raise
+        raise AssertionError(
+            f"{event.name}({event.describe()}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        _failure.event = None
 
 
 def _summary(exc: BaseException) -> str:
@@ -240,11 +282,15 @@ class Kit:
         ctx = {"world_size": world_size, "tmpdir": self._tmpdir, "drawn": self.drawn}
         start = time.perf_counter()
         try:
-            world.run(check.fn, ctx, timeout=self.timeout)
+            world.run(_run_check, check.fn, ctx, timeout=self.timeout)
         except Exception as exc:
             result.status, result.detail = "failed", _summary(exc)
             if isinstance(exc, WorldTimeout):
                 self._world = None  # it was killed; the next check starts a fresh one
+            else:
+                # a failed collective leaves the ranks' communicators broken (as it
+                # must): the next check starts on fresh ranks, not on this failure
+                self.close_world()
         result.seconds = time.perf_counter() - start
         return result
 
@@ -270,7 +316,7 @@ class Kit:
         Examples:
             >>> with Kit("gloo") as kit:                # starts ranks  # doctest: +SKIP
             ...     print(kit.run_all((1, 2)))
-            gloo: 57 passed, 3 skipped, 0 failed
+            gloo: 82 passed, 8 skipped, 0 failed
         """
         report = Report(self.backend)
         wanted = list(names) if names is not None else list(CHECKS)

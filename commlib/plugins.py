@@ -337,9 +337,10 @@ def backend_for_device(device: Any) -> Backend:
     except (RuntimeError, TypeError):
         # torch learns "npu" / "mlu" only when torch_npu / torch_mlu is imported: the
         # plugin serving that device type still answers, and says why it cannot run
-        kind = device.split(":", 1)[0] if isinstance(device, str) else None
-        if kind not in {b.device_type for b in _backends().values() if b.torch_backend}:
+        served = {b.device_type for b in _backends().values() if b.torch_backend}
+        if not isinstance(device, str) or device.split(":", 1)[0] not in served:
             raise ValueError(f"not a device: {device!r}") from None
+        kind = device.split(":", 1)[0]
     getter = getattr(dist, "get_default_backend_for_device", None)
     if getter is not None:
         try:

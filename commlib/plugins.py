@@ -208,12 +208,12 @@ def register_backend(backend: type[Backend] | Backend, *, replace: bool = False)
 
     Examples:
         >>> from commlib_backends.gloo import GlooBackend
-        >>> class Traced(GlooBackend):
-        ...     name = "traced"
-        >>> commlib.register_backend(Traced)
-        <Traced 'traced' torch_backend='gloo'>
-        >>> commlib.init_dist("pytorch", backend="traced")    # under torchrun  # doctest: +SKIP
-        >>> commlib.unregister_backend("traced")
+        >>> class LoudGloo(GlooBackend):
+        ...     name = "loud-gloo"
+        >>> commlib.register_backend(LoudGloo)
+        <LoudGloo 'loud-gloo' torch_backend='gloo'>
+        >>> commlib.init_dist("pytorch", backend="loud-gloo")    # under torchrun  # doctest: +SKIP
+        >>> commlib.unregister_backend("loud-gloo")
     """
     instance = _instantiate(backend)
     with _lock:
@@ -231,10 +231,10 @@ def unregister_backend(name: str) -> None:
 
     Examples:
         >>> from commlib_backends.gloo import GlooBackend
-        >>> class Traced(GlooBackend):
-        ...     name = "traced"
-        >>> traced = commlib.register_backend(Traced)
-        >>> commlib.unregister_backend("traced")
+        >>> class LoudGloo(GlooBackend):
+        ...     name = "loud-gloo"
+        >>> loud = commlib.register_backend(LoudGloo)
+        >>> commlib.unregister_backend("loud-gloo")
         >>> commlib.unregister_backend("gloo")   # an entry point's: uninstall it instead
         Traceback (most recent call last):
         ...
@@ -432,8 +432,8 @@ def list_backends() -> list[BackendInfo]:
     """Every registered backend with its availability, broken plugins included.
 
     Examples:
-        >>> [b.name for b in list_backends()]     # the built-in plugins
-        ['cncl', 'gloo', 'hccl', 'nccl', 'single']
+        >>> {"gloo", "nccl", "single"} <= {b.name for b in list_backends()}   # built in
+        True
         >>> [(b.name, b.reason) for b in list_backends() if not b.available]  # doctest: +SKIP
         [('cncl', 'torch_mlu is not installed'), ('hccl', ...), ('nccl', ...)]
     """
@@ -465,8 +465,10 @@ def list_observers() -> list[str]:
     """The plugins that observe collectives, each as ``commlib info`` names it.
 
     Examples:
-        >>> list_observers()          # nothing installed, no COMMLIB_TRACE_DIR
+        >>> list_observers()   # nothing installed, no COMMLIB_TRACE_DIR  # doctest: +SKIP
         []
+        >>> all(isinstance(name, str) for name in list_observers())
+        True
     """
     pm = plugin_manager()
     seen: set[int] = set()

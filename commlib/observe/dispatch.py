@@ -96,8 +96,10 @@ def current() -> _Observers:
 
     Examples:
         >>> from commlib.observe import dispatch
-        >>> bool(dispatch.current())   # nothing registered
+        >>> bool(dispatch.current())   # no observer installed  # doctest: +SKIP
         False
+        >>> dispatch.current() is dispatch.current()   # looked up once
+        True
     """
     global _observers
     found = _observers

@@ -150,8 +150,7 @@ def _run_check(comm: Any, fn: Callable[[Any, dict], None], ctx: dict) -> None:
     from commlib import plugins
 
     manager = plugins.plugin_manager()
-    if not manager.is_registered(_failure):
-        manager.register(_failure, name="commlib.testing.first-failure")
+    manager.register(_failure, name="commlib.testing.first-failure")  # for this check only
     _failure.event = None
     try:
         fn(comm, ctx)
@@ -166,6 +165,7 @@ def _run_check(comm: Any, fn: Callable[[Any, dict], None], ctx: dict) -> None:
         ) from exc
     finally:
         _failure.event = None
+        manager.unregister(_failure)
 
 
 def _summary(exc: BaseException) -> str:

@@ -87,6 +87,7 @@ from commlib.serialization import (
     Payload,
     PickleSerializer,
     RefusedClassError,
+    RefusedRemoteClassError,
     RestrictedSerializer,
     Serializer,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "Payload",
     "PickleSerializer",
     "RefusedClassError",
+    "RefusedRemoteClassError",
     "RemoteArgumentError",
     "RemoteError",
     "RestrictedSerializer",

@@ -44,7 +44,13 @@ from commlib import _validation as check
 from commlib._rooms import need_of, rooms_of
 from commlib._steps import Steps, call, run
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
-from commlib.serialization import Payload, Serializer, uint8_view
+from commlib.serialization import (
+    Payload,
+    RefusedClassError,
+    RefusedRemoteClassError,
+    Serializer,
+    uint8_view,
+)
 
 if TYPE_CHECKING:
     from commlib._engine import Engine
@@ -497,6 +503,8 @@ def load_payload(
     """
     try:
         return ser.loads(header, buffers)
+    except RefusedClassError as exc:
+        raise RefusedRemoteClassError(exc.qualname, me, sender) from exc
     except Exception as exc:
         raise DeserializationError(
             f"rank {me} could not load the object sent by rank {sender}: "

@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from commlib.errors import DeserializationError
+
 
 class Payload(NamedTuple):
     """What a serializer produces: ``header`` bytes and raw ``buffers``.
@@ -508,6 +510,35 @@ class RefusedClassError(pickle.UnpicklingError):
 
     def __reduce__(self):
         return (type(self), (self.qualname,))
+
+
+class RefusedRemoteClassError(DeserializationError, RefusedClassError):
+    """What another rank sent holds a class this rank's :class:`RestrictedSerializer` refuses.
+
+    Both a :class:`~commlib.errors.DeserializationError` (naming the two ranks)
+    and a :class:`RefusedClassError` (``except RefusedClassError`` around a
+    collective catches it).
+
+    Attributes:
+        qualname (str): ``"module.QualName"`` of what was refused.
+        rank (int): the rank that refused it; ``sender``: the rank that sent it.
+
+    Examples:
+        >>> err = RefusedRemoteClassError("posix.system", rank=1, sender=0)
+        >>> isinstance(err, RefusedClassError), str(err)[:72]
+        (True, "rank 1 could not load the object sent by rank 0: refusing to load 'posix")
+    """
+
+    def __init__(self, qualname: str, rank: int, sender: int):
+        self.qualname, self.rank, self.sender = qualname, rank, sender
+        Exception.__init__(
+            self,
+            f"rank {rank} could not load the object sent by rank {sender}: "
+            f"{RefusedClassError(qualname)}",
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.qualname, self.rank, self.sender))
 
 
 _SAFE_NAMES = frozenset(

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import commlib
 from commlib import Communicator
 from commlib.errors import CommError, DeserializationError, RemoteArgumentError, RemoteError
-from commlib.serialization import OutOfBandSerializer, RestrictedSerializer
+from commlib.serialization import OutOfBandSerializer, RefusedClassError, RestrictedSerializer
 from commlib.testing.strategies import assert_same, picklable_objects, same
 from commlib_backends.gloo import GlooBackend
 
@@ -317,6 +317,9 @@ def _load_failure(comm, large):
     try:
         out = c.all_gather_object(obj)
     except DeserializationError as exc:
+        # the refusal is also a RefusedClassError, as serialization.md promises
+        assert isinstance(exc, RefusedClassError) and exc.qualname == "fractions.Fraction"
+        assert (exc.rank, exc.sender) == (c.rank, 1)
         return "DeserializationError", str(exc)
     return "ok", len(out)
 

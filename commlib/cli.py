@@ -100,7 +100,11 @@ def trace(directory: str, as_json: bool = False, out=None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``commlib`` console script."""
-    parser = argparse.ArgumentParser(prog="commlib", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="commlib",
+        description="commlib's command line: the backends found here (info), every collective "
+        "against torch.distributed (bench), the flight recorder's files read (trace).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="registered backends, availability, torch version, device")
     bench_parser = sub.add_parser(

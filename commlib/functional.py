@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -249,28 +250,46 @@ def get_local_rank() -> int:
     """Rank of this process on its machine (0 when not distributed).
 
     The rank in :func:`init_local_group`'s group when it was made, otherwise
-    the launcher's ``LOCAL_RANK``.
+    the launcher's ``LOCAL_RANK``; neither is a ``RuntimeError``, as in mmengine.
 
     Examples:
         >>> get_local_rank()
         0
     """
     local = _local_comm()
-    return local.rank if local is not None else get_communicator().local_rank
+    return local.rank if local is not None else _launcher_local("LOCAL_RANK", 0)
 
 
 def get_local_size() -> int:
     """Number of processes on this machine (1 when not distributed).
 
     The size of :func:`init_local_group`'s group when it was made, otherwise
-    the launcher's ``LOCAL_WORLD_SIZE``.
+    the launcher's ``LOCAL_WORLD_SIZE``; neither is a ``RuntimeError``, as in mmengine.
 
     Examples:
         >>> get_local_size()
         1
     """
     local = _local_comm()
-    return local.world_size if local is not None else get_communicator().local_size
+    return local.world_size if local is not None else _launcher_local("LOCAL_WORLD_SIZE", 1)
+
+
+def _launcher_local(variable: str, alone: int) -> int:
+    """What the launcher says of this machine's ranks; a guess would be wrong silently.
+
+    Under ``mp.spawn`` or a hand-made ``init_process_group`` nothing says how
+    many ranks share the machine: as mmengine, that is an error naming the ways out.
+    """
+    if not is_distributed():
+        return alone
+    value = os.environ.get(variable)
+    if value is None:
+        raise RuntimeError(
+            f"{variable} is not set (no launcher such as torchrun said it) and the local "
+            "process group is not created: call init_local_group(node_rank, "
+            f"num_gpus_per_node) first, or set {variable}"
+        )
+    return int(value)
 
 
 def get_dist_info(group: Any = None) -> tuple[int, int]:

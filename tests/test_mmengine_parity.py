@@ -541,6 +541,21 @@ def _local_identity(comm):
     return dist.get_local_rank(), dist.get_local_size()
 
 
+def _local_unknown(comm):
+    saved = {v: os.environ.pop(v, None) for v in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    try:  # as under mp.spawn: nothing says how many ranks share the machine
+        return [_error(dist.get_local_rank), _error(dist.get_local_size)]
+    finally:
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
+
+
+def test_local_rank_and_size_are_not_guessed(world2):
+    # mmengine raises too; a guess (1 rank per machine) would be silently wrong
+    for errors in world2.run(_local_unknown):
+        assert "LOCAL_RANK is not set" in errors[0] and "init_local_group" in errors[0]
+        assert "LOCAL_WORLD_SIZE is not set" in errors[1]
+
+
 def test_local_group_not_distributed():
     dist.init_local_group(0, 8)  # a world of one: only the arguments are checked
     assert dist.get_local_group() is None

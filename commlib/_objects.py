@@ -555,6 +555,27 @@ def _prepare(
     return out
 
 
+def refusal_steps(
+    engine: Engine, what: str, error: BaseException, slot_size: int
+) -> Steps[None]:
+    """Round one of the object collective ``what`` from a rank refusing its own arguments.
+
+    The others, already in ``what``, find the refusal in its slot: every rank
+    raises the same :class:`~commlib.errors.RemoteArgumentError` naming this rank.
+
+    Examples:
+        >>> run(engine, refusal_steps(engine, "all_gather_object", ValueError("bad"), 4096))
+        Traceback (most recent call last):
+        ...
+        commlib.errors.RemoteArgumentError: all_gather_object failed on rank(s) [0]: rank 0: ...
+    """
+    op = next(code for code, name in OP_NAMES.items() if name == what)
+    out = _Outgoing(slot_size, op, -1, 0)
+    out.fail(error, BAD_ARGUMENT)
+    slots = yield from _round_one(engine, out, engine.world_size)
+    _agree(slots, op)
+
+
 def _need(slots: _RoundOne, r: int) -> int:
     """Bytes rank ``r``'s payload needs in a slot (0: none, or too many buffers to count)."""
     status = slots.status(r)

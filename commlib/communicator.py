@@ -12,10 +12,11 @@ the translation of engine failures into commlib errors.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NoReturn, TypeVar, overload
+from typing import Any, Literal, NoReturn, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,12 @@ from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib.backend import Backend
-from commlib.errors import BackendUnavailableError, NotInGroupError, RemoteArgumentError
+from commlib.errors import (
+    BackendUnavailableError,
+    CommError,
+    NotInGroupError,
+    RemoteArgumentError,
+)
 from commlib.handle import Handle, ResultHandle
 from commlib.launch import (
     plugin_of_started_world,
@@ -120,9 +126,76 @@ def _write_nothing(area: torch.Tensor) -> bool:
     return False  # nothing written: nothing to copy into the slot's other rows
 
 
+# collectives every rank of the group joins, whose first round a rank's refusal can
+# join (Communicator._refuse): the tensor ones where checked, the object ones always
+_CHECKED_ROUNDS = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "gather",
+        "broadcast",
+        "reduce_scatter",
+        "barrier",
+        "reduce",
+        "scatter",
+        "all_to_all",
+        "all_to_all_single",
+    }
+)
+# checked only in strict mode (the guard checks what engines would abort on)
+_UNSIZED = frozenset({"barrier", "all_gather"})
+_OBJECT_ROUNDS = frozenset(
+    {
+        "all_gather_object",
+        "gather_object",
+        "broadcast_object_list",
+        "broadcast_object",
+        "scatter_object_list",
+    }
+)
+
+
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
-    """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`)."""
-    return observed(name, _engine_of, **facts)
+    """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`).
+
+    A group-wide one also refuses on every rank: see :func:`_refused_everywhere`.
+    """
+    observe = observed(name, _engine_of, **facts)
+    if name not in _CHECKED_ROUNDS and name not in _OBJECT_ROUNDS:
+        return observe
+    objects = name in _OBJECT_ROUNDS
+
+    def decorate(fn: _Method) -> _Method:
+        return observe(_refused_everywhere(name, fn, objects))
+
+    return decorate
+
+
+def _refused_everywhere(name: str, fn: _Method, objects: bool) -> _Method:
+    """``fn``, whose argument errors before its first engine call reach every rank.
+
+    A mistake only this rank made (an op, a root out of range, a timeout it
+    alone passes badly) would raise here alone while the other ranks wait in
+    the collective, and this rank's next call would pair with theirs: results
+    silently mixed, or a hang. So the refusal joins the collective's first
+    round (:meth:`Communicator._refuse`).
+    """
+
+    @functools.wraps(fn)
+    def call(comm: Communicator, *args: Any, **kwargs: Any) -> Any:
+        engine = comm._engine
+        if engine is None:
+            return fn(comm, *args, **kwargs)
+        before = engine.seq
+        try:
+            return fn(comm, *args, **kwargs)
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, CommError) or engine.seq != before:
+                raise  # agreed already, or raised after the first round, on every rank alike
+            comm._refuse(engine, name, exc, kwargs.get("timeout"), objects=objects)
+
+    return cast(_Method, call)
 
 
 class Communicator:
@@ -442,26 +515,43 @@ class Communicator:
         )
 
     def _refuse(
-        self, engine: Engine, what: str, error: ValueError | TypeError, timeout: Timeout
+        self,
+        engine: Engine,
+        what: str,
+        error: ValueError | TypeError,
+        timeout: Timeout,
+        *,
+        objects: bool = False,
     ) -> NoReturn:
         """Raise ``error``, a mistake in this rank's own arguments to ``what``, on every rank.
 
-        For arguments only this rank can get wrong (a scatter list on src, its
-        own all_to_all lists and splits), while the other ranks may be in
-        ``what``'s check already, waiting for it. Where ``what`` is checked,
-        this rank joins that round with its refusal as its description: every
-        rank raises the same :class:`~commlib.errors.RemoteArgumentError` (or,
-        when every rank made the same mistake, its own ``error``). Unchecked,
-        it raises here alone, before anything is sent.
+        For arguments this rank got wrong (a scatter list on src, its own
+        all_to_all lists, an op or a root only it passes) while the other ranks
+        may be in ``what``'s first round already, waiting for it. Where that
+        round exists (a checked tensor collective; an object collective, which
+        always has one), this rank joins it with its refusal as its
+        description, the same number of bytes: every rank raises a
+        :class:`~commlib.errors.RemoteArgumentError` (or, when every rank made
+        the same mistake, its own ``error``). Otherwise it raises here alone,
+        before anything is sent.
         """
-        if self.checks != "off":
+        checks = self.checks
+        try:
+            limit = as_timedelta(timeout)
+        except (ValueError, TypeError):
+            limit = None  # the timeout may be the mistake: the communicator's then
+        if objects and self._distributed and engine.world_size > 1:
+            what = "broadcast_object_list" if what == "broadcast_object" else what
+            steps = _objects.refusal_steps(engine, what, error, self._first_slot(engine))
+            _steps.run(engine, steps, limit)
+        elif checks == "strict" or (checks == "guard" and what not in _UNSIZED):
             _guard.exchange(
                 engine,
                 what,
                 f"{what}(refused: {error})",
                 self.serializer,
                 self.slot_size,
-                timeout=as_timedelta(timeout),
+                timeout=limit,
             )
         raise error
 
@@ -986,11 +1076,8 @@ class Communicator:
         world = engine.world_size
         check.rank_in_range(src, world, "src")
         parts = None
-        if engine.rank == src:
-            try:
-                check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
-            except (ValueError, TypeError) as exc:
-                self._refuse(engine, "scatter", exc, timeout)  # the others wait for src
+        if engine.rank == src:  # the others wait for src: a mistake here reaches them
+            check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
             parts = [engine.to_device(t) for t in scatter_list or ()]
         work_t = engine.to_device(tensor)
 
@@ -1049,12 +1136,9 @@ class Communicator:
         """
         engine = self._member("all_to_all")
         world = engine.world_size
-        try:
-            check.tensor_list(output_tensor_list, world, "output_tensor_list")
-            check.tensor_list(input_tensor_list, world, "input_tensor_list")
-            check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
-        except (ValueError, TypeError) as exc:
-            self._refuse(engine, "all_to_all", exc, timeout)  # each rank's own lists
+        check.tensor_list(output_tensor_list, world, "output_tensor_list")
+        check.tensor_list(input_tensor_list, world, "input_tensor_list")
+        check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         dtype = input_tensor_list[0].dtype
         self._check_pairs(
             engine,
@@ -1108,21 +1192,17 @@ class Communicator:
         """
         engine = self._member("all_to_all_single")
         world = engine.world_size
-        try:
-            check.tensor(output, "output")
-            check.tensor(input, "input")
-            check.same_dtype([output, input], "all_to_all_single")
-            if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
-                raise ValueError(
-                    "all_to_all_single needs output and input of at least one dim whose rows "
-                    f"(dims after the first) match, got {tuple(output.shape)} and "
-                    f"{tuple(input.shape)}"
-                )
-            out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
-            in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
-        except (ValueError, TypeError) as exc:
-            # each rank's own shapes and splits: the others may be waiting in the check
-            self._refuse(engine, "all_to_all_single", exc, timeout)
+        check.tensor(output, "output")
+        check.tensor(input, "input")
+        check.same_dtype([output, input], "all_to_all_single")
+        if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
+            raise ValueError(
+                "all_to_all_single needs output and input of at least one dim whose rows "
+                f"(dims after the first) match, got {tuple(output.shape)} and "
+                f"{tuple(input.shape)}"
+            )
+        out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
+        in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
         row = math.prod(input.shape[1:])
         rows_out = in_splits or [input.shape[0] // world] * world
         rows_in = out_splits or [output.shape[0] // world] * world

@@ -460,6 +460,48 @@ def test_a_mistake_in_one_ranks_own_arguments_fails_every_rank_at_once(multi_wor
         assert after == n
 
 
+# arguments every rank reads, wrong on the last rank alone (bad=1): it used to raise
+# alone, and its next call paired with the others' call (results silently mixed)
+_ONE_RANK_ALONE: dict[str, Callable[[Communicator, int], object]] = {
+    "all_reduce op": lambda c, bad: c.all_reduce(torch.ones(2), op="avg" if bad else "sum"),
+    "broadcast src": lambda c, bad: c.broadcast(torch.ones(2), src=c.world_size + 5 * bad - 1),
+    "reduce dst type": lambda c, bad: c.reduce(torch.ones(2), dst="0" if bad else 0),
+    "all_reduce not a tensor": lambda c, bad: c.all_reduce([1.0] if bad else torch.ones(1)),
+    "all_reduce timeout": lambda c, bad: c.all_reduce(torch.ones(2), timeout="x" if bad else 30),
+    "all_gather_object timeout": lambda c, bad: c.all_gather_object(1, timeout=-1 if bad else 30),
+    "broadcast_object src": lambda c, bad: c.broadcast_object(1, src=99 if bad else 0),
+    "gather_object dst": lambda c, bad: c.gather_object(1, dst=-3 if bad else 0),
+}
+
+
+def _on_one_rank_alone(comm, case: str) -> tuple[str, str, float, list[float]]:
+    import time
+
+    c = Communicator(timeout=TIMEOUT)  # the default checks
+    started = time.monotonic()
+    kind, text = "no error", ""
+    try:
+        _ONE_RANK_ALONE[case](c, int(c.rank == c.world_size - 1))
+    except (ValueError, TypeError) as exc:
+        kind, text = type(exc).__name__, str(exc)
+    waited = time.monotonic() - started
+    y = torch.full((2,), float(c.rank))
+    c.all_reduce(y)  # pairs with the others' all_reduce, not with anything earlier
+    return kind, text, waited, y.tolist()
+
+
+@pytest.mark.parametrize("case", list(_ONE_RANK_ALONE))
+def test_a_mistake_only_one_rank_makes_reaches_every_rank(multi_world, case):
+    n = multi_world.size
+    for rank, (kind, text, waited, after) in enumerate(
+        multi_world.run(_on_one_rank_alone, case)
+    ):
+        assert kind == "RemoteArgumentError", (rank, kind, text)
+        assert f"rank {n - 1}" in text, text
+        assert waited < TIMEOUT / 2
+        assert after == [float(sum(range(n)))] * 2
+
+
 def test_unchecked_a_bad_scatter_list_is_refused_on_src_before_sending(world2):
     results = world2.run(_on_one_ranks_mistake, "scatter list too many, in the slot", False)
     assert results[0][0] == "no error"  # rank 0 did not call: nothing to wait for

@@ -555,9 +555,7 @@ def _prepare(
     return out
 
 
-def refusal_steps(
-    engine: Engine, what: str, error: BaseException, slot_size: int
-) -> Steps[None]:
+def refusal_steps(engine: Engine, what: str, error: BaseException, slot_size: int) -> Steps[None]:
     """Round one of the object collective ``what`` from a rank refusing its own arguments.
 
     The others, already in ``what``, find the refusal in its slot: every rank

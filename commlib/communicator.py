@@ -266,6 +266,8 @@ class Communicator:
             group = dist.group.WORLD
         self.group: Group = group
         self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
+        # the group's world ranks as new_group made it, for a non-member (torch cannot say)
+        self._outside_view: list[int] | None = None
 
         if backend is not None:
             # an instance, a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device
@@ -398,9 +400,26 @@ class Communicator:
                 slot_size=self.slot_size,
                 strict=self.strict,
             )
-        world_ranks = [self.ranks[r] for r in ranks] if self.is_member else ranks
+        known = self.ranks if self.is_member else self._outside_view
+        if known is not None:
+            for r in ranks:  # a non-member checks them against the group it was told of
+                check.rank_in_range(r, len(known), "rank")
+            world_ranks: list[int] | None = [known[r] for r in ranks]
+            described = f"new_group(world ranks {world_ranks})"
+        else:
+            world_ranks = None
+            described = (
+                "new_group(refused: this process is not a member of the group it was "
+                "asked to divide and does not know its ranks)"
+            )
+        # torch's new_group waits in the store for every world rank with the same
+        # list, without a bound: ranks that differ (or a non-member that cannot
+        # translate) are an error on every rank instead
+        Communicator(timeout=limit).ensure_same("new_group", described)
+        if world_ranks is None:  # every rank refused alike
+            raise NotInGroupError(described)
         group = self.plugin.new_group(world_ranks, limit)
-        return Communicator(
+        child = Communicator(
             group,
             backend=self.plugin,
             serializer=self.serializer,
@@ -408,6 +427,8 @@ class Communicator:
             slot_size=self.slot_size,
             strict=self.strict,
         )
+        child._outside_view = world_ranks  # a non-member of it can still divide it
+        return child
 
     @_collective("shrink")
     def shrink(

@@ -510,6 +510,35 @@ def test_subgroups(multi_world, pick):
         assert b == members[-1] and box == members[-1] and d == k
 
 
+def _on_subgroup_of_subgroup(comm):
+    r = comm.rank
+    sub = comm.new_group(list(range(1, comm.world_size)))
+    inner = sub.new_group(list(range(min(2, comm.world_size - 1))))  # members of sub or not
+    got: tuple = (inner.is_member, inner.rank)
+    if inner.is_member:
+        x = torch.tensor([float(r)])
+        inner.all_reduce(x)
+        got += (x.item(),)
+    try:  # ranks that differ on one rank: an error everywhere, not a wrong group
+        comm.new_group([0, 1] if r else [1, 0, 2][: comm.world_size])
+        got += ("no error",)
+    except RemoteArgumentError as exc:
+        got += ("new_group ranks passed different arguments" in str(exc),)
+    return got
+
+
+def test_subgroups_of_subgroups_and_ranks_that_differ(multi_world):
+    # a non-member of a subgroup used to pass its group ranks as world ranks to torch,
+    # which then waited for it without a bound
+    results = multi_world.run(_on_subgroup_of_subgroup)
+    inner = list(range(1, min(3, multi_world.size)))  # world ranks of sub's first two
+    for r, got in enumerate(results):
+        if r in inner:
+            assert got == (True, inner.index(r), float(sum(inner)), True)
+        else:
+            assert got == (False, -1, True)
+
+
 def _on_raise(comm):
     if comm.rank == 0:
         raise KeyError("boom")

@@ -493,9 +493,7 @@ def _on_one_rank_alone(comm, case: str) -> tuple[str, str, float, list[float]]:
 @pytest.mark.parametrize("case", list(_ONE_RANK_ALONE))
 def test_a_mistake_only_one_rank_makes_reaches_every_rank(multi_world, case):
     n = multi_world.size
-    for rank, (kind, text, waited, after) in enumerate(
-        multi_world.run(_on_one_rank_alone, case)
-    ):
+    for rank, (kind, text, waited, after) in enumerate(multi_world.run(_on_one_rank_alone, case)):
         assert kind == "RemoteArgumentError", (rank, kind, text)
         assert f"rank {n - 1}" in text, text
         assert waited < TIMEOUT / 2

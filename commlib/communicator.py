@@ -372,7 +372,9 @@ class Communicator:
         """A communicator for a subgroup; ``ranks`` are ranks of *this* group.
 
         Like ``torch.distributed.new_group``, every rank of the world must call
-        it with the same ``ranks``, members or not. Non-members get a
+        it with the same ``ranks``, members or not (ranks that differ raise
+        :class:`~commlib.errors.RemoteArgumentError` on every rank, after one
+        small round over the world). Non-members get a
         communicator with ``is_member=False`` whose collectives raise
         :class:`~commlib.errors.NotInGroupError`. The new communicator keeps
         this one's backend, serializer, slot size and ``strict``.

@@ -27,9 +27,17 @@ def as_timedelta(value: datetime.timedelta | float | None) -> datetime.timedelta
     """
     if value is None or isinstance(value, datetime.timedelta):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value <= _LONGEST  # NaN fails this too
+    ):
         raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
     return datetime.timedelta(seconds=value)
+
+
+# what timedelta can hold (inf, 1e300 overflow it)
+_LONGEST = datetime.timedelta.max.total_seconds()
 
 
 def default_timeout() -> datetime.timedelta:

@@ -39,6 +39,8 @@ def reduce_op(op: Any, tensor: torch.Tensor | None = None) -> str:
         and (tensor.is_floating_point() or tensor.is_complex())
     ):
         raise TypeError(f"op {name!r} needs an integer or bool tensor, got {tensor.dtype}")
+    if tensor is not None and name in ("min", "max") and tensor.is_complex():
+        raise TypeError(f"op {name!r} has no order to follow in a complex tensor ({tensor.dtype})")
     return name
 
 
@@ -52,6 +54,10 @@ def tensor(value: Any, what: str = "data") -> torch.Tensor:
     """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout is not torch.strided or value.is_meta:
+        # their own messages come from deep in the engine, after the check's round
+        kind = "a meta tensor (no data)" if value.is_meta else f"a {value.layout} tensor"
+        raise TypeError(f"{what} must be a dense tensor with data, got {kind}")
     return value
 
 

@@ -249,6 +249,27 @@ def test_communicator_arguments():
         Communicator(backend="gloo")
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 1e300, -1.0, "30"])
+def test_timeouts_that_are_no_duration(timeout):
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        Communicator().all_reduce(torch.ones(1), timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "op", "needle"),
+    [
+        (torch.ones(2, dtype=torch.complex64), "max", "no order"),
+        (torch.ones(2, dtype=torch.complex64), "min", "no order"),
+        (torch.ones(2, device="meta"), "sum", "meta tensor"),
+        (torch.ones(2).to_sparse(), "sum", "sparse_coo tensor"),
+    ],
+)
+def test_tensors_no_engine_can_reduce_are_refused_first(tensor, op, needle):
+    # torch's own errors came from inside the engine, after the check's round
+    with pytest.raises(TypeError, match=needle):
+        Communicator().all_reduce(tensor, op)
+
+
 def test_not_in_group_error_is_value_error():
     assert issubclass(NotInGroupError, ValueError)
 

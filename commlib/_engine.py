@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from commlib import _failure_notes, _survivors, _waiting
 from commlib._health import health_of
@@ -209,10 +210,11 @@ class Engine:
             missing = _failure_notes.missing_ranks(
                 self.group, self.rank, self.world_size, seq, what
             )
-            detail = "; ".join(f"rank {r}: {w}" for r, w in sorted(missing.items()))
+            detail = "; ".join(f"{self._rank_label(r)}: {w}" for r, w in sorted(missing.items()))
             error = CommTimeoutError(
-                f"{what} did not complete within {limit.total_seconds():g}s on rank "
-                f"{self.rank} of {self.world_size}" + (f" ({detail})" if detail else "")
+                f"{what} did not complete within {limit.total_seconds():g}s on "
+                f"{self._rank_label(self.rank)} of {self.world_size}"
+                + (f" ({detail})" if detail else "")
             )
         else:
             _failure_notes.record(self.group, self.rank, seq, what, "failed")
@@ -223,6 +225,16 @@ class Engine:
             _failure_notes.announce_broken(self.group, str(error), timed_out)
             self.plugin.abort(self.group)
         return error
+
+    def _rank_label(self, rank: int) -> str:
+        """``rank 1``, or in a subgroup ``rank 1 (world rank 2)``: messages give both."""
+        if self.group is None or self.group is dist.GroupMember.WORLD:
+            return f"rank {rank}"
+        try:
+            world = dist.get_process_group_ranks(self.group)[rank]
+        except Exception:  # a group torch cannot describe any more: the group rank alone
+            return f"rank {rank}"
+        return f"rank {rank} (world rank {world})"
 
     def bound_engine_wait(self, limit: datetime.timedelta) -> None:
         """Make the engine itself give up on operations issued from now on, soon after ``limit``.

@@ -200,3 +200,21 @@ def test_per_call_timeout_then_clean_teardown(fresh_world):
     assert "within 1s" in results[0]
     # after a timeout the group can still be torn down on every rank
     assert fresh_world.run(_on_teardown, timeout=60) == [False] * fresh_world.size
+
+
+def _on_subgroup_skip(comm):
+    sub = comm.new_group([0, comm.world_size - 1], timeout=TIMEOUT)
+    if comm.rank == comm.world_size - 1 or not sub.is_member:
+        return None  # the last rank skips the subgroup's barrier
+    try:
+        sub.barrier()
+    except CommTimeoutError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_subgroup_timeout_names_world_ranks_too(world3):
+    # messages about a rank give both numbers: group rank 1 is world rank 2 here
+    message = world3.run(_on_subgroup_skip)[0]
+    assert "on rank 0 (world rank 0) of 2" in message, message
+    assert "rank 1 (world rank 2): did not arrive" in message, message

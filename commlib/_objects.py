@@ -298,6 +298,11 @@ def _round_one(engine: Engine, out: _Outgoing, world: int) -> Steps[_RoundOne]:
     return _RoundOne(host, host.numpy(), size, world)
 
 
+# what a slot of another protocol is (a checked tensor collective, all_gather's first
+# round): its bytes at the op's place mean nothing here
+_OTHER = "another collective"
+
+
 def _agree(slots: _RoundOne, op: int) -> None:
     """Raise on every rank if any rank failed or the ranks disagree."""
     heads = slots.heads
@@ -306,7 +311,7 @@ def _agree(slots: _RoundOne, op: int) -> None:
         return
     name = OP_NAMES[op]
     if len({h[1] for h in heads}) > 1:  # name every collective called, the same on every rank
-        name = "/".join(sorted({OP_NAMES.get(h[1], f"unknown({h[1]})") for h in heads}))
+        name = "/".join(sorted({OP_NAMES.get(h[1], _OTHER) for h in heads}))
     failed = {
         r: bytes(slots.body(r)).decode(errors="replace")
         for r, h in enumerate(heads)
@@ -319,7 +324,7 @@ def _agree(slots: _RoundOne, op: int) -> None:
         values = [h[index] for h in heads]
         if len(set(values)) > 1:
             if index == 1:
-                values = [OP_NAMES.get(v, f"unknown({v})") for v in values]
+                values = [OP_NAMES.get(v, _OTHER) for v in values]
             per_rank = {r: f"{what}={v}" for r, v in enumerate(values)}
             raise RemoteArgumentError(name, per_rank, f"ranks disagree on the {what}")
 

@@ -119,7 +119,7 @@ def exchange(
         bad = {r: f"tensor has more than {MAX_DIMS} dims" for r, h in enumerate(heads) if not h[0]}
         raise RemoteArgumentError(what, bad)
     if len({(h[1], h[2]) for h in heads}) > 1:
-        per_rank = {r: f"dtype={dtype_from_code(h[1])}, ndim={h[2]}" for r, h in enumerate(heads)}
+        per_rank = {r: _said(h) for r, h in enumerate(heads)}
         raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
     shapes = [list(h[4 : 4 + h[2]]) for h in heads]
     if rooms is not None:
@@ -135,3 +135,11 @@ def exchange(
         for r, h in enumerate(heads)
     ]
     return shapes, tensors
+
+
+def _said(head: tuple[int, ...]) -> str:
+    """What a rank's header says it passed; a slot of another protocol says nothing."""
+    dtype = dtype_from_code(head[1])
+    if isinstance(dtype, str) or not 0 <= head[2] <= MAX_DIMS:
+        return "another collective"
+    return f"dtype={dtype}, ndim={head[2]}"

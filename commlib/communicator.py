@@ -417,7 +417,10 @@ class Communicator:
         # torch's new_group waits in the store for every world rank with the same
         # list, without a bound: ranks that differ (or a non-member that cannot
         # translate) are an error on every rank instead
-        Communicator(timeout=limit).ensure_same("new_group", described)
+        world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
+        if world._engine is not None:  # commlib's own round: not a collective observers see
+            ser, slot = self.serializer, self.slot_size
+            _agreement.agree(world._engine, "new_group", described, ser, slot)
         if world_ranks is None:  # every rank refused alike
             raise NotInGroupError(described)
         group = self.plugin.new_group(world_ranks, limit)

@@ -193,7 +193,7 @@ def init_dist(
         kwargs["timeout"] = timeout
     kwargs.setdefault("init_method", "env://")
     plugin.init_process_group(**kwargs)
-    _started[:] = [dist.group.WORLD, str(dist.get_backend()), plugin]
+    _started[:] = [id(dist.group.WORLD), str(dist.get_backend()), plugin]
     teardown_at_exit()
     # the plugin that started the world serves it, even if another one drives
     # the same torch backend
@@ -203,7 +203,8 @@ def init_dist(
     set_default_communicator(Communicator(backend=plugin))
 
 
-# the world init_dist started: [its group, its torch backend, the plugin that started it]
+# the world init_dist started: [its group's id (a reference would keep a destroyed group
+# alive past shutdown, where gloo's threads abort), its torch backend, the plugin]
 _started: list[Any] = [None, None, None]
 
 
@@ -222,7 +223,7 @@ def plugin_of_started_world(torch_backend: str) -> Backend | None:
     world, started_backend, plugin = _started
     if plugin is None or torch_backend != started_backend:
         return None
-    if not (dist.is_initialized() and dist.group.WORLD is world):
+    if not (dist.is_initialized() and id(dist.group.WORLD) == world):
         return None  # destroyed, or started again without init_dist
     return plugin
 

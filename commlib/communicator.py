@@ -143,7 +143,8 @@ _CHECKED_ROUNDS = frozenset(
         "all_to_all_single",
     }
 )
-# checked only in strict mode (the guard checks what engines would abort on)
+# fixed-size first rounds: checked only in strict mode (the guard checks what the
+# engine would abort on)
 _UNSIZED = frozenset({"barrier", "all_gather"})
 _OBJECT_ROUNDS = frozenset(
     {
@@ -387,9 +388,12 @@ class Communicator:
         ranks = list(ranks)
         if not ranks:
             raise ValueError("new_group needs at least one rank")
-        if self.is_member:
+        # a non-member checks them against the group new_group told it of
+        known = self.ranks if self.is_member and self._distributed else self._outside_view
+        if self.is_member or known is not None:
+            size = self.world_size if self.is_member else len(known or ())
             for r in ranks:
-                check.rank_in_range(r, self.world_size, "rank")
+                check.rank_in_range(r, size, "rank")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"new_group got duplicate ranks: {ranks}")
         limit = as_timedelta(timeout) or self.timeout
@@ -402,10 +406,7 @@ class Communicator:
                 slot_size=self.slot_size,
                 strict=self.strict,
             )
-        known = self.ranks if self.is_member else self._outside_view
         if known is not None:
-            for r in ranks:  # a non-member checks them against the group it was told of
-                check.rank_in_range(r, len(known), "rank")
             world_ranks: list[int] | None = [known[r] for r in ranks]
             described = f"new_group(world ranks {world_ranks})"
         else:
@@ -509,23 +510,20 @@ class Communicator:
         data: torch.Tensor | None = None,
         timeout: Timeout = None,
         *,
-        sized: bool = True,
         completes: bool = True,
         write: Callable[[torch.Tensor], object] | None = None,
     ) -> list[torch.Tensor] | None:
         """The argument check before ``what``, if this communicator checks it.
 
         ``describe`` formats what this rank passes (only when it is checked).
-        ``sized``: ranks passing different sizes to ``what`` would reach the
-        engine (the guard checks only those). Returns every rank's ``data``
+        Returns every rank's ``data``
         when it travelled with the check, so the caller completes from it:
         only for collectives in the plugin's ``completed_by_check``, unless
         ``completes`` is false (then the data is what is checked).
         ``write`` fills this rank's part of the slot instead of copying
         ``data`` (see :func:`commlib._guard.exchange`).
         """
-        checks = self.checks
-        if checks == "off" or (checks == "guard" and not sized):
+        if not self._checked(what):
             return None
         if completes and data is not None and what not in self.plugin.completed_by_check:
             data = None  # the backend's own collective computes the result
@@ -539,6 +537,15 @@ class Communicator:
             as_timedelta(timeout),
             write=write,
         )
+
+    def _checked(self, what: str) -> bool:
+        """Whether ``what`` runs the argument check (see :attr:`checks`).
+
+        Strict: every collective. The guard: those whose sizes reach the
+        engine, not ``barrier`` nor the ragged ``all_gather`` (fixed-size rounds).
+        """
+        checks = self.checks
+        return checks == "strict" or (checks == "guard" and what not in _UNSIZED)
 
     def _refuse(
         self,
@@ -561,7 +568,6 @@ class Communicator:
         the same mistake, its own ``error``). Otherwise it raises here alone,
         before anything is sent.
         """
-        checks = self.checks
         try:
             limit = as_timedelta(timeout)
         except (ValueError, TypeError):
@@ -570,7 +576,7 @@ class Communicator:
             what = "broadcast_object_list" if what == "broadcast_object" else what
             steps = _objects.refusal_steps(engine, what, error, self._first_slot(engine))
             _steps.run(engine, steps, limit)
-        elif checks == "strict" or (checks == "guard" and what not in _UNSIZED):
+        elif self._checked(what):
             _guard.exchange(
                 engine,
                 what,
@@ -746,7 +752,6 @@ class Communicator:
             "all_gather",
             lambda: f"{tensor.dtype}, ndim={tensor.dim()}",
             timeout=timeout,
-            sized=False,
         )
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
@@ -1000,7 +1005,7 @@ class Communicator:
             True
         """
         engine = self._member("barrier")
-        self._check(engine, "barrier", lambda: "", timeout=timeout, sized=False)
+        self._check(engine, "barrier", lambda: "", timeout=timeout)
         if not async_op:
             engine.barrier(as_timedelta(timeout))
             return None

@@ -250,7 +250,7 @@ def get_local_rank() -> int:
     """Rank of this process on its machine (0 when not distributed).
 
     The rank in :func:`init_local_group`'s group when it was made, otherwise
-    the launcher's ``LOCAL_RANK``; neither is a ``RuntimeError``, as in mmengine.
+    the launcher's ``LOCAL_RANK``; without either, a ``RuntimeError``, as in mmengine.
 
     Examples:
         >>> get_local_rank()
@@ -264,7 +264,7 @@ def get_local_size() -> int:
     """Number of processes on this machine (1 when not distributed).
 
     The size of :func:`init_local_group`'s group when it was made, otherwise
-    the launcher's ``LOCAL_WORLD_SIZE``; neither is a ``RuntimeError``, as in mmengine.
+    the launcher's ``LOCAL_WORLD_SIZE``; without either, a ``RuntimeError``, as in mmengine.
 
     Examples:
         >>> get_local_size()

@@ -80,7 +80,7 @@ def launched_world_size() -> int:
         return 1
 
 
-_warned_not_initialised = [False]
+_launch_warning_decided = [False]
 
 
 def warn_if_launched_without_init() -> None:
@@ -95,12 +95,13 @@ def warn_if_launched_without_init() -> None:
         >>> commlib.all_reduce(torch.ones(2))  # doctest: +SKIP
         UserWarning: WORLD_SIZE=2: a launcher started 2 ranks, but torch.distributed ...
     """
-    if _warned_not_initialised[0] or (dist.is_available() and dist.is_initialized()):
+    if _launch_warning_decided[0] or (dist.is_available() and dist.is_initialized()):
         return
+    # decided once: every collective of a single-process run asks
+    _launch_warning_decided[0] = True
     size = launched_world_size()
     if size <= 1:
         return
-    _warned_not_initialised[0] = True
     warnings.warn(
         f"WORLD_SIZE={size}: a launcher started {size} ranks, but torch.distributed is not "
         "initialised, so commlib acts as a world of one process and every rank computes "

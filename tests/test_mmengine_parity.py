@@ -596,7 +596,7 @@ def test_init_dist_takes_mmengine_init_backend():
 @pytest.fixture
 def fresh_warning(monkeypatch):
     """A process that has not warned yet, with no launcher variables."""
-    monkeypatch.setattr(launch, "_warned_not_initialised", [False])
+    monkeypatch.setattr(launch, "_launch_warning_decided", [False])
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     return monkeypatch
 

@@ -71,6 +71,9 @@ OP_NAMES = {
     SEND: "send_object_list",
 }
 
+# a collective's op in round one (broadcast_object is broadcast_object_list of one)
+_OP_CODES = {**{name: code for code, name in OP_NAMES.items()}, "broadcast_object": BROADCAST}
+
 # round two: buffers below SMALL are coalesced into messages of up to CAP bytes
 SMALL, CAP = 1 << 18, 1 << 20
 # a "p2p" backend's round two goes through one collective while every blob is below this
@@ -572,7 +575,7 @@ def refusal_steps(engine: Engine, what: str, error: BaseException, slot_size: in
         ...
         commlib.errors.RemoteArgumentError: all_gather_object failed on rank(s) [0]: rank 0: ...
     """
-    op = next(code for code, name in OP_NAMES.items() if name == what)
+    op = _OP_CODES[what]
     out = _Outgoing(slot_size, op, -1, 0)
     out.fail(error, BAD_ARGUMENT)
     slots = yield from _round_one(engine, out, engine.world_size)

@@ -573,7 +573,6 @@ class Communicator:
         except (ValueError, TypeError):
             limit = None  # the timeout may be the mistake: the communicator's then
         if objects and self._distributed and engine.world_size > 1:
-            what = "broadcast_object_list" if what == "broadcast_object" else what
             steps = _objects.refusal_steps(engine, what, error, self._first_slot(engine))
             _steps.run(engine, steps, limit)
         elif self._checked(what):

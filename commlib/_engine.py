@@ -5,7 +5,9 @@ communicator's collectives share and nothing else:
 
 * the backend plugin and the process group it serves (the plugin's methods
   are handed the group here, never by callers);
-* sequence numbers, one per call, that name a collective in error messages;
+* sequence numbers, one per call, that name a collective in error messages:
+  the same on every rank for the collectives; point-to-point calls, which only
+  the ranks involved make, are numbered apart (:data:`POINT_TO_POINT`);
 * timeouts: the communicator's, or a call's own, which also bound the
   engine's own wait (:meth:`~commlib.Backend.set_timeout`), so an abandoned
   operation ends inside the engine too and the process can exit;
@@ -41,6 +43,15 @@ from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
 from commlib.types import Group, Work
+
+#: what point-to-point calls name their engine calls: only the ranks involved make
+#: them, so they are numbered apart (:attr:`Engine.p2p_seq`) and the collectives'
+#: numbers stay the same on every rank (errors, observers and ``commlib trace``
+#: line ranks up by them)
+POINT_TO_POINT = frozenset(
+    {"send", "recv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+)
+
 
 # a wait that raised within this much of its limit ran out of time, whatever
 # the engine's message says
@@ -122,6 +133,9 @@ class Engine:
         >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")
         >>> engine.seq, engine.rank, engine.world_size
         (1, 0, 1)
+
+    ``seq`` counts the collectives' engine calls, the same on every rank;
+    ``p2p_seq`` this rank's point-to-point calls.
     """
 
     def __init__(self, plugin: Backend, group: Group, timeout: datetime.timedelta):
@@ -129,6 +143,7 @@ class Engine:
         self.group = group
         self.timeout = timeout
         self.seq = 0
+        self.p2p_seq = 0
         self.rank = plugin.rank(group)
         self.world_size = plugin.world_size(group)
         self.health = health_of(group)
@@ -277,10 +292,15 @@ class Engine:
     def _next(self, what: str) -> int:
         """The next engine call's sequence number, once the group is known healthy."""
         self.health.check(what)
-        self.seq += 1
+        if what in POINT_TO_POINT:
+            self.p2p_seq += 1
+            seq = self.p2p_seq
+        else:
+            self.seq += 1
+            seq = self.seq
         if self.on_call is not None:
             self.on_call(what)
-        return self.seq
+        return seq
 
     def wait(self, pending: Pending, timeout: datetime.timedelta | None = None) -> None:
         """Wait for a started call at most ``timeout`` (the engine's by default)."""

@@ -207,6 +207,13 @@ def test_map_errors_is_where_engine_failures_become_commlib_errors():
     assert handle is not None and not handle.is_completed()
     assert handle.wait() and handle.is_completed()
     assert engine.seq == 2  # one number per call: they name the call in errors
+    # point to point is numbered apart: only the ranks involved make it, and the
+    # collectives' numbers must stay the same on every rank
+    engine.run("send", engine.plugin.broadcast, t, 0)
+    engine.run("recv_object_list", engine.plugin.broadcast, t, 0)
+    assert (engine.seq, engine.p2p_seq) == (2, 2)
+    engine.run("broadcast", engine.plugin.broadcast, t, 0)
+    assert (engine.seq, engine.p2p_seq) == (3, 2)
 
 
 def test_commlib_errors_pass_through_unchanged():

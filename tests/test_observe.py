@@ -329,6 +329,55 @@ def test_trace_names_a_rank_that_never_arrived(tmp_path):
     assert "in flight for 96.0s" in diagnosis.render(found)
 
 
+def test_trace_leaves_point_to_point_out_of_the_line_up_and_shows_a_rank_stuck_in_one(tmp_path):
+    # ranks 0 and 1 exchanged point to point (numbered apart), then rank 1 waits in a
+    # recv rank 2 never sends, while 0 and 2 wait in all_reduce #3 for it
+    p2p = {"point_to_point": True, "uniform": False}
+    _write(
+        tmp_path,
+        0,
+        [
+            _entry(1, "all_reduce"),
+            _entry(1, "send", peers={"dst": 1}, **p2p),
+            _entry(3, "all_reduce", "started", op="sum"),
+        ],
+    )
+    _write(
+        tmp_path,
+        1,
+        [
+            _entry(1, "all_reduce"),
+            _entry(1, "recv", peers={"src": 0}, **p2p),
+            _entry(2, "recv", "started", peers={"src": 2}, **p2p),
+        ],
+    )
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(3, "all_reduce", "started", op="sum")])
+    found = diagnosis.diagnose(tmp_path)
+    (group,) = found["groups"]
+    assert group["first_disagreement"] == 3
+    assert found["verdict"] == ["rank 1 never arrived at all_reduce #3 (last: recv #2, started)"]
+    assert group["last"]["1"]["name"] == "recv"
+    text = diagnosis.render(found)
+    assert "rank 1: recv #2 (src 2, float32 (4,)): in flight" in text
+
+
+def test_trace_names_ranks_stuck_in_point_to_point_one_by_one(tmp_path):
+    # two ranks' "recv #1" are each rank's own first receive, not one call
+    p2p = {"point_to_point": True, "uniform": False}
+    for r in (0, 1):
+        _write(
+            tmp_path,
+            r,
+            [_entry(1, "barrier"), _entry(1, "recv", "timed out", peers={"src": 1 - r}, **p2p)],
+            world=2,
+        )
+    found = diagnosis.diagnose(tmp_path)
+    assert found["verdict"] == [
+        "the ranks agree on every collective recorded; rank 0 timed out in recv #1; "
+        "rank 1 timed out in recv #1"
+    ]
+
+
 def test_trace_names_missing_files_and_where_the_others_failed(tmp_path):
     for r in (0, 1):
         _write(

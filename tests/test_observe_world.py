@@ -23,7 +23,7 @@ import torch
 
 from commlib import Communicator, P2POp
 from commlib.errors import CommError
-from commlib.observe import diagnosis
+from commlib.observe import diagnosis, trace_files
 from commlib.testing import RankDied, World
 
 from .conftest import pip_install_into
@@ -63,6 +63,13 @@ def _warm_up(c: Communicator) -> None:
 def _different_collective(comm):
     c = Communicator(timeout=TIMEOUT)
     _warm_up(c)
+    # point to point between ranks 0 and 1 alone: their collectives' numbers stay rank 2's
+    if c.rank == 0:
+        c.send(torch.ones(2), dst=1)
+        c.send_object_list([{"step": 1}], dst=1)
+    elif c.rank == 1:
+        c.recv(torch.empty(2), src=0)
+        c.recv_object_list([None], src=0)
     if c.rank == 2:
         c.all_reduce(torch.ones(4))
     else:
@@ -84,6 +91,11 @@ def test_trace_names_the_rank_that_called_a_different_collective(traced_world):
         f"rank 2 called all_reduce #{seq} (sum, float32 (4,)) where ranks 0, 1 called "
         f"broadcast #{seq} (src 0, float32 (4,))"
     ]
+    # point to point is recorded, numbered apart on each rank
+    snapshots, _ = trace_files.read_all(directory)
+    (zero,) = [s for s in snapshots if s["rank"] == 0]
+    sent = [(e["name"], e["seq"]) for e in zero["entries"] if e["point_to_point"]]
+    assert sent == [("send", 1), ("send_object_list", 2)]
 
 
 def _never_arrives(comm):

@@ -3,7 +3,9 @@
 Works on the files alone (:mod:`commlib.observe.trace_files`), so they may
 come from a job on other machines. For each communicator (group) it lines up
 the ranks' collectives by sequence number (the same on every rank) and finds
-the first number where they disagree:
+the first number where they disagree (point-to-point calls, numbered apart
+on each rank, are left out of that, and shown where they are a rank's last
+call):
 
 * ranks in different collectives, or with a different root, op, dtype or
   shape where the collective needs them equal: "rank 2 called all_reduce #8
@@ -22,6 +24,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from commlib._engine import POINT_TO_POINT
 from commlib.observe.event import describe
 from commlib.observe.trace_files import read_all
 
@@ -31,6 +34,11 @@ _BAD_STATES = ("failed", "timed out")
 def _ranks(ranks: Iterable[int]) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _point_to_point(entry: dict[str, Any]) -> bool:
+    # files from before the field existed: the names tell
+    return bool(entry.get("point_to_point")) or entry.get("name") in POINT_TO_POINT
 
 
 def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:
@@ -79,13 +87,16 @@ def _call(summary: dict[str, Any]) -> str:
 
 
 class _Rank:
-    """One rank's collectives on one group, by sequence number."""
+    """One rank's collectives on one group, by sequence number, and its last call of any kind."""
 
     def __init__(self, rank: int, snapshot: dict[str, Any], group: str):
         self.rank = rank
         self.written = snapshot.get("written")
         entries = [e for e in snapshot.get("entries", []) if e.get("group") == group]
-        self.by_seq = {int(e["seq"]): e for e in entries}
+        self.by_seq = {int(e["seq"]): e for e in entries if not _point_to_point(e)}
+        # the recorder keeps calls in the order they started: a rank stuck in a recv
+        # after its last collective shows it
+        self.latest = entries[-1] if entries else None
         dropped = int(snapshot.get("recorded", 0)) > len(snapshot.get("entries", []))
         # with older records dropped, numbers below the oldest kept one are unknown here
         self.known_from = min(self.by_seq) if (dropped and self.by_seq) else 0
@@ -103,7 +114,7 @@ def _diagnose_group(
     name: str, members: list[int], files: dict[int, dict[str, Any]]
 ) -> dict[str, Any] | None:
     ranks = {r: _Rank(r, files[r], name) for r in members if r in files}
-    if not any(r.by_seq for r in ranks.values()):
+    if not any(r.latest for r in ranks.values()):
         return None
     missing = [r for r in members if r not in files]
     out: dict[str, Any] = {
@@ -114,7 +125,7 @@ def _diagnose_group(
         "never_arrived": [],
         "out_of_step": [],
         "missing_files": missing,
-        "last": {str(r): rk.summary(rk.by_seq.get(rk.last_seq)) for r, rk in ranks.items()},
+        "last": {str(r): rk.summary(rk.latest) for r, rk in ranks.items()},
         "verdict": [],
     }
     start = max(rk.known_from for rk in ranks.values())
@@ -143,14 +154,14 @@ def _diagnose_group(
             )
         for r in lacking:
             rk = ranks[r]
-            last = rk.summary(rk.before(seq))
             if rk.last_seq < seq:
-                out["never_arrived"].append({"rank": r, "last": last})
+                # its last call, a point-to-point one after its last collective included
+                out["never_arrived"].append({"rank": r, "last": rk.summary(rk.latest)})
             else:
                 out["out_of_step"].append(
                     {
                         "rank": r,
-                        "before": last,
+                        "before": rk.summary(rk.before(seq)),
                         "after": rk.summary(rk.by_seq[min(s for s in rk.by_seq if s > seq)]),
                     }
                 )
@@ -206,14 +217,16 @@ def _failing(ranks: dict[int, _Rank]) -> str:
     drop): "ranks 0, 1 stopped in all_reduce #5 (rank 0 timed out, rank 1
     failed)".
     """
-    by_call: dict[tuple[str, int], dict[int, str]] = {}
+    by_call: dict[tuple[str, int, int], dict[int, str]] = {}
     for r, rk in ranks.items():
-        entry = rk.by_seq.get(rk.last_seq)
+        entry = rk.latest
         if entry is not None and entry["state"] in (*_BAD_STATES, "started"):
             state = "still in" if entry["state"] == "started" else entry["state"]
-            by_call.setdefault((entry["name"], entry["seq"]), {})[r] = state
+            # point-to-point numbers are each rank's own: never the same call
+            alone = r if _point_to_point(entry) else -1
+            by_call.setdefault((entry["name"], entry["seq"], alone), {})[r] = state
     parts = []
-    for (name, seq), states in sorted(by_call.items(), key=lambda kv: kv[0][1]):
+    for (name, seq, _), states in sorted(by_call.items(), key=lambda kv: kv[0][1]):
         kinds = sorted(set(states.values()))
         rs = sorted(states)
         if len(kinds) == 1:
@@ -319,7 +332,7 @@ def render(diagnosis: dict[str, Any]) -> str:
                 last = lost["last"]
                 where = f"last {_call(last)}: {last['state']}" if last else "no collective at all"
                 lines.append(f"    {_ranks([lost['rank']]).ljust(width)}  never arrived ({where})")
-        lines.append("  last collective of each rank:")
+        lines.append("  last call of each rank:")
         for r, last in g["last"].items():
             text = f"{_call(last)}: {_state_words(last)}" if last else "none"
             if last and last.get("error"):

@@ -34,6 +34,7 @@ import torch
 import torch.autograd.profiler as _profiler
 import torch.distributed as dist
 
+from commlib._engine import POINT_TO_POINT
 from commlib.errors import CommTimeoutError
 from commlib.handle import Handle, ResultHandle
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
@@ -312,10 +313,12 @@ class _Span:
         engine.on_call = None
         try:
             group, ranks = _group_label(engine)
+            p2p = what in POINT_TO_POINT
             event = CollectiveEvent(
                 communicator=self.comm,
                 name=self.collective.name,
-                seq=engine.seq,
+                seq=engine.p2p_seq if p2p else engine.seq,
+                point_to_point=p2p,
                 group=group,
                 group_ranks=ranks,
                 rank=engine.rank,

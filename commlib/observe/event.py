@@ -25,7 +25,8 @@ class CollectiveEvent:
         seq: its sequence number on this communicator, the same on every rank:
             the engine's number of its first backend call, so a collective that
             takes several calls leaves gaps (and error messages such as "failed
-            in broadcast #12" use the same numbers).
+            in broadcast #12" use the same numbers). Point-to-point calls are
+            numbered apart, per rank (``send #3``: this rank's third).
         group: the communicator's name, the same on every rank: ``"world"``, or
             the process group's name; a second communicator over the same
             group gets ``#2`` appended (in the order each rank first used it).
@@ -42,6 +43,8 @@ class CollectiveEvent:
         duration: seconds from the call to its end (``None`` until it ended).
         error: the exception it ended with, if any.
         state: one of ``"started"``, ``"completed"``, ``"failed"``, ``"timed out"``.
+        point_to_point: whether it is a point-to-point call (``send``,
+            ``recv_object_list``, ...), which only the ranks involved make.
 
     Examples:
         >>> from commlib.observe import CollectiveEvent
@@ -67,6 +70,7 @@ class CollectiveEvent:
     duration: float | None = None
     error: BaseException | None = None
     state: str = "started"
+    point_to_point: bool = False
 
     def describe(self) -> str:
         """Peers, op, dtypes and shapes in a few words (``"src 0, float32 (4,)"``).

@@ -40,6 +40,7 @@ class Record:
         "nbytes",
         "op",
         "peers",
+        "point_to_point",
         "rank",
         "seq",
         "shapes",
@@ -52,6 +53,7 @@ class Record:
         self.group, self.seq, self.name, self.rank = event.group, event.seq, event.name, event.rank
         self.shapes, self.dtypes, self.nbytes = event.shapes, event.dtypes, event.nbytes
         self.peers, self.op, self.uniform = dict(event.peers), event.op, event.uniform
+        self.point_to_point = event.point_to_point
         self.start = event.start
         self.end: float | None = None
         self.state = "started"
@@ -70,6 +72,7 @@ class Record:
             "peers": self.peers,
             "op": self.op,
             "uniform": self.uniform,
+            "point_to_point": self.point_to_point,
             "start": self.start,
             "end": self.end,
             "state": self.state,

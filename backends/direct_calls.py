@@ -182,11 +182,12 @@ class DirectCalls(Backend):
     ) -> Work | None:
         """Collect every rank's ``tensor`` into ``gather_list`` on ``dst``."""
         pg = self._process_group(group) if _plain(tensor, *(gather_list or ())) else None
-        if pg is None or tensor.is_complex():
+        if pg is None:
             return super().gather(tensor, gather_list, dst, group, async_op)
-        outputs = [list(gather_list)] if gather_list and pg.rank() == dst else []
+        # complex as its real pairs: torch.distributed's gather refuses complex tensors
+        outputs = [[_wire(t) for t in gather_list]] if gather_list and pg.rank() == dst else []
         opts = _options(c10d.GatherOptions, async_op, rootRank=dst)
-        return _finish(pg.gather(outputs, [tensor], opts), async_op)
+        return _finish(pg.gather(outputs, [_wire(tensor)], opts), async_op)
 
     def scatter(
         self,

@@ -22,7 +22,7 @@ communicator's collectives share and nothing else:
   (:mod:`commlib._survivors`) and the plugin builds their new group.
 
 Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
-:mod:`commlib._agreement`) pass the plugin's bound methods::
+:mod:`commlib._guard`) pass the plugin's bound methods::
 
     engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, inp)
 """

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import struct
 from typing import TYPE_CHECKING
 
 import torch
 
 from commlib import _objects
-from commlib._agreement import fingerprint
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
 from commlib.dtypes import byte_view
@@ -61,6 +61,17 @@ _DATA = 64  # where the data starts in a slot: aligned for every dtype
 #: the checked collectives where every rank needs every rank's data: the slot learns
 #: their sizes up to its cap; the others' only up to ``_rooms.PAD_UP_TO``
 EVERYONE_NEEDS_ALL = frozenset({"all_reduce", "all_gather_into_tensor"})
+
+
+def fingerprint(description: str) -> int:
+    """A signed 64-bit digest of ``description``: what a slot's header carries.
+
+    Examples:
+        >>> fingerprint("all_reduce float32 (2,)") == fingerprint("all_reduce float32 (2,)")
+        True
+    """
+    digest = hashlib.blake2b(description.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -207,3 +218,20 @@ def exchange(
     # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)
     return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]
+
+
+def agree(
+    engine: Engine, what: str, description: str, serializer: Serializer, slot_size: int
+) -> None:
+    """Raise on every rank unless all ranks pass the same ``description``.
+
+    The error shows each rank's description, so the difference is readable.
+    The round is the argument check's (:func:`exchange`): a
+    slot of the group's size, so a rank that called another collective
+    meanwhile sends the same number of bytes and every rank raises, where a
+    round of its own size would make gloo end the process.
+
+    Examples:
+        >>> agree(engine, "all_reduce_dict", "keys=['a', 'b']", serializer, 4096)
+    """
+    exchange(engine, what, f"{what}({description})", serializer, slot_size)

@@ -59,6 +59,11 @@ def inline_room(slot_size: int) -> int:
     return max(0, slot_size - _HEADER_BYTES) // 16 * 16
 
 
+# a slot's first field: which protocol filled it, or why it carries no tensor
+TOO_MANY_DIMS, GATHER, SHAPES, REFUSED = 0, 1, 2, 3
+_CALLED = {GATHER: "all_gather", SHAPES: "all_gather_shapes"}
+
+
 def exchange(
     engine: Engine,
     tensor: torch.Tensor,
@@ -67,13 +72,16 @@ def exchange(
     room: int,
     timeout: datetime.timedelta | None = None,
     rooms: Rooms | None = None,
+    shapes_only: bool = False,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """Every rank's shape, and every rank's tensor if all fit ``room`` bytes.
 
     ``tensor`` must be contiguous and on the backend's device. With
-    ``room=0`` only shapes travel (a 288-byte slot per rank). With
     ``rooms``, the slot has the room it learnt (at least ``room``), and
-    learns from this call.
+    learns from this call. With ``shapes_only`` no data travels (nor is
+    learnt from), and the result's tensors are ``None``; the slot is the
+    same size, so a rank in another collective's first round meanwhile finds
+    out instead of making the engine abort.
 
     Examples:
         >>> shapes, tensors = exchange(engine, torch.ones(2), "all_gather", room=3808)
@@ -82,17 +90,80 @@ def exchange(
     """
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()
+    status = (SHAPES if shapes_only else GATHER) if ok else TOO_MANY_DIMS
+    fields = [status, dtype_code(tensor.dtype), tensor.dim(), nbytes]
+    fields += list(tensor.shape) if ok else []
+    inline = tensor if ok and not shapes_only and 0 < nbytes else None
+    size, gathered, heads = _round(engine, what, fields, inline, room, rooms, timeout)
+    room = size - _HEADER_BYTES
+    _agree(what, heads, gathered, size)
+    shapes = [list(h[4 : 4 + h[2]]) for h in heads]
+    if shapes_only:
+        return shapes, None
+    if rooms is not None:
+        rooms.learn(max(h[3] for h in heads), engine.world_size)
+    if any(h[3] > room for h in heads):
+        return shapes, None
+    world = engine.world_size
+    if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
+        block = gathered.as_strided((world, nbytes), (size, 1), _HEADER_BYTES).view(tensor.dtype)
+        return shapes, list(block.view(world, *shapes[0]).unbind(0))
+    rows = gathered.view(world, size)
+    tensors = [
+        rows[r].narrow(0, _HEADER_BYTES, h[3]).view(tensor.dtype).reshape(shapes[r])
+        for r, h in enumerate(heads)
+    ]
+    return shapes, tensors
+
+
+def refuse(
+    engine: Engine,
+    what: str,
+    refusal: str,
+    *,
+    room: int,
+    timeout: datetime.timedelta | None = None,
+    rooms: Rooms | None = None,
+) -> None:
+    """Join ``what``'s round with this rank's ``refusal`` instead of a tensor.
+
+    Every rank raises a :class:`~commlib.errors.RemoteArgumentError` showing
+    the refusal, unless every rank refused alike: then this returns, and each
+    rank raises its own error.
+
+    Examples:
+        >>> refuse(engine, "all_gather", "tensor must be a torch.Tensor, got list", room=3808)
+    """
+    text = refusal.encode()
+    size = rooms.slot_bytes(_HEADER_BYTES + room) if rooms is not None else _HEADER_BYTES + room
+    text = text[: size - _HEADER_BYTES]
+    data = torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else None
+    fields = [REFUSED, 0, 0, len(text)]
+    size, gathered, heads = _round(engine, what, fields, data, room, rooms, timeout)
+    texts = {r: _refusal(gathered, size, h, r) for r, h in enumerate(heads)}
+    if len(set(texts.values())) > 1:
+        _agree(what, heads, gathered, size)
+
+
+def _round(
+    engine: Engine,
+    what: str,
+    fields: list[int],
+    data: torch.Tensor | None,
+    room: int,
+    rooms: Rooms | None,
+    timeout: datetime.timedelta | None,
+) -> tuple[int, torch.Tensor, list[tuple[int, ...]]]:
+    """One round of slots: its size, what was gathered, and every rank's header fields."""
     size = _HEADER_BYTES + room
     if rooms is not None:
         size = rooms.slot_bytes(size)
-        room = size - _HEADER_BYTES
-    fields = [int(ok), dtype_code(tensor.dtype), tensor.dim(), nbytes]
-    fields += list(tensor.shape) if ok else []
     # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
     own = _own_slot(engine, size)
     own.head(_FIELDS[len(fields)].pack(*fields))
-    if ok and 0 < nbytes <= room:
-        own.areas(tensor, nbytes).every.copy_(tensor)  # into every row at once
+    nbytes = 0 if data is None else data.numel() * data.element_size()
+    if data is not None and nbytes <= size - _HEADER_BYTES:
+        own.areas(data, nbytes).every.copy_(data)  # into every row at once
     world = engine.world_size
     on_cpu = engine.on_cpu
     raw: Any
@@ -113,28 +184,42 @@ def exchange(
     else:
         raw = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
         stride = _HEADER_BYTES
-    heads = [_HEADS.unpack_from(raw, r * stride) for r in range(world)]
+    return size, gathered, [_HEADS.unpack_from(raw, r * stride) for r in range(world)]
 
-    if not all(h[0] for h in heads):
-        bad = {r: f"tensor has more than {MAX_DIMS} dims" for r, h in enumerate(heads) if not h[0]}
+
+def _agree(what: str, heads: list[tuple[int, ...]], gathered: torch.Tensor, size: int) -> None:
+    """Raise the same error on every rank unless every rank sent a tensor the others can take."""
+    statuses = {h[0] for h in heads}
+    if REFUSED in statuses:
+        said = {r: _refusal(gathered, size, h, r) or _said(h) for r, h in enumerate(heads)}
+        refused = [r for r, h in enumerate(heads) if h[0] == REFUSED]
+        raise RemoteArgumentError(what, said, f"{_ranks(refused)} refused its arguments")
+    if TOO_MANY_DIMS in statuses:
+        bad = {
+            r: f"tensor has more than {MAX_DIMS} dims"
+            for r, h in enumerate(heads)
+            if h[0] == TOO_MANY_DIMS
+        }
         raise RemoteArgumentError(what, bad)
+    if len(statuses) > 1 or not statuses <= _CALLED.keys():
+        called = {r: _CALLED.get(h[0], "another collective") for r, h in enumerate(heads)}
+        raise RemoteArgumentError(what, called, "ranks called different collectives")
     if len({(h[1], h[2]) for h in heads}) > 1:
         per_rank = {r: _said(h) for r, h in enumerate(heads)}
         raise RemoteArgumentError(what, per_rank, "ranks passed different dtypes or ndims")
-    shapes = [list(h[4 : 4 + h[2]]) for h in heads]
-    if rooms is not None:
-        rooms.learn(max(h[3] for h in heads), world)
-    if any(h[3] > room for h in heads):
-        return shapes, None
-    if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
-        block = gathered.as_strided((world, nbytes), (size, 1), _HEADER_BYTES).view(tensor.dtype)
-        return shapes, list(block.view(world, *shapes[0]).unbind(0))
-    rows = gathered.view(world, size)
-    tensors = [
-        rows[r].narrow(0, _HEADER_BYTES, h[3]).view(tensor.dtype).reshape(shapes[r])
-        for r, h in enumerate(heads)
-    ]
-    return shapes, tensors
+
+
+def _refusal(gathered: torch.Tensor, size: int, head: tuple[int, ...], rank: int) -> str:
+    """The refusal in ``rank``'s slot, or ``""`` for a slot that carries none."""
+    if head[0] != REFUSED or not 0 <= head[3] <= size - _HEADER_BYTES:
+        return ""
+    start = rank * size + _HEADER_BYTES
+    text = bytes(gathered[start : start + head[3]].cpu().numpy())
+    return "refused: " + text.decode(errors="replace")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _said(head: tuple[int, ...]) -> str:

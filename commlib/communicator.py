@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from commlib import (
-    _agreement,
     _guard,
     _objects,
     _p2p_objects,
@@ -141,11 +140,14 @@ _CHECKED_ROUNDS = frozenset(
         "scatter",
         "all_to_all",
         "all_to_all_single",
+        "all_gather_shapes",
     }
 )
 # fixed-size first rounds: checked only in strict mode (the guard checks what the
 # engine would abort on)
-_UNSIZED = frozenset({"barrier", "all_gather"})
+_UNSIZED = frozenset({"barrier", "all_gather", "all_gather_shapes"})
+# first rounds of every rank's shape (commlib._ragged)
+_RAGGED = frozenset({"all_gather", "all_gather_shapes"})
 _OBJECT_ROUNDS = frozenset(
     {
         "all_gather_object",
@@ -385,18 +387,24 @@ class Communicator:
             >>> evens.is_member, evens.world_size
             (True, 1)
         """
-        ranks = list(ranks)
-        if not ranks:
-            raise ValueError("new_group needs at least one rank")
-        # a non-member checks them against the group new_group told it of
-        known = self.ranks if self.is_member and self._distributed else self._outside_view
-        if self.is_member or known is not None:
-            size = self.world_size if self.is_member else len(known or ())
-            for r in ranks:
-                check.rank_in_range(r, size, "rank")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"new_group got duplicate ranks: {ranks}")
-        limit = as_timedelta(timeout) or self.timeout
+        try:
+            ranks = list(ranks)
+            world_ranks = self._world_ranks_of(ranks)
+            limit = as_timedelta(timeout) or self.timeout
+        except (ValueError, TypeError) as exc:
+            if not self._distributed:
+                raise
+            # a mistake only this rank made: the others are in the round below already
+            refused: ValueError | TypeError | None = exc
+            world_ranks, limit, described = None, self.timeout, f"refused: {exc}"
+        else:
+            refused = None
+            described = (
+                f"world ranks {world_ranks}"
+                if world_ranks is not None
+                else "refused: this process is not a member of the group it was asked to "
+                "divide and does not know its ranks"
+            )
         if not self._distributed:
             self.plugin.new_group(ranks, limit)
             return Communicator(
@@ -406,24 +414,17 @@ class Communicator:
                 slot_size=self.slot_size,
                 strict=self.strict,
             )
-        if known is not None:
-            world_ranks: list[int] | None = [known[r] for r in ranks]
-            described = f"new_group(world ranks {world_ranks})"
-        else:
-            world_ranks = None
-            described = (
-                "new_group(refused: this process is not a member of the group it was "
-                "asked to divide and does not know its ranks)"
-            )
         # torch's new_group waits in the store for every world rank with the same
         # list, without a bound: ranks that differ (or a non-member that cannot
-        # translate) are an error on every rank instead
+        # translate, or a rank that refused its own list) are an error on every rank
         world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
         if world._engine is not None:  # commlib's own round: not a collective observers see
             ser, slot = self.serializer, self.slot_size
-            _agreement.agree(world._engine, "new_group", described, ser, slot)
-        if world_ranks is None:  # every rank refused alike
-            raise NotInGroupError(described)
+            _guard.agree(world._engine, "new_group", described, ser, slot)
+        if refused is not None:  # every rank refused alike
+            raise refused
+        if world_ranks is None:
+            raise NotInGroupError(f"new_group({described})")
         group = self.plugin.new_group(world_ranks, limit)
         child = Communicator(
             group,
@@ -435,6 +436,24 @@ class Communicator:
         )
         child._outside_view = world_ranks  # a non-member of it can still divide it
         return child
+
+    def _world_ranks_of(self, ranks: list[int]) -> list[int] | None:
+        """``ranks`` of this group as world ranks, checked; ``None`` where unknown here.
+
+        A non-member checks them against the group new_group told it of.
+        """
+        if not ranks:
+            raise ValueError("new_group needs at least one rank")
+        known = self.ranks if self.is_member and self._distributed else self._outside_view
+        if self.is_member or known is not None:
+            size = self.world_size if self.is_member else len(known or ())
+            for r in ranks:
+                check.rank_in_range(r, size, "rank")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"new_group got duplicate ranks: {ranks}")
+        if not self._distributed:
+            return list(ranks)
+        return None if known is None else [known[r] for r in ranks]
 
     @_collective("shrink")
     def shrink(
@@ -547,6 +566,27 @@ class Communicator:
         checks = self.checks
         return checks == "strict" or (checks == "guard" and what not in _UNSIZED)
 
+    def refuse_in(self, what: str, error: ValueError | TypeError) -> NoReturn:
+        """Raise ``error``, this rank's mistake before collective ``what``, on every rank.
+
+        For helpers built on the collectives (``pad_to_largest_tensor``,
+        ``collect_results``): when an argument only this rank got wrong is
+        found before the helper's first collective, the other ranks are waiting
+        in it; the refusal joins its first round, and every rank raises a
+        :class:`~commlib.errors.RemoteArgumentError` naming this rank (or, when
+        every rank made the same mistake, its own ``error``).
+
+        Examples:
+            >>> comm.refuse_in("gather_object", ValueError("size must be >= 0"))
+            Traceback (most recent call last):
+            ...
+            ValueError: size must be >= 0
+        """
+        engine = self._member(what)
+        if what not in _CHECKED_ROUNDS and what not in _OBJECT_ROUNDS:
+            raise error  # point to point, or a collective without a first round to join
+        self._refuse(engine, what, error, None, objects=what in _OBJECT_ROUNDS)
+
     def _refuse(
         self,
         engine: Engine,
@@ -572,9 +612,22 @@ class Communicator:
             limit = as_timedelta(timeout)
         except (ValueError, TypeError):
             limit = None  # the timeout may be the mistake: the communicator's then
-        if objects and self._distributed and engine.world_size > 1:
+        distributed = self._distributed and engine.world_size > 1
+        if objects and distributed:
             steps = _objects.refusal_steps(engine, what, error, self._first_slot(engine))
             _steps.run(engine, steps, limit)
+        elif (
+            distributed and what in _RAGGED and not (what == "all_gather" and self._checked(what))
+        ):
+            # the first round is the shapes' (strict mode checks all_gather before it)
+            _ragged.refuse(
+                engine,
+                what,
+                str(error),
+                room=_ragged.inline_room(self.slot_size),
+                timeout=limit,
+                rooms=_rooms.rooms_of(engine),
+            )
         elif self._checked(what):
             _guard.exchange(
                 engine,
@@ -653,7 +706,7 @@ class Communicator:
         """
         engine = self._member(what)
         if self._distributed:
-            _agreement.agree(engine, what, description, self.serializer, self.slot_size)
+            _guard.agree(engine, what, description, self.serializer, self.slot_size)
 
     @_collective("all_gather_shapes", payload="tensor")
     def all_gather_shapes(
@@ -671,8 +724,10 @@ class Communicator:
             engine,
             engine.to_device(tensor),
             "all_gather_shapes",
-            room=0,
+            room=_ragged.inline_room(self.slot_size),
             timeout=as_timedelta(timeout),
+            rooms=_rooms.rooms_of(engine),
+            shapes_only=True,
         )
         return shapes
 

@@ -28,6 +28,7 @@ import commlib.launch as launch
 import commlib.ranks as rank_args
 from commlib import helpers, results
 from commlib.communicator import Communicator, Handle, ResultHandle, dist_ready
+from commlib.errors import CommError
 from commlib.p2p import P2POp
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -471,10 +472,19 @@ def all_gather_into_tensor(
 
 
 def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
-    """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks."""
-    return rank_args.group_rank(
-        comm, call, name, rank, in_group, world_ranks=rank_args.is_torch_group(group)
-    )
+    """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks.
+
+    A root only this rank got wrong fails every rank of a collective at once
+    (:meth:`Communicator.refuse_in`), as the communicator's own methods do.
+    """
+    try:
+        return rank_args.group_rank(
+            comm, call, name, rank, in_group, world_ranks=rank_args.is_torch_group(group)
+        )
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, CommError):
+            raise  # not a member: there is no round to join
+        comm.refuse_in(call, exc)
 
 
 def gather(

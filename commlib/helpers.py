@@ -35,17 +35,14 @@ def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:
         >>> d              # 2 ranks: {'loss': tensor(1.), 'n': tensor([4])}
         {'loss': tensor(0.), 'n': tensor([2])}
     """
-    if not isinstance(data, dict):
-        raise TypeError(f"all_reduce_dict needs a dict of tensors, got {type(data).__name__}")
-    check.reduce_op(op)
     try:
-        keys = sorted(data)
-    except TypeError as exc:
-        raise TypeError(f"all_reduce_dict needs sortable keys: {exc}") from None
-    for k in keys:
-        check.tensor(data[k], f"data[{k!r}]")
-    for k in keys:
-        check.reduce_op(op, data[k])
+        keys = _dict_keys(data, op)
+    except (ValueError, TypeError) as exc:
+        # a mistake only this rank made (a float where the others pass a tensor): the
+        # others are in the agreement round already, so the refusal joins it
+        if comm.world_size > 1:
+            comm.ensure_same("all_reduce_dict", f"refused: {exc}")
+        raise
     if comm.world_size == 1:
         return
     comm.ensure_same(
@@ -63,6 +60,22 @@ def all_reduce_dict(comm: Communicator, data: dict, op: str = "sum") -> None:
             n = data[k].numel()
             data[k] = flat[pos : pos + n].reshape(data[k].shape).to(data[k].device)
             pos += n
+
+
+def _dict_keys(data: Any, op: str) -> list[Any]:
+    """The keys of ``data`` in sorted order, once every value is a tensor ``op`` reduces."""
+    if not isinstance(data, dict):
+        raise TypeError(f"all_reduce_dict needs a dict of tensors, got {type(data).__name__}")
+    check.reduce_op(op)
+    try:
+        keys = sorted(data)
+    except TypeError as exc:
+        raise TypeError(f"all_reduce_dict needs sortable keys: {exc}") from None
+    for k in keys:
+        check.tensor(data[k], f"data[{k!r}]")
+    for k in keys:
+        check.reduce_op(op, data[k])
+    return keys
 
 
 def _buckets(tensors: list[torch.Tensor], bucket_size_mb: float) -> list[list[torch.Tensor]]:
@@ -172,9 +185,12 @@ def pad_to_largest_tensor(
         >>> sizes, padded.shape          # 2 ranks, on rank 0: ([1, 2], torch.Size([2]))
         ([1], torch.Size([1]))
     """
-    check.tensor(tensor, "tensor")
-    if tensor.dim() == 0:
-        raise ValueError("pad_to_largest_tensor needs a tensor with at least one dim")
+    try:
+        check.tensor(tensor, "tensor")
+        if tensor.dim() == 0:
+            raise ValueError("pad_to_largest_tensor needs a tensor with at least one dim")
+    except (ValueError, TypeError) as exc:
+        comm.refuse_in("all_gather_shapes", exc)  # the others are in its round already
     shapes = comm.all_gather_shapes(tensor)
     if len({tuple(s[1:]) for s in shapes}) > 1:
         raise RemoteArgumentError(

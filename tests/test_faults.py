@@ -103,6 +103,41 @@ def test_one_rank_calls_a_different_collective(multi_world):
     _still_usable(multi_world)
 
 
+# rounds of commlib's own on one rank, another collective on the others: the same
+# bytes in every first round, so every rank raises instead of gloo ending a process
+_OWN_ROUNDS = {
+    "ensure_same": lambda c: c.ensure_same("sync", "keys=['a']"),
+    "all_gather_shapes": lambda c: c.all_gather_shapes(torch.ones(2)),
+    "all_reduce_dict": lambda c: dist.all_reduce_dict({"a": torch.ones(1)}, group=c),
+    "new_group": lambda c: c.new_group([0]),
+}
+
+
+def _on_own_round_against(comm, first: str, other: str):
+    c = Communicator(timeout=TIMEOUT)
+    calls = {**_OWN_ROUNDS, "all_reduce": lambda c: c.all_reduce(torch.ones(2))}
+    calls |= {"all_gather_object": lambda c: c.all_gather_object(1)}
+    calls |= {"all_gather": lambda c: c.all_gather(torch.ones(2))}
+    calls[first if c.rank == 0 else other](c)
+
+
+@pytest.mark.parametrize(
+    "first, other",
+    [
+        ("ensure_same", "all_reduce"),
+        ("ensure_same", "all_gather"),
+        ("all_gather_shapes", "all_gather"),
+        ("all_gather_shapes", "all_reduce"),
+        ("all_reduce_dict", "all_gather_object"),
+        ("new_group", "all_reduce"),
+    ],
+)
+def test_commlibs_own_rounds_against_another_collective(world3, first, other):
+    outcomes = world3.outcomes(_on_own_round_against, first, other)
+    assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes), outcomes
+    _still_usable(world3)
+
+
 def _on_mismatch(comm, what):
     c = Communicator(timeout=TIMEOUT, strict=True)
     last = c.rank == c.world_size - 1

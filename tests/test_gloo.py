@@ -579,6 +579,25 @@ def test_all_gather_dtypes_and_sizes(world):
         assert got["empty"] == [(0, r + 1) for r in range(n)]
 
 
+def _on_large_complex(comm):
+    # past the check's slot: gloo's own reduce and gather (torch's gather refuses complex)
+    r, n = comm.rank, comm.world_size
+    x = torch.full((30000,), complex(r + 1, 1), dtype=torch.complex64)
+    reduced = x.clone()
+    dist.reduce(reduced, dst=n - 1)
+    gathered = dist.gather(x, dst=0)
+    return reduced[:2].tolist(), [g[:2].tolist() for g in gathered]
+
+
+def test_reduce_and_gather_of_complex_tensors_past_the_slot(world3):
+    n = world3.size
+    total = complex(sum(range(1, n + 1)), n)
+    for r, (reduced, gathered) in enumerate(world3.run(_on_large_complex)):
+        if r == n - 1:
+            assert reduced == [total] * 2
+        assert gathered == ([[complex(q + 1, 1)] * 2 for q in range(n)] if r == 0 else [])
+
+
 _ODD_DTYPES = ("int16", "uint16", "uint32", "uint64", "float8_e4m3fn")
 
 

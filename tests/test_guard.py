@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from commlib import Communicator
+from commlib import Communicator, helpers
 from commlib._settings import strict_from_env
 from commlib.errors import RemoteArgumentError
 
@@ -471,6 +471,19 @@ _ONE_RANK_ALONE: dict[str, Callable[[Communicator, int], object]] = {
     "all_gather_object timeout": lambda c, bad: c.all_gather_object(1, timeout=-1 if bad else 30),
     "broadcast_object src": lambda c, bad: c.broadcast_object(1, src=99 if bad else 0),
     "gather_object dst": lambda c, bad: c.gather_object(1, dst=-3 if bad else 0),
+    # the ragged first round (all_gather is not checked by default), and helpers whose
+    # own checks come before their first collective
+    "all_gather not a tensor": lambda c, bad: c.all_gather([1.0] if bad else torch.ones(2)),
+    "all_gather_shapes not a tensor": lambda c, bad: c.all_gather_shapes(
+        3 if bad else torch.ones(2)
+    ),
+    "pad_to_largest_tensor 0-dim": lambda c, bad: helpers.pad_to_largest_tensor(
+        c, torch.tensor(1.0) if bad else torch.ones(2)
+    ),
+    "all_reduce_dict float value": lambda c, bad: helpers.all_reduce_dict(
+        c, {"loss": 1.0 if bad else torch.tensor(1.0)}
+    ),
+    "new_group duplicate ranks": lambda c, bad: c.new_group([0, 0] if bad else [0]),
 }
 
 

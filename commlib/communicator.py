@@ -97,7 +97,10 @@ def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
 
 
 def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
-    if result.is_floating_point() or result.is_complex():
+    if result.is_floating_point() and result.element_size() == 1:
+        # float8 has no division of its own: in float32, rounded back once
+        _write(target, (result.float() / world).to(result.dtype).view(target.shape))
+    elif result.is_floating_point() or result.is_complex():
         result.div_(world)
         _copy_back(result, target, world)
     else:
@@ -695,10 +698,12 @@ class Communicator:
     def ensure_same(self, what: str, description: str) -> None:
         """Raise the same error on every rank unless all ranks pass the same ``description``.
 
-        One 8-byte all_gather when the ranks agree; when they do not, every
-        rank raises :class:`~commlib.errors.RemoteArgumentError` showing what
-        each rank passed. Use it before a collective whose arguments must
-        match, so a mismatch is an error instead of a hang.
+        One round of the argument check's slots when the ranks agree; when
+        they do not, every rank raises
+        :class:`~commlib.errors.RemoteArgumentError` showing what each rank
+        passed (also when another rank called another collective meanwhile).
+        Use it before a collective whose arguments must match, so a mismatch
+        is an error instead of a hang.
 
         Examples:
             >>> state = {"loss": torch.tensor(0.5), "acc": torch.tensor(0.9)}

@@ -779,7 +779,10 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None) 
             hasattr(op, a) for a in ("op", "tensor", "peer", "tag")
         ):
             raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
-        peer = _peer(comm, "batch_isend_irecv", "peer", op.peer, op.group_peer, group)
+        world_peer, group_peer = op.peer, getattr(op, "group_peer", None)
+        if isinstance(op, dist.P2POp) and group_peer is not None:
+            world_peer = None  # torch's P2POp fills both, one from the other
+        peer = _peer(comm, "batch_isend_irecv", "peer", world_peer, group_peer, group)
         ops.append(P2POp(op.op, op.tensor, peer, tag=op.tag))
     return comm.batch_isend_irecv(ops, timeout=timeout)
 

@@ -50,8 +50,13 @@ class Handle:
         return True
 
     def is_completed(self) -> bool:
-        """Whether the engine has finished; ``wait()`` is still needed for commlib's part."""
-        return self._done or (self._work is not None and self._work.is_completed())
+        """Whether the engine has finished; ``wait()`` is still needed for commlib's part.
+
+        A call with no engine work left (a small one completed within its
+        check's round, or an engine that returns none) is completed at once,
+        so a ``while not h.is_completed()`` loop ends, as with torch's ``Work``.
+        """
+        return self._done or self._work is None or self._work.is_completed()
 
     def __repr__(self) -> str:
         return f"<Handle {'done' if self._done else 'pending'}>"

@@ -7,6 +7,7 @@ sampler added is cut off by truncating to ``size``.
 
 from __future__ import annotations
 
+import operator
 import os
 import pickle
 import shutil
@@ -38,11 +39,27 @@ def interleave(parts: list[list[Any]], size: int) -> list[Any]:
     return out[:size]
 
 
-def _check_part(result_part: Any, size: Any) -> None:
-    if not isinstance(result_part, list):
-        raise TypeError(f"result_part must be a list, got {type(result_part).__name__}")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"size must be a non-negative int, got {size!r}")
+def _checked_size(comm: Communicator, result_part: Any, size: Any, first: str) -> int:
+    """``size`` as an int, once ``result_part`` is a list and ``size`` a count.
+
+    A mistake only this rank made fails every rank: the others are in the
+    helper's ``first`` collective already, and the refusal joins it.
+    """
+    try:
+        if not isinstance(result_part, list):
+            raise TypeError(f"result_part must be a list, got {type(result_part).__name__}")
+        try:
+            # numpy and torch integers too: mmengine only slices with it
+            count = -1 if isinstance(size, bool) else operator.index(size)
+        except TypeError:
+            count = -1
+        if count < 0:
+            raise ValueError(f"size must be a non-negative int, got {size!r}")
+    except (ValueError, TypeError) as exc:
+        if comm.world_size > 1:
+            comm.refuse_in(first, exc)
+        raise
+    return count
 
 
 def collect_results_gpu(comm: Communicator, result_part: list, size: int) -> list | None:
@@ -53,7 +70,7 @@ def collect_results_gpu(comm: Communicator, result_part: list, size: int) -> lis
         [0]
         >>> # 2 ranks, size=2: [0, 10] on rank 0, None on rank 1
     """
-    _check_part(result_part, size)
+    size = _checked_size(comm, result_part, size, "gather_object")
     if comm.world_size == 1:
         return result_part[:size]
     parts = comm.gather_object(result_part, dst=0)
@@ -75,7 +92,7 @@ def collect_results_cpu(
         >>> collect_results_cpu(comm, [0, 2, 4], size=2)   # one rank: its part, cut to size
         [0, 2]
     """
-    _check_part(result_part, size)
+    size = _checked_size(comm, result_part, size, "broadcast_object")
     if comm.world_size == 1:
         return result_part[:size]
     rank, world = comm.rank, comm.world_size

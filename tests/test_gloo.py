@@ -614,11 +614,14 @@ def _on_dtypes_gloo_lacks(comm):
         b = x.clone()
         dist.broadcast(b, src=n - 1)
         g = dist.all_gather(x)
+        a = torch.tensor([2 * (r + 1), 4], dtype=torch.float32).to(dtype)
+        dist.all_reduce(a, "mean")  # float8 has no division of its own
         out[name] = [
             s.float().tolist(),
             m.float().tolist(),
             b.float().tolist(),
             [t.float().tolist() for t in g],
+            a.float().tolist(),
         ]
     return out
 
@@ -628,7 +631,63 @@ def test_dtypes_gloo_cannot_move(world):
     n = world.size
     for got in world.run(_on_dtypes_gloo_lacks):
         for name in _ODD_DTYPES:
-            s, m, b, g = got[name]
+            s, m, b, g, a = got[name]
             assert s == [float(sum(range(1, n + 1))), 2.0 * n], name
+            assert a == [float(n + 1), 4.0] or name.startswith(("int", "uint")), (name, a)
             assert m == [float(n), 2.0] and b == [float(n), 2.0], name
             assert g == [[r + 1.0, 2.0] for r in range(n)], name
+
+
+def _on_poll_until_completed(comm):
+    import time
+
+    c = dist.Communicator()
+    out = []
+    for n in (4, 100_000):  # within the check's round, and past it
+        x = torch.ones(n)
+        handle = c.all_reduce(x, async_op=True)
+        deadline = time.monotonic() + 20
+        while not handle.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        out.append((handle.is_completed(), handle.wait(), x[0].item()))
+    return out
+
+
+def test_polling_is_completed_ends_as_with_torch_work(world2):
+    for got in world2.run(_on_poll_until_completed):
+        assert got == [(True, True, 2.0)] * 2
+
+
+def _on_torch_p2pops(comm):
+    import torch.distributed as tdist
+
+    r, n = comm.rank, comm.world_size
+    got = torch.zeros(2)
+    ops = [
+        tdist.P2POp(tdist.isend, torch.full((2,), float(r)), (r + 1) % n),
+        tdist.P2POp(tdist.irecv, got, (r - 1) % n),
+    ]
+    for handle in dist.batch_isend_irecv(ops):  # torch's P2POp fills peer and group_peer
+        handle.wait()
+    return got.tolist()
+
+
+def test_batch_isend_irecv_takes_torchs_own_p2pops(world3):
+    n = world3.size
+    assert world3.run(_on_torch_p2pops) == [[float((r - 1) % n)] * 2 for r in range(n)]
+
+
+def _on_collect_with_numpy_size(comm):
+    import numpy as np
+
+    c = dist.Communicator()
+    size = np.int64(c.world_size + 1)  # mmengine only slices with it
+    return [
+        dist.results.collect_results_gpu(c, [c.rank, 10 + c.rank], size),
+        dist.results.collect_results_cpu(c, [c.rank, 10 + c.rank], size),
+    ]
+
+
+def test_collect_results_takes_a_numpy_size(world2):
+    first, second = world2.run(_on_collect_with_numpy_size)
+    assert first == [[0, 1, 10], [0, 1, 10]] and second == [None, None]

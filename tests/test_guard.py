@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from commlib import Communicator, helpers
+import commlib
+from commlib import Communicator, helpers, results
 from commlib._settings import strict_from_env
 from commlib.errors import RemoteArgumentError
 
@@ -484,6 +485,18 @@ _ONE_RANK_ALONE: dict[str, Callable[[Communicator, int], object]] = {
         c, {"loss": 1.0 if bad else torch.tensor(1.0)}
     ),
     "new_group duplicate ranks": lambda c, bad: c.new_group([0, 0] if bad else [0]),
+    "functional broadcast src": lambda c, bad: commlib.broadcast(
+        torch.ones(2), src=99 if bad else 0, group=c
+    ),
+    "functional gather_object dst": lambda c, bad: commlib.gather_object(
+        1, dst=-1 if bad else 0, group=c
+    ),
+    "collect_results gpu tuple part": lambda c, bad: results.collect_results_gpu(
+        c, (1,) if bad else [1], 2
+    ),
+    "collect_results cpu size": lambda c, bad: results.collect_results_cpu(
+        c, [1], -1 if bad else 2
+    ),
 }
 
 

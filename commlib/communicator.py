@@ -569,7 +569,7 @@ class Communicator:
         checks = self.checks
         return checks == "strict" or (checks == "guard" and what not in _UNSIZED)
 
-    def refuse_in(self, what: str, error: ValueError | TypeError) -> NoReturn:
+    def _refuse_in(self, what: str, error: ValueError | TypeError) -> NoReturn:
         """Raise ``error``, this rank's mistake before collective ``what``, on every rank.
 
         For helpers built on the collectives (``pad_to_largest_tensor``,
@@ -580,7 +580,7 @@ class Communicator:
         every rank made the same mistake, its own ``error``).
 
         Examples:
-            >>> comm.refuse_in("gather_object", ValueError("size must be >= 0"))
+            >>> comm._refuse_in("gather_object", ValueError("size must be >= 0"))
             Traceback (most recent call last):
             ...
             ValueError: size must be >= 0

@@ -475,7 +475,7 @@ def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, gr
     """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks.
 
     A root only this rank got wrong fails every rank of a collective at once
-    (:meth:`Communicator.refuse_in`), as the communicator's own methods do.
+    (``Communicator._refuse_in``), as the communicator's own methods do.
     """
     try:
         return rank_args.group_rank(
@@ -484,7 +484,7 @@ def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, gr
     except (ValueError, TypeError) as exc:
         if isinstance(exc, CommError):
             raise  # not a member: there is no round to join
-        comm.refuse_in(call, exc)
+        comm._refuse_in(call, exc)
 
 
 def gather(

@@ -190,7 +190,7 @@ def pad_to_largest_tensor(
         if tensor.dim() == 0:
             raise ValueError("pad_to_largest_tensor needs a tensor with at least one dim")
     except (ValueError, TypeError) as exc:
-        comm.refuse_in("all_gather_shapes", exc)  # the others are in its round already
+        comm._refuse_in("all_gather_shapes", exc)  # the others are in its round already
     shapes = comm.all_gather_shapes(tensor)
     if len({tuple(s[1:]) for s in shapes}) > 1:
         raise RemoteArgumentError(

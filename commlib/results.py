@@ -57,7 +57,7 @@ def _checked_size(comm: Communicator, result_part: Any, size: Any, first: str) -
             raise ValueError(f"size must be a non-negative int, got {size!r}")
     except (ValueError, TypeError) as exc:
         if comm.world_size > 1:
-            comm.refuse_in(first, exc)
+            comm._refuse_in(first, exc)
         raise
     return count
 

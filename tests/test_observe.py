@@ -245,8 +245,11 @@ def test_environment_switches_the_built_in_observers_on(tmp_path):
     assert "commlib statistics, rank 0:" in proc.stderr and "all_reduce" in proc.stderr
     snap = json.loads(trace_files.path_for(tmp_path, 0).read_text())
     assert snap["reason"] == "exit" and len(snap["entries"]) == 4
-    bad = _python(RUN, COMMLIB_TRACE_DIR=str(tmp_path), COMMLIB_TRACE_CAPACITY="lots")
-    assert "COMMLIB_TRACE_CAPACITY must be a whole number" in bad.stderr
+    # a bad capacity is a warning, not a job that stops: observing never breaks it
+    for wrong in ("lots", "0"):
+        bad = _python(RUN, COMMLIB_TRACE_DIR=str(tmp_path), COMMLIB_TRACE_CAPACITY=wrong)
+        assert bad.returncode == 0, bad.stderr
+        assert f"COMMLIB_TRACE_CAPACITY='{wrong}' is not a positive whole number" in bad.stderr
 
 
 # -- commlib trace on files written by hand: the cases the diagnosis must name -----------
@@ -425,11 +428,43 @@ def test_trace_compares_only_what_every_rank_still_holds(tmp_path):
     assert found["verdict"] == ["the ranks agree on every collective recorded"]
 
 
+def test_trace_does_not_blame_a_rank_whose_records_of_a_group_all_dropped(tmp_path):
+    # the capacity is shared by every group: ranks 0 and 1 dropped their world records
+    # after many subgroup calls; rank 2 still holds the world's
+    sub = [_entry(s, "all_reduce", group="sub") for s in range(1, 4)]
+    for r in (0, 1):
+        _write(tmp_path, r, sub, recorded=6)
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(2, "barrier")])
+    found = diagnosis.diagnose(tmp_path)
+    assert found["verdict"] == ["the ranks agree on every collective recorded"]
+
+
 def test_trace_of_an_empty_or_missing_directory(tmp_path, capsys):
     assert diagnosis.diagnose(tmp_path)["verdict"] == ["no commlib trace files here"]
     (tmp_path / "commlib_trace_rank0.json").write_text("{not json")
     assert diagnosis.diagnose(tmp_path)["unreadable"]
     assert cli(["trace", str(tmp_path / "nope")]) == 2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["[1, 2]", '{"format": "FORMAT", "rank": 1, "entries": null}', "", "entry without seq"],
+)
+def test_trace_reads_damaged_files_as_unreadable_not_as_missing(tmp_path, damage):
+    for r in (0, 2):
+        _write(tmp_path, r, [_entry(1, "all_reduce"), _entry(2, "barrier", "timed out")])
+    bad = tmp_path / "commlib_trace_rank1.json"
+    if damage == "entry without seq":
+        _write(tmp_path, 1, [_entry(1, "all_reduce")])
+        bad.write_text(bad.read_text().replace('"seq": 1', '"sequence": 1'))
+    else:
+        bad.write_text(damage.replace("FORMAT", trace_files.FORMAT))
+    found = diagnosis.diagnose(tmp_path)
+    assert [u.split(":")[0] for u in found["unreadable"]] == ["commlib_trace_rank1.json"]
+    assert found["verdict"] == [
+        "rank 1 left a trace file that cannot be read; ranks 0, 2 timed out in barrier #2"
+    ]
+    assert cli(["trace", str(tmp_path)]) == 0
 
 
 # -- the shape of the code ---------------------------------------------------------------

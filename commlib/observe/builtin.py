@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,18 @@ def _capacity_from_env() -> int:
     if not text:
         return DEFAULT_CAPACITY
     try:
-        return int(text)
+        capacity = int(text)
     except ValueError:
-        raise ValueError(f"{TRACE_CAPACITY_ENV} must be a whole number, got {text!r}") from None
+        capacity = 0
+    if capacity < 1:
+        # observing must never stop the job: the default, and say so once
+        warnings.warn(
+            f"{TRACE_CAPACITY_ENV}={text!r} is not a positive whole number: the flight "
+            f"recorder keeps the last {DEFAULT_CAPACITY} collectives",
+            stacklevel=2,
+        )
+        return DEFAULT_CAPACITY
+    return capacity
 
 
 def enable_flight_recorder(

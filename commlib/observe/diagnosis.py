@@ -21,6 +21,7 @@ call):
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,8 @@ from commlib.observe.event import describe
 from commlib.observe.trace_files import read_all
 
 _BAD_STATES = ("failed", "timed out")
+_UNKNOWN = 1 << 62  # known from: a number no group reaches
+_RANK_FILE = re.compile(r"rank(\d+)\.json:")
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -98,8 +101,13 @@ class _Rank:
         # after its last collective shows it
         self.latest = entries[-1] if entries else None
         dropped = int(snapshot.get("recorded", 0)) > len(snapshot.get("entries", []))
-        # with older records dropped, numbers below the oldest kept one are unknown here
-        self.known_from = min(self.by_seq) if (dropped and self.by_seq) else 0
+        # with older records dropped, numbers below the oldest kept one are unknown here,
+        # and every number of a group none of whose records are left (the capacity is
+        # shared by every group)
+        if not dropped:
+            self.known_from = 0
+        else:
+            self.known_from = min(self.by_seq) if self.by_seq else _UNKNOWN
         self.last_seq = max(self.by_seq) if self.by_seq else 0
 
     def before(self, seq: int) -> dict[str, Any] | None:
@@ -111,7 +119,7 @@ class _Rank:
 
 
 def _diagnose_group(
-    name: str, members: list[int], files: dict[int, dict[str, Any]]
+    name: str, members: list[int], files: dict[int, dict[str, Any]], damaged: list[int]
 ) -> dict[str, Any] | None:
     ranks = {r: _Rank(r, files[r], name) for r in members if r in files}
     if not any(r.latest for r in ranks.values()):
@@ -125,6 +133,7 @@ def _diagnose_group(
         "never_arrived": [],
         "out_of_step": [],
         "missing_files": missing,
+        "unreadable_ranks": [r for r in missing if r in damaged],
         "last": {str(r): rk.summary(rk.latest) for r, rk in ranks.items()},
         "verdict": [],
     }
@@ -194,13 +203,17 @@ def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
             f"(before: {_call(odd['before']) if odd['before'] else 'nothing'}, "
             f"after: {_call(odd['after'])})"
         )
-    if group["missing_files"]:
+    damaged = [r for r in group["missing_files"] if r in group.get("unreadable_ranks", ())]
+    absent = [r for r in group["missing_files"] if r not in damaged]
+    if absent or damaged:
         failing = _failing(ranks)
         where = f"; {failing}" if failing else ""
-        lines.append(
-            f"{_ranks(group['missing_files'])} left no trace file (killed, or another "
-            f"directory){where}"
-        )
+        said = []
+        if absent:
+            said.append(f"{_ranks(absent)} left no trace file (killed, or another directory)")
+        if damaged:
+            said.append(f"{_ranks(damaged)} left a trace file that cannot be read")
+        lines.append("; ".join(said) + where)
     if not lines:
         failing = _failing(ranks)
         lines.append(
@@ -250,6 +263,7 @@ def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """
     snapshots, unreadable = read_all(directory)
     files = {int(s["rank"]): s for s in snapshots}
+    damaged = [int(m.group(1)) for m in (_RANK_FILE.search(u) for u in unreadable) if m]
     world = max([int(s.get("world_size", 1)) for s in snapshots] + [r + 1 for r in files] + [0])
     out: dict[str, Any] = {
         "directory": str(directory),
@@ -274,7 +288,7 @@ def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
             groups.setdefault(name, list(members))
     order = sorted(groups, key=lambda g: (not g.startswith("world"), g))
     for name in order:
-        found = _diagnose_group(name, groups[name], files)
+        found = _diagnose_group(name, groups[name], files, damaged)
         if found is not None:
             out["groups"].append(found)
             prefix = "" if len(groups) == 1 else f"group {name}: "

@@ -67,13 +67,35 @@ def read_all(directory: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], l
     snapshots, problems = [], []
     for path in sorted(Path(directory).glob(f"{_PREFIX}*.json")):
         try:
-            data = json.loads(path.read_text())
-            if data.get("format") != FORMAT:
-                raise ValueError(f"not a {FORMAT} file (format {data.get('format')!r})")
-            int(data["rank"])
+            data = _checked(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{path.name}: {exc}")
+            problems.append(f"{path.name}: {exc or type(exc).__name__}")
             continue
         snapshots.append(data)
     snapshots.sort(key=lambda d: int(d["rank"]))
     return snapshots, problems
+
+
+# what the diagnosis reads of every entry, and of what type
+_ENTRY_FIELDS = {"seq": int, "name": str, "state": str, "group": str}
+
+
+def _checked(data: Any) -> dict[str, Any]:
+    """``data`` if it is a snapshot the diagnosis can read; ``ValueError`` saying why not."""
+    if not isinstance(data, dict):
+        raise ValueError(f"not a {FORMAT} file (a JSON {type(data).__name__})")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} file (format {data.get('format')!r})")
+    int(data["rank"])
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError(f"its entries are not a list ({type(entries).__name__})")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {i} is not an object")
+        for field, kind in _ENTRY_FIELDS.items():
+            if not isinstance(entry.get(field), kind) or isinstance(entry.get(field), bool):
+                raise ValueError(f"entry {i} has no {kind.__name__} {field!r}")
+    if not isinstance(data.get("groups", {}), dict):
+        raise ValueError("its groups are not an object")
+    return data

@@ -134,9 +134,7 @@ def refuse(
     Examples:
         >>> refuse(engine, "all_gather", "tensor must be a torch.Tensor, got list", room=3808)
     """
-    text = refusal.encode()
-    size = rooms.slot_bytes(_HEADER_BYTES + room) if rooms is not None else _HEADER_BYTES + room
-    text = text[: size - _HEADER_BYTES]
+    text = refusal.encode()[:room]  # the slot has at least this room, on every rank
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else None
     fields = [REFUSED, 0, 0, len(text)]
     size, gathered, heads = _round(engine, what, fields, data, room, rooms, timeout)

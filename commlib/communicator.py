@@ -274,6 +274,7 @@ class Communicator:
         self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
         # the group's world ranks as new_group made it, for a non-member (torch cannot say)
         self._outside_view: list[int] | None = None
+        self._exited = False
 
         if backend is not None:
             # an instance, a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device
@@ -309,7 +310,13 @@ class Communicator:
             Engine(plugin, group, self.timeout) if self.is_member else None
         )
         if self._distributed:
-            teardown_at_exit()
+            teardown_at_exit(self)
+
+    def _release_at_exit(self) -> None:
+        """Let go of the process group (at interpreter exit, before C++ teardown)."""
+        self._engine = None
+        self.group = None
+        self._exited = True
 
     # -- who am I ----------------------------------------------------------------
     @property
@@ -512,6 +519,11 @@ class Communicator:
     def _member(self, what: str) -> Engine:
         """The engine, for a member; a non-member gets :class:`NotInGroupError`."""
         if self._engine is None:
+            if self._exited:
+                raise RuntimeError(
+                    f"{what}: the interpreter is exiting; commlib let go of this "
+                    "communicator's process group at exit"
+                )
             raise NotInGroupError(
                 f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
                 "communicator's group"

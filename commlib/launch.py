@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import functools
 import multiprocessing
 import os
 import subprocess
 import sys
 import warnings
+import weakref
 from typing import Any
 
 import torch.distributed as dist
@@ -252,27 +252,41 @@ def _first_slurm_host() -> str:
     return shown[0]
 
 
-@functools.lru_cache(maxsize=1)
-def teardown_at_exit() -> None:
+def teardown_at_exit(holder: Any = None) -> None:
     """Destroy the process groups while Python still runs at exit (registered once).
 
     torch 2.13's gloo can abort the interpreter at exit ("terminate called
-    without an active exception") when a group is still up, which turns a
-    plain error exit into SIGABRT. :func:`init_dist` and the first
-    communicator over a process group register this.
+    without an active exception") when a group is still up, or when the last
+    reference to a destroyed one goes only during C++ static teardown: a
+    plain exit, even an error exit, turns into SIGABRT. :func:`init_dist` and
+    every communicator over a process group call this; a ``holder`` (a
+    communicator, held weakly) lets go of its group first, through its
+    ``_release_at_exit()``.
 
     Examples:
         >>> teardown_at_exit()  # doctest: +SKIP
     """
-    atexit.register(_destroy_at_exit)
+    if holder is not None:
+        _holders.add(holder)
+    if not _registered:
+        _registered.append(True)
+        atexit.register(_destroy_at_exit)
+
+
+#: objects holding process groups, told to let go of them at exit
+_holders: weakref.WeakSet[Any] = weakref.WeakSet()
+_registered: list[bool] = []
 
 
 def _destroy_at_exit() -> None:
     from commlib.functional import forget_communicators
 
     # a ProcessGroup still referenced here would be destroyed during C++ static
-    # teardown, where gloo's worker threads abort the process
+    # teardown, where gloo's worker threads abort the process: the user's own
+    # communicators (a module-level one, say) included
     forget_communicators()
+    for holder in list(_holders):
+        holder._release_at_exit()
     if dist.is_available() and dist.is_initialized():
         try:
             dist.destroy_process_group()

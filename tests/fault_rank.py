@@ -117,7 +117,36 @@ def store_host_dies(comm: Communicator) -> None:
     comm.shrink()
 
 
-SCENARIOS = {f.__name__: f for f in (baseline, mismatch, stuck, retry, killed, store_host_dies)}
+#: a communicator a script keeps at module level, alive until the interpreter exits
+HELD: list[Communicator] = []
+
+
+def held_then_destroyed(comm: Communicator) -> None:
+    """No fault: the script's own communicator outlives the group it destroyed, then exits."""
+    HELD.append(Communicator(timeout=comm.timeout))
+    HELD[0].all_gather(torch.ones(2) * comm.rank)
+    tdist.destroy_process_group()
+
+
+def held_at_exit(comm: Communicator) -> None:
+    """No fault: the script exits with its communicator and its group still up."""
+    HELD.append(Communicator(timeout=comm.timeout))
+    HELD[0].all_gather(torch.ones(2) * comm.rank)
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        baseline,
+        mismatch,
+        stuck,
+        retry,
+        killed,
+        store_host_dies,
+        held_then_destroyed,
+        held_at_exit,
+    )
+}
 
 
 def main() -> None:

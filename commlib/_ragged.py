@@ -73,18 +73,21 @@ def exchange(
     timeout: datetime.timedelta | None = None,
     rooms: Rooms | None = None,
     shapes_only: bool = False,
-) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-    """Every rank's shape, and every rank's tensor if all fit ``room`` bytes.
+    adapt_empty: bool = False,
+) -> tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype]:
+    """Every rank's shape, every rank's tensor if all fit ``room`` bytes, and their dtype.
 
     ``tensor`` must be contiguous and on the backend's device. With
     ``rooms``, the slot has the room it learnt (at least ``room``), and
     learns from this call. With ``shapes_only`` no data travels (nor is
     learnt from), and the result's tensors are ``None``; the slot is the
     same size, so a rank in another collective's first round meanwhile finds
-    out instead of making the engine abort.
+    out instead of making the engine abort. With ``adapt_empty``, a tensor
+    without elements takes the dtype and number of dims the others agree on
+    (its shape becomes ``(0, *trailing dims of the first rank with data)``).
 
     Examples:
-        >>> shapes, tensors = exchange(engine, torch.ones(2), "all_gather", room=3808)
+        >>> shapes, tensors, dtype = exchange(engine, torch.ones(2), "all_gather", room=3808)
         >>> shapes             # on 2 ranks, rank 1 passing torch.ones(3): [[2], [3]]
         [[2]]
     """
@@ -96,24 +99,47 @@ def exchange(
     inline = tensor if ok and not shapes_only and 0 < nbytes else None
     size, gathered, heads = _round(engine, what, fields, inline, room, rooms, timeout)
     room = size - _HEADER_BYTES
+    if adapt_empty:
+        heads = _adapted(heads)
     _agree(what, heads, gathered, size)
     shapes = [list(h[4 : 4 + h[2]]) for h in heads]
+    dtype = tensor.dtype
+    if adapt_empty and isinstance(agreed := dtype_from_code(heads[0][1]), torch.dtype):
+        dtype = agreed
     if shapes_only:
-        return shapes, None
+        return shapes, None, dtype
     if rooms is not None:
         rooms.learn(max(h[3] for h in heads), engine.world_size)
     if any(h[3] > room for h in heads):
-        return shapes, None
+        return shapes, None, dtype
     world = engine.world_size
     if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
-        block = gathered.as_strided((world, nbytes), (size, 1), _HEADER_BYTES).view(tensor.dtype)
-        return shapes, list(block.view(world, *shapes[0]).unbind(0))
+        block = gathered.as_strided((world, nbytes), (size, 1), _HEADER_BYTES).view(dtype)
+        return shapes, list(block.view(world, *shapes[0]).unbind(0)), dtype
     rows = gathered.view(world, size)
     tensors = [
-        rows[r].narrow(0, _HEADER_BYTES, h[3]).view(tensor.dtype).reshape(shapes[r])
+        rows[r].narrow(0, _HEADER_BYTES, h[3]).view(dtype).reshape(shapes[r])
         for r, h in enumerate(heads)
     ]
-    return shapes, tensors
+    return shapes, tensors, dtype
+
+
+def _adapted(heads: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``heads`` with every empty tensor's dtype and dims those of the first rank with data.
+
+    Only a gathered tensor (status ``GATHER``) adapts, and only to a rank with
+    data that has dims (a 0-dim tensor has an element; no empty one is like it).
+    """
+    full = [h for h in heads if h[0] == GATHER and h[3] > 0]
+    if not full or full[0][2] == 0:
+        return heads
+    like = full[0]
+    ndim = like[2]
+    empty = (GATHER, like[1], ndim, 0, 0, *like[5:])
+    return [
+        empty if h[0] == GATHER and h[3] == 0 and (h[1], h[2]) != (like[1], ndim) else h
+        for h in heads
+    ]
 
 
 def refuse(

@@ -737,7 +737,7 @@ class Communicator:
         """
         engine = self._member("all_gather_shapes")
         check.tensor(tensor, "tensor")
-        shapes, _ = _ragged.exchange(
+        shapes, _, _ = _ragged.exchange(
             engine,
             engine.to_device(tensor),
             "all_gather_shapes",
@@ -795,7 +795,9 @@ class Communicator:
         )
 
     @_collective("all_gather", payload="tensor")
-    def all_gather(self, tensor: torch.Tensor, *, timeout: Timeout = None) -> list[torch.Tensor]:
+    def all_gather(
+        self, tensor: torch.Tensor, *, timeout: Timeout = None, adapt_empty: bool = False
+    ) -> list[torch.Tensor]:
         """Every rank's ``tensor``, as a list indexed by rank.
 
         Ranks may pass tensors of different shapes (same number of dims, same
@@ -810,6 +812,13 @@ class Communicator:
         flows through it (a metric used as a loss keeps its gradient, as with
         torchmetrics' own gather); the other entries are new tensors.
 
+        With ``adapt_empty``, a rank whose ``tensor`` has no elements may pass
+        any dtype and number of dims: its entry, on every rank, is an empty
+        tensor of the dtype the ranks with data agree on, shaped ``(0, *the
+        trailing dims of the first rank with data)`` (a rank that saw no data
+        and holds a placeholder, as torchmetrics' list states do). Every rank
+        passes the same ``adapt_empty``.
+
         Examples:
             >>> comm.all_gather(torch.arange(comm.rank + 1))
             [tensor([0])]
@@ -821,19 +830,25 @@ class Communicator:
         self._check(
             engine,
             "all_gather",
-            lambda: f"{tensor.dtype}, ndim={tensor.dim()}",
+            # the dtypes and dims are the gathering round's to agree on
+            lambda: "adapt_empty" if adapt_empty else f"{tensor.dtype}, ndim={tensor.dim()}",
             timeout=timeout,
         )
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
-        shapes, out = _ragged.exchange(
+        shapes, out, dtype = _ragged.exchange(
             engine,
             work_t,
             "all_gather",
             room=_ragged.inline_room(self.slot_size),
             timeout=limit,
             rooms=_rooms.rooms_of(engine),
+            adapt_empty=adapt_empty,
         )
+        me = engine.rank
+        if work_t.dtype != dtype or work_t.dim() != len(shapes[me]):  # an adapted empty one
+            tensor = torch.empty(shapes[me], dtype=dtype, device=tensor.device)
+            work_t = engine.to_device(tensor)
         if out is not None:  # small: the data came with the shapes, one round
             pass
         elif all(s == shapes[0] for s in shapes):
@@ -854,7 +869,6 @@ class Communicator:
             buf = [torch.empty_like(padded) for _ in range(world)]
             engine.run("all_gather", self.plugin.all_gather, buf, padded, timeout=limit)
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
-        me = engine.rank
         return [tensor if r == me else t.to(tensor.device) for r, t in enumerate(out)]
 
     @_collective("all_gather_into_tensor", payload="tensor", uniform=True)

@@ -691,3 +691,36 @@ def _on_collect_with_numpy_size(comm):
 def test_collect_results_takes_a_numpy_size(world2):
     first, second = world2.run(_on_collect_with_numpy_size)
     assert first == [[0, 1, 10], [0, 1, 10]] and second == [None, None]
+
+
+def _on_adapt_empty(comm):
+    r = comm.rank
+    out = {}
+    strict = dist.Communicator(strict=True)  # its check round describes no dtype for these calls
+    for size, c in ((3, comm), (3000, comm), (3, strict)):  # in the first round, past it
+        # rank 1 saw no data: torchmetrics' placeholder, float32 and 1-D
+        t = torch.tensor([]) if r == 1 else torch.full((size + r, 2), r, dtype=torch.int64)
+        got = c.all_gather(t, adapt_empty=True)
+        out[(size, c is strict)] = [(g.dtype, tuple(g.shape), g.sum().item()) for g in got]
+    try:  # without it the placeholder is a mismatch, on every rank
+        comm.all_gather(torch.tensor([]) if r == 1 else torch.ones(2, 2, dtype=torch.int64))
+    except RemoteArgumentError as exc:
+        out["plain"] = str(exc)
+    every = comm.all_gather(torch.empty(0, 3), adapt_empty=True)  # nothing to adapt to
+    out["all_empty"] = [(g.dtype, tuple(g.shape)) for g in every]
+    return out
+
+
+def test_all_gather_adapt_empty_takes_the_dtype_and_dims_of_the_ranks_with_data(multi_world):
+    n = multi_world.size
+    for got in multi_world.run(_on_adapt_empty):
+        for size, strict in ((3, False), (3000, False), (3, True)):
+            assert got[(size, strict)] == [
+                (torch.int64, (0, 2), 0)
+                if r == 1
+                else (torch.int64, (size + r, 2), (size + r) * 2 * r)
+                for r in range(n)
+            ]
+        assert "different dtypes or ndims" in got["plain"]
+        assert "rank 1: dtype=torch.float32, ndim=1" in got["plain"]
+        assert got["all_empty"] == [(torch.float32, (0, 3))] * n

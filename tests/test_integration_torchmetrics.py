@@ -24,6 +24,7 @@ import torch.distributed as torch_dist
 from torchmetrics import CatMetric, MeanMetric, Metric, MetricCollection, SumMetric
 from torchmetrics.classification import BinaryAUROC
 from torchmetrics.regression import MeanSquaredError
+from torchmetrics.utilities import dim_zero_cat
 
 from commlib.integrations.torchmetrics import gather_all_tensors, use_commlib
 
@@ -56,6 +57,20 @@ class Int16Counts(Metric):
 
     def compute(self):
         return self.counts
+
+
+class Rows(Metric):
+    """A 2-D ``cat`` state: (n, 4) rows per update, n differing per rank."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("rows", default=[], dist_reduce_fx="cat")
+
+    def update(self, rows: torch.Tensor) -> None:
+        self.rows.append(rows)
+
+    def compute(self):
+        return dim_zero_cat(self.rows).tolist()
 
 
 def _collection() -> MetricCollection:
@@ -192,3 +207,32 @@ def test_a_world_of_one():
     assert metric.compute().item() == 2.0
     (only,) = gather_all_tensors(torch.ones(2))
     assert torch.equal(only, torch.ones(2))
+
+
+def _on_a_rank_without_data(comm):
+    # rank 1 saw no batch at all (fewer eval batches than ranks): its list states
+    # are torchmetrics' placeholder, float32 and 1-D, where the others hold int64
+    # targets (AUROC) and (n, 4) rows
+    metrics = MetricCollection(
+        {"auroc": BinaryAUROC(thresholds=None), "rows": Rows()},
+        compute_groups=False,  # groups formed at update would differ on the rank without any
+    )
+    use_commlib(metrics)
+    if comm.rank != 1:
+        g = torch.Generator().manual_seed(7 + comm.rank)
+        metrics["auroc"].update(torch.rand(4, generator=g), torch.tensor([0, 1, 0, 1]))
+        metrics["rows"].update(torch.full((comm.rank + 1, 4), float(comm.rank)))
+    return _plain(metrics.compute())
+
+
+def test_a_rank_without_data_syncs_int64_and_2d_list_states(world3):
+    got = world3.run(_on_a_rank_without_data)
+    assert got[0] == got[1] == got[2]
+    # what one metric fed every rank's data computes (torchmetrics' own sync fails
+    # here: gloo refuses the placeholder beside int64 and 2-D states)
+    alone = BinaryAUROC(thresholds=None)
+    for r in (0, 2):
+        g = torch.Generator().manual_seed(7 + r)
+        alone.update(torch.rand(4, generator=g), torch.tensor([0, 1, 0, 1]))
+    assert got[0]["auroc"] == pytest.approx(alone.compute().item())
+    assert got[0]["rows"] == [[0.0] * 4] + [[2.0] * 4] * 3

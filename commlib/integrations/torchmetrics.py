@@ -34,7 +34,10 @@ def gather_all_tensors(result: torch.Tensor, group: Any = None) -> list[torch.Te
     ``group`` is what torchmetrics passes on from a metric's
     ``process_group``: ``None`` (the world), a torch ``ProcessGroup`` or a
     :class:`~commlib.Communicator`. Shapes may differ across ranks (same dtype
-    and number of dims). This rank's entry is ``result`` itself, so gradients
+    and number of dims). A rank with no data may hold any empty tensor
+    (torchmetrics' placeholder for an empty list state is a float32 one): it
+    takes the dtype and dims of the ranks with data, so an int64 or 2-D list
+    state still syncs. This rank's entry is ``result`` itself, so gradients
     flow through it; the others are new tensors.
 
     Examples:
@@ -48,7 +51,7 @@ def gather_all_tensors(result: torch.Tensor, group: Any = None) -> list[torch.Te
     """
     if not isinstance(result, torch.Tensor):
         raise TypeError(f"gather_all_tensors needs a torch.Tensor, got {type(result).__name__}")
-    return get_communicator(group).all_gather(result)
+    return get_communicator(group).all_gather(result, adapt_empty=True)
 
 
 def use_commlib(metrics: M, group: Any = None) -> M:

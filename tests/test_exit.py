@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as tdist
 
 SCRIPT = Path(__file__).with_name("fault_rank.py")
@@ -220,3 +221,12 @@ def test_a_communicator_held_until_exit_lets_the_process_exit_cleanly(scenario):
             assert r["returncode"] == 0, f"rank {r['rank']}: {r}"
             assert _EXIT_RACE not in r["stderr"], r
             assert r["records"][-1].get("finished"), r
+
+
+def test_a_communicator_used_after_it_let_go_at_exit_says_so():
+    from commlib import Communicator
+
+    comm = Communicator()
+    comm._release_at_exit()  # what the exit handler does to every communicator
+    with pytest.raises(RuntimeError, match="interpreter is exiting"):
+        comm.all_reduce(torch.ones(1))

@@ -288,3 +288,58 @@ def _inside_fabric(comm):
 def test_inside_fabric(world2, world3):
     for world in (world2, world3):
         assert world.run(_inside_fabric) == [list(range(world.size))] * world.size
+
+
+def _on_output_lists(comm):
+    c = CommlibCollective()
+    r, n = c.rank, c.world_size
+    out = {}
+
+    def attempt(name, fn):
+        try:
+            out[name] = fn()
+        except (ValueError, TypeError) as exc:
+            out[name] = (type(exc).__name__, str(exc))
+
+    # output slots bigger than what each rank sends: refused before sending, on every rank
+    attempt("shape", lambda: c.all_gather([torch.zeros(4) for _ in range(n)], torch.ones(1)))
+    # int64 outputs for a float tensor: torch refuses them too (no silent cast)
+    attempt("dtype", lambda: c.all_gather([torch.zeros(1, dtype=torch.long)] * n, torch.ones(1)))
+    # only the last rank's own entry is wrong: every rank learns of it
+    last = r == n - 1
+    sizes = [2 if last and i == r else 1 for i in range(n)]
+    attempt("one_rank", lambda: c.all_gather([torch.zeros(s) for s in sizes], torch.ones(1)))
+    # ranks sending different shapes, each into outputs shaped like its own tensor
+    # (torch's rule): found once the shapes arrive; the collective itself completed
+    mine = torch.ones(1 + r)
+    attempt("uneven", lambda: c.all_gather([torch.zeros(1 + r) for _ in range(n)], mine))
+    # gather's list on dst, of the wrong shape
+    outs = [torch.zeros(3) for _ in range(n)] if r == 0 else None
+    attempt("gather", lambda: c.gather(torch.ones(1), outs, dst=0))
+    # outputs stay out of autograd, as torch's do
+    w = torch.ones(2, requires_grad=True)
+    got = c.all_gather([torch.zeros(2) for _ in range(n)], w * (r + 1))
+    out["grad"] = [(o.requires_grad, o.grad_fn is None, o.tolist()) for o in got]
+    # ranks sending different shapes into outputs shaped to match: commlib takes it
+    fits = c.all_gather([torch.zeros(1 + i) for i in range(n)], torch.full((1 + r,), float(r)))
+    out["fits"] = [o.tolist() for o in fits]
+    return out
+
+
+def test_all_gather_and_gather_check_the_output_lists(world2, world3):
+    for world in (world2, world3):
+        n = world.size
+        for got in world.run(_on_output_lists):
+            kind, msg = got["shape"]
+            assert kind == "RemoteArgumentError" and "tensor_list[0] has shape (4,)" in msg
+            assert got["dtype"][0] == "ValueError"  # every rank's own: each raises it
+            assert "is torch.int64; the tensor sent is torch.float32" in got["dtype"][1]
+            kind, msg = got["one_rank"]
+            assert kind == "RemoteArgumentError" and f"rank {n - 1} refused" in msg
+            assert f"tensor_list[{n - 1}] has shape (2,)" in msg
+            kind, msg = got["uneven"]
+            assert kind == "ValueError" and "the tensor it receives has shape" in msg
+            kind, msg = got["gather"]
+            assert kind == "RemoteArgumentError" and "gather_list[0] has shape (3,)" in msg
+            assert got["grad"] == [(False, True, [q + 1.0] * 2) for q in range(n)]
+            assert got["fits"] == [[float(q)] * (1 + q) for q in range(n)]

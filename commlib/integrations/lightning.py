@@ -28,9 +28,11 @@ Examples:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import functools
 import os
+from collections.abc import Iterator
 from typing import Any, get_args
 
 import torch
@@ -38,6 +40,7 @@ import torch.distributed as dist
 
 from commlib import ranks as rank_args
 from commlib.communicator import Communicator
+from commlib.errors import CommError
 from commlib.functional import (
     forget_communicators,
     get_communicator,
@@ -118,7 +121,23 @@ class CommlibCollective:
 
     def _group_rank(self, call: str, name: str, rank: int) -> int:
         # Fabric's TorchCollective hands src/dst to torch.distributed: world ranks
-        return rank_args.group_rank(self.group, call, name, rank, None, world_ranks=True)
+        with self._refusing(call):
+            return rank_args.group_rank(self.group, call, name, rank, None, world_ranks=True)
+
+    @contextlib.contextmanager
+    def _refusing(self, call: str) -> Iterator[None]:
+        """Argument errors found in the block, before ``call`` is sent, reach every rank.
+
+        The other ranks may be in ``call``'s first round already; the refusal
+        joins it (:meth:`Communicator._refuse_in`), so each raises instead of
+        waiting for this rank.
+        """
+        try:
+            yield
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, CommError) or not self.group.is_member:
+                raise
+            self.group._refuse_in(call, exc)
 
     # -- tensor collectives -----------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -162,9 +181,11 @@ class CommlibCollective:
             >>> c.all_gather(outs, torch.ones(1) * c.rank)          # doctest: +SKIP
             [tensor([0.]), tensor([1.])]
         """
-        _check_list_length(tensor_list, self.world_size, "all_gather", "tensor_list")
-        for out, got in zip(tensor_list, self.group.all_gather(tensor)):
-            out.copy_(got)
+        with self._refusing("all_gather"):
+            _check_outputs(tensor_list, self.world_size, "all_gather", "tensor_list", tensor)
+            mine = f"tensor_list[{self.rank}]"
+            _check_output(tensor_list[self.rank], tensor, "all_gather", mine)
+        _fill(tensor_list, self.group.all_gather(tensor), "all_gather", "tensor_list")
         return tensor_list
 
     def gather(
@@ -181,9 +202,13 @@ class CommlibCollective:
         """
         group_dst = self._group_rank("gather", "dst", dst)
         if self.rank == group_dst:
-            _check_list_length(gather_list, self.world_size, "gather", "gather_list")
-        for out, got in zip(gather_list or [], self.group.gather(tensor, group_dst)):
-            out.copy_(got)
+            with self._refusing("gather"):
+                _check_outputs(gather_list, self.world_size, "gather", "gather_list", tensor)
+                for i, out in enumerate(gather_list or []):
+                    _check_output(out, tensor, "gather", f"gather_list[{i}]")
+        got = self.group.gather(tensor, group_dst)
+        if got:
+            _fill(gather_list or [], got, "gather", "gather_list")
         return gather_list
 
     def scatter(
@@ -259,7 +284,8 @@ class CommlibCollective:
             >>> c.all_gather_object([None, None], {"rank": c.rank})  # doctest: +SKIP
             [{'rank': 0}, {'rank': 1}]
         """
-        _check_list_length(object_list, self.world_size, "all_gather_object", "object_list")
+        with self._refusing("all_gather_object"):
+            _check_list_length(object_list, self.world_size, "all_gather_object", "object_list")
         object_list[:] = self.group.all_gather_object(obj)
         return object_list
 
@@ -293,9 +319,10 @@ class CommlibCollective:
         """
         group_dst = self._group_rank("gather_object", "dst", dst)
         if self.rank == group_dst:
-            _check_list_length(
-                object_gather_list, self.world_size, "gather_object", "object_gather_list"
-            )
+            with self._refusing("gather_object"):
+                _check_list_length(
+                    object_gather_list, self.world_size, "gather_object", "object_gather_list"
+                )
         got = self.group.gather_object(obj, group_dst)
         if got is not None and object_gather_list is not None:
             object_gather_list[:] = got
@@ -531,6 +558,42 @@ def _check_list_length(items: Any, size: int, call: str, name: str) -> None:
         raise TypeError(f"{call}: {name} must be a list, got {type(items).__name__}")
     if len(items) != size:
         raise ValueError(f"{call}: {name} has {len(items)} entries; the group has {size} ranks")
+
+
+def _check_outputs(items: Any, size: int, call: str, name: str, like: torch.Tensor) -> None:
+    """``items`` is a list of ``size`` tensors of ``like``'s dtype (as torch requires)."""
+    _check_list_length(items, size, call, name)
+    for i, out in enumerate(items):
+        if not isinstance(out, torch.Tensor):
+            got = type(out).__name__
+            raise TypeError(f"{call}: {name}[{i}] must be a torch.Tensor, got {got}")
+        if out.dtype != like.dtype:
+            raise ValueError(
+                f"{call}: {name}[{i}] is {out.dtype}; the tensor sent is {like.dtype} "
+                "(outputs take the dtype of what is sent)"
+            )
+
+
+def _check_output(out: torch.Tensor, like: torch.Tensor, call: str, name: str) -> None:
+    if out.shape != like.shape:
+        raise ValueError(
+            f"{call}: {name} has shape {tuple(out.shape)}; the tensor it receives has "
+            f"shape {tuple(like.shape)}"
+        )
+
+
+def _fill(outputs: list[torch.Tensor], got: list[torch.Tensor], call: str, name: str) -> None:
+    """Copy ``got`` into ``outputs``, all or nothing; outside autograd, as torch's outputs are.
+
+    Ranks may gather tensors of different shapes in commlib; an output that
+    does not fit the tensor its rank sent raises ``ValueError`` on the ranks
+    whose outputs are wrong (the collective itself completed on every rank).
+    """
+    for i, (out, t) in enumerate(zip(outputs, got)):
+        _check_output(out, t, call, f"{name}[{i}]")
+    with torch.no_grad():
+        for out, t in zip(outputs, got):
+            out.copy_(t.detach())
 
 
 @functools.lru_cache(maxsize=1)

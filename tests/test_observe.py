@@ -101,6 +101,24 @@ def test_an_async_collective_ends_when_its_handle_is_waited_on(watcher):
     assert len(watcher.seen) == 2
 
 
+def test_a_handle_waited_on_again_after_its_wait_failed_ends_once(watcher):
+    from commlib.errors import CommTimeoutError
+
+    comm = Communicator()
+    handle = comm.all_reduce(torch.ones(2), async_op=True)
+    inner = handle._work  # the engine's handle the observed one waits on
+
+    def times_out(timeout):
+        raise CommTimeoutError("all_reduce did not complete within 1s")
+
+    inner._wait = times_out
+    for _ in range(3):  # a caller retrying its wait
+        with pytest.raises(CommTimeoutError):
+            handle.wait(timeout=1)
+    ends = [s for s in watcher.seen if s[0] == "end"]
+    assert len(ends) == 1 and ends[0][3] == "timed out"
+
+
 def test_no_observer_costs_no_hook_lookup_per_call(monkeypatch):
     comm = Communicator()
     comm.barrier()  # the lookup after the last change of registrations

@@ -106,6 +106,34 @@ def _never_arrives(comm):
     return "left early"
 
 
+def _refusals(comm):
+    c = Communicator(timeout=TIMEOUT)
+    _warm_up(c)
+    seen = []
+    for call in (
+        lambda: c.all_reduce(torch.ones(4), op="nope" if c.rank == 1 else "sum"),  # one rank
+        lambda: c.broadcast(torch.ones(4), src=7),  # every rank's own mistake
+        lambda: c.broadcast_object({"x": 1}, src=9 if c.rank == 0 else 0),
+        lambda: c.all_gather([1.0] if c.rank == 2 else torch.ones(2)),
+    ):
+        try:
+            call()
+        except (ValueError, TypeError) as exc:
+            seen.append(type(exc).__name__)
+    c.all_reduce(torch.ones(4))
+    time.sleep(0.5)  # a failure's file is written at once, and the others are asked
+    return seen
+
+
+def test_arguments_refused_on_every_rank_write_no_trace_file(traced_world):
+    # the refusals joined the collectives' first rounds (observers see them,
+    # failed), but an argument error explains itself: nobody writes its recorder
+    world, directory = traced_world
+    for seen in world.run(_refusals):
+        assert seen[0] == seen[2] == seen[3] == "RemoteArgumentError" and seen[1] == "ValueError"
+    assert list(directory.glob("commlib_trace_rank*.json")) == []
+
+
 def test_trace_names_the_rank_that_never_arrived(traced_world):
     world, directory = traced_world
     outcomes = world.outcomes(_never_arrives)

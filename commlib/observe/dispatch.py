@@ -338,6 +338,8 @@ class _Span:
         event = self.event
         if event is None:
             return  # refused before anything was sent: not a collective
+        if event.state != "started":
+            return  # ended already: a handle waited on again after its wait failed
         event.duration = time.perf_counter() - self.t0
         event.error = error
         if error is None:

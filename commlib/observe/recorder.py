@@ -146,7 +146,11 @@ class FlightRecorder:
         if event.error is not None:
             text = f"{type(event.error).__name__}: {event.error}"
             record.error = text[:_ERROR_CHARS]
-            if self.on_failure is not None:
+            # arguments refused on every rank (a RemoteArgumentError, or each rank's
+            # own ValueError) explain themselves: no file, nothing to tell the others
+            if self.on_failure is not None and not isinstance(
+                event.error, (ValueError, TypeError)
+            ):
                 self.on_failure(
                     f"{event.name} #{event.seq} {event.state} on rank {self.rank} "
                     f"(group {event.group}): {text.splitlines()[0][:200]}"

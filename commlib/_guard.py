@@ -43,6 +43,9 @@ from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
+# what a rank that refused its own arguments describes them as (Communicator._refuse)
+_REFUSED = "(refused: "
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -203,7 +206,10 @@ def exchange(
         texts = _objects.all_gather_object(engine, description, serializer, slot_size)
         names = sorted({t.split("(", 1)[0] for t in texts})
         raise RemoteArgumentError(
-            "/".join(names), dict(enumerate(texts)), "ranks passed different arguments"
+            "/".join(names),
+            dict(enumerate(texts)),
+            "ranks passed different arguments",
+            refused=any(_REFUSED in t for t in texts),
         )
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of

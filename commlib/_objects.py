@@ -321,8 +321,9 @@ def _agree(slots: _RoundOne, op: int) -> None:
         if h[0] in (FAILED, BAD_ARGUMENT)
     }
     if failed:
-        bad_args = any(h[0] == BAD_ARGUMENT for h in heads)
-        raise (RemoteArgumentError if bad_args else RemoteError)(name, failed)
+        if any(h[0] == BAD_ARGUMENT for h in heads):
+            raise RemoteArgumentError(name, failed, refused=True)
+        raise RemoteError(name, failed)
     for index, what in ((1, "collective"), (3, "src/dst"), (4, "list length")):
         values = [h[index] for h in heads]
         if len(set(values)) > 1:

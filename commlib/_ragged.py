@@ -217,7 +217,9 @@ def _agree(what: str, heads: list[tuple[int, ...]], gathered: torch.Tensor, size
     if REFUSED in statuses:
         said = {r: _refusal(gathered, size, h, r) or _said(h) for r, h in enumerate(heads)}
         refused = [r for r, h in enumerate(heads) if h[0] == REFUSED]
-        raise RemoteArgumentError(what, said, f"{_ranks(refused)} refused its arguments")
+        raise RemoteArgumentError(
+            what, said, f"{_ranks(refused)} refused its arguments", refused=True
+        )
     if TOO_MANY_DIMS in statuses:
         bad = {
             r: f"tensor has more than {MAX_DIMS} dims"

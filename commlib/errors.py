@@ -58,7 +58,38 @@ class RemoteArgumentError(RemoteError, ValueError, TypeError):
 
     Raised on every rank alike. It is also a ``ValueError`` and a ``TypeError``,
     so code that guards a call with either keeps working.
+
+    Attributes:
+        refused (bool): some rank refused its own arguments (a bad op, a root
+            out of range), as opposed to ranks whose arguments or collectives
+            disagree with each other.
+
+    Examples:
+        >>> err = RemoteArgumentError("all_reduce", {1: "refused: op 'nope'"}, refused=True)
+        >>> err.refused, isinstance(err, ValueError)
+        (True, True)
     """
+
+    def __init__(
+        self,
+        collective: str,
+        failures: dict[int, str],
+        summary: str | None = None,
+        *,
+        refused: bool = False,
+    ):
+        super().__init__(collective, failures, summary)
+        self.refused = refused
+
+    def __reduce__(self):
+        fields = (self.collective, self.failures, self.summary, self.refused)
+        return (_remote_argument_error, fields)
+
+
+def _remote_argument_error(
+    collective: str, failures: dict[int, str], summary: str | None, refused: bool
+) -> RemoteArgumentError:
+    return RemoteArgumentError(collective, failures, summary, refused=refused)
 
 
 class CommTimeoutError(CommError, TimeoutError):

@@ -119,6 +119,16 @@ def test_a_handle_waited_on_again_after_its_wait_failed_ends_once(watcher):
     assert len(ends) == 1 and ends[0][3] == "timed out"
 
 
+def test_a_refusal_survives_pickling():
+    import pickle
+
+    from commlib.errors import RemoteArgumentError
+
+    err = pickle.loads(pickle.dumps(RemoteArgumentError("gather", {1: "x"}, "why", refused=True)))
+    assert (err.refused, err.failures, str(err)) == (True, {1: "x"}, "gather why: rank 1: x")
+    assert not pickle.loads(pickle.dumps(RemoteArgumentError("gather", {1: "x"}))).refused
+
+
 def test_no_observer_costs_no_hook_lookup_per_call(monkeypatch):
     comm = Communicator()
     comm.barrier()  # the lookup after the last change of registrations

@@ -119,7 +119,7 @@ def _refusals(comm):
         try:
             call()
         except (ValueError, TypeError) as exc:
-            seen.append(type(exc).__name__)
+            seen.append((type(exc).__name__, getattr(exc, "refused", None)))
     c.all_reduce(torch.ones(4))
     time.sleep(0.5)  # a failure's file is written at once, and the others are asked
     return seen
@@ -130,7 +130,8 @@ def test_arguments_refused_on_every_rank_write_no_trace_file(traced_world):
     # failed), but an argument error explains itself: nobody writes its recorder
     world, directory = traced_world
     for seen in world.run(_refusals):
-        assert seen[0] == seen[2] == seen[3] == "RemoteArgumentError" and seen[1] == "ValueError"
+        assert seen[0] == seen[2] == seen[3] == ("RemoteArgumentError", True)
+        assert seen[1] == ("ValueError", None)
     assert list(directory.glob("commlib_trace_rank*.json")) == []
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from commlib.errors import CommError, RemoteArgumentError
 from commlib.hookspecs import hookimpl
 from commlib.observe import trace_files
 from commlib.observe.event import CollectiveEvent
@@ -146,11 +147,9 @@ class FlightRecorder:
         if event.error is not None:
             text = f"{type(event.error).__name__}: {event.error}"
             record.error = text[:_ERROR_CHARS]
-            # arguments refused on every rank (a RemoteArgumentError, or each rank's
-            # own ValueError) explain themselves: no file, nothing to tell the others
-            if self.on_failure is not None and not isinstance(
-                event.error, (ValueError, TypeError)
-            ):
+            # arguments refused on every rank explain themselves: no file, nothing
+            # to tell the others
+            if self.on_failure is not None and not _refused(event.error):
                 self.on_failure(
                     f"{event.name} #{event.seq} {event.state} on rank {self.rank} "
                     f"(group {event.group}): {text.splitlines()[0][:200]}"
@@ -231,3 +230,14 @@ class FlightRecorder:
             written = trace_files.write(target, self.snapshot(reason))
             self._reasons.append(reason)
             return written
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether ``error`` is arguments refused on every rank (each rank's own, or one's).
+
+    Ranks whose collectives or arguments disagree are a divergence, which the
+    others' records help explain; a refused argument explains itself.
+    """
+    if isinstance(error, RemoteArgumentError):
+        return error.refused
+    return isinstance(error, (ValueError, TypeError)) and not isinstance(error, CommError)

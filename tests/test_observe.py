@@ -302,14 +302,17 @@ def _entry(seq, name, state="completed", **extra):
     return entry
 
 
-def _write(directory, rank, entries, world=3, recorded=None, reason="exit"):
+def _write(
+    directory, rank, entries, world=3, recorded=None, reason="exit", run=None, written=200.0
+):
     trace_files.write(
         directory,
         {
             "format": trace_files.FORMAT,
             "rank": rank,
             "world_size": world,
-            "written": 200.0,
+            "run": run,
+            "written": written,
             "reason": reason,
             "recorded": len(entries) if recorded is None else recorded,
             "groups": {"world": list(range(world))},
@@ -425,6 +428,26 @@ def test_trace_names_missing_files_and_where_the_others_failed(tmp_path):
         "rank 2 left no trace file (killed, or another directory); "
         "ranks 0, 1 failed in all_gather_object #2"
     ]
+
+
+def test_trace_leaves_out_files_an_earlier_run_left_in_the_directory(tmp_path, capsys):
+    # run 1 was healthy; run 2 (the same directory) lost rank 2, killed: its file is run 1's
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(2, "all_gather_object")], run="a")
+    for r in (0, 1):
+        failed = _entry(2, "all_gather_object", "failed", error="CommError: reset")
+        _write(tmp_path, r, [_entry(1, "all_reduce"), failed], run="b", written=900.0)
+    found = diagnosis.diagnose(tmp_path)
+    assert found["other_run"] == {2: 200.0} and found["missing_files"] == [2]
+    assert found["verdict"] == [
+        "rank 2 left no trace file (killed, or another directory); "
+        "ranks 0, 1 failed in all_gather_object #2",
+        "the files of rank 2 are from an earlier run and were left out",
+    ]
+    assert cli(["trace", str(tmp_path)]) == 0
+    assert "left out: rank 2's file is from an earlier run (written " in capsys.readouterr().out
+    # files of one run, or without run ids (written by hand, or no store): all read
+    _write(tmp_path, 2, [_entry(1, "all_reduce")], run=None)
+    assert diagnosis.diagnose(tmp_path)["other_run"] == {}
 
 
 def test_trace_names_ranks_that_stopped_differently_in_one_collective(tmp_path):

@@ -143,6 +143,9 @@ def test_trace_names_the_rank_that_never_arrived(traced_world):
     _files(directory, 3)
     found = diagnosis.diagnose(directory)
     assert "asked by rank" in found["written_because"]["2"]
+    snapshots, _ = trace_files.read_all(directory)
+    runs = {snap["run"] for snap in snapshots}  # one id, shared through the run's store
+    assert len(runs) == 1 and None not in runs
     (group,) = found["groups"]
     seq = group["first_disagreement"]
     assert found["verdict"] == [

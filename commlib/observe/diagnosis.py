@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -262,6 +263,7 @@ def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
         ['no commlib trace files here']
     """
     snapshots, unreadable = read_all(directory)
+    snapshots, stale = _this_run(snapshots)
     files = {int(s["rank"]): s for s in snapshots}
     damaged = [int(m.group(1)) for m in (_RANK_FILE.search(u) for u in unreadable) if m]
     world = max([int(s.get("world_size", 1)) for s in snapshots] + [r + 1 for r in files] + [0])
@@ -271,6 +273,7 @@ def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
         "ranks_with_files": sorted(files),
         "missing_files": [r for r in range(world) if r not in files],
         "unreadable": unreadable,
+        "other_run": stale,
         "written_because": {},
         "groups": [],
         "verdict": [],
@@ -297,7 +300,27 @@ def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
         out["verdict"] = ["the trace files record no collectives"]
         if out["missing_files"]:
             out["verdict"].append(f"{_ranks(out['missing_files'])} left no trace file")
+    if stale:
+        out["verdict"].append(
+            f"the files of {_ranks(sorted(stale))} are from an earlier run and were left out"
+        )
     return out
+
+
+def _this_run(snapshots: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """The snapshots of the run that wrote last, and when each earlier run's file was written.
+
+    A directory reused by a restarted job keeps the files of ranks that wrote
+    nothing this time; their records would mix with this run's. Files without
+    a run id (no store to ask) are kept.
+    """
+    runs = {s.get("run") for s in snapshots} - {None}
+    if len(runs) < 2:
+        return snapshots, {}
+    newest = max((s for s in snapshots if s.get("run")), key=lambda s: s.get("written") or 0)
+    keep = [s for s in snapshots if s.get("run") in (None, newest["run"])]
+    stale = {int(s["rank"]): s.get("written") or 0.0 for s in snapshots if s not in keep}
+    return keep, stale
 
 
 def render(diagnosis: dict[str, Any]) -> str:
@@ -323,6 +346,9 @@ def render(diagnosis: dict[str, Any]) -> str:
         lines.append(f"  missing files: {_ranks(d['missing_files'])}")
     for problem in d["unreadable"]:
         lines.append(f"  unreadable: {problem}")
+    for r, written in d.get("other_run", {}).items():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(written))
+        lines.append(f"  left out: rank {r}'s file is from an earlier run (written {when})")
     reasons: dict[str, list[int]] = {}
     for r, why in d["written_because"].items():
         reasons.setdefault(why, []).append(int(r))

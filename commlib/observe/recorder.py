@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,7 @@ class FlightRecorder:
         self._rank: int | None = None
         self._reasons: deque[str] = deque(maxlen=20)  # why the file was written, oldest first
         self._world_size = 1
+        self._run: str | None = None  # the id every rank of this run shares (trace files)
         self._lock = threading.Lock()
         #: called with a reason when a collective failed here (set by commlib.observe.alarm)
         self.on_failure: Any = None
@@ -158,6 +160,7 @@ class FlightRecorder:
     def _learn_rank(self, event: CollectiveEvent) -> None:
         if dist.is_available() and dist.is_initialized():
             self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+            self._run = _run_id()
         else:
             self._rank = event.group_ranks[event.rank]
             self._world_size = len(event.group_ranks)
@@ -204,6 +207,7 @@ class FlightRecorder:
             "world_size": world,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "run": self._run,
             "written": time.time(),
             "reason": reason,
             "reasons": [*self._reasons, reason] if reason else list(self._reasons),
@@ -241,3 +245,19 @@ def _refused(error: BaseException) -> bool:
     if isinstance(error, RemoteArgumentError):
         return error.refused
     return isinstance(error, (ValueError, TypeError)) and not isinstance(error, CommError)
+
+
+_RUN_KEY = "commlib/trace_run"
+
+
+def _run_id() -> str | None:
+    """An id every rank of this run shares and the next run does not; ``None`` if unknown.
+
+    The first rank to ask puts a new one in the run's store; the others read it.
+    Trace files of an earlier run left in the same directory are told apart by it.
+    """
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return store.compare_set(_RUN_KEY, "", uuid.uuid4().hex).decode()
+    except Exception:  # no store to ask (a custom one, or it is gone): files carry no id
+        return None

@@ -96,6 +96,8 @@ def _checked(data: Any) -> dict[str, Any]:
         for field, kind in _ENTRY_FIELDS.items():
             if not isinstance(entry.get(field), kind) or isinstance(entry.get(field), bool):
                 raise ValueError(f"entry {i} has no {kind.__name__} {field!r}")
+    if not isinstance(data.get("run"), (str, type(None))):
+        raise ValueError("its run is not a string")
     if not isinstance(data.get("groups", {}), dict):
         raise ValueError("its groups are not an object")
     return data

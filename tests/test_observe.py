@@ -430,6 +430,26 @@ def test_trace_names_missing_files_and_where_the_others_failed(tmp_path):
     ]
 
 
+def test_trace_names_a_rank_that_arrived_after_the_others_gave_up(tmp_path):
+    # rank 2 was late: the others timed out in #3 and wrote; rank 2 wrote again at
+    # its own failure, its #3 in the file: only the times tell it came late
+    for r in (0, 1):
+        _write(tmp_path, r, [_entry(1, "all_reduce"), _entry(3, "all_reduce", "timed out")])
+    late = _entry(3, "all_reduce", "failed", start=108.0, error="CommBrokenError: gave up")
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), late])
+    found = diagnosis.diagnose(tmp_path)
+    (group,) = found["groups"]
+    assert group["late"] == [
+        {"rank": 2, "name": "all_reduce", "seq": 3, "after_seconds": 4.5, "gave_up": 0}
+    ]
+    assert found["verdict"][0] == (
+        "rank 2 arrived at all_reduce #3 4.5s after rank 0 had given up on it (timed out)"
+    )
+    # on time (started before anyone gave up): the ranks simply agree
+    _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(3, "all_reduce", "timed out")])
+    assert diagnosis.diagnose(tmp_path)["groups"][0]["late"] == []
+
+
 def test_trace_leaves_out_files_an_earlier_run_left_in_the_directory(tmp_path, capsys):
     # run 1 was healthy; run 2 (the same directory) lost rank 2, killed: its file is run 1's
     _write(tmp_path, 2, [_entry(1, "all_reduce"), _entry(2, "all_gather_object")], run="a")

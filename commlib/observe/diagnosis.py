@@ -136,6 +136,7 @@ def _diagnose_group(
         "missing_files": missing,
         "unreadable_ranks": [r for r in missing if r in damaged],
         "last": {str(r): rk.summary(rk.latest) for r, rk in ranks.items()},
+        "late": _late(ranks),
         "verdict": [],
     }
     start = max(rk.known_from for rk in ranks.values())
@@ -204,6 +205,12 @@ def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
             f"(before: {_call(odd['before']) if odd['before'] else 'nothing'}, "
             f"after: {_call(odd['after'])})"
         )
+    for late in group.get("late", ()):
+        lines.append(
+            f"rank {late['rank']} arrived at {late['name']} #{late['seq']} "
+            f"{late['after_seconds']:.1f}s after rank {late['gave_up']} had given up on it "
+            "(timed out)"
+        )
     damaged = [r for r in group["missing_files"] if r in group.get("unreadable_ranks", ())]
     absent = [r for r in group["missing_files"] if r not in damaged]
     if absent or damaged:
@@ -221,6 +228,42 @@ def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
             "the ranks agree on every collective recorded" + (f"; {failing}" if failing else "")
         )
     return lines
+
+
+def _late(ranks: dict[int, _Rank]) -> list[dict[str, Any]]:
+    """Ranks that started a collective after another rank had timed out in it.
+
+    Their file, written again at their own failure or exit, holds the call the
+    others gave up on, so the ranks seem to agree; the times tell. The first
+    collective that timed out with a rank arriving after it is the one shown.
+    """
+    timed_out = sorted(
+        {s for rk in ranks.values() for s, e in rk.by_seq.items() if e["state"] == "timed out"}
+    )
+    for seq in timed_out:
+        here = {r: rk.by_seq[seq] for r, rk in ranks.items() if seq in rk.by_seq}
+        ends = [
+            (e["end"], r)
+            for r, e in here.items()
+            if e["state"] == "timed out" and isinstance(e.get("end"), (int, float))
+        ]
+        if not ends:
+            continue
+        first_end, first = min(ends)
+        late = [
+            {
+                "rank": r,
+                "name": e["name"],
+                "seq": seq,
+                "after_seconds": round(e["start"] - first_end, 3),
+                "gave_up": first,
+            }
+            for r, e in sorted(here.items())
+            if isinstance(e.get("start"), (int, float)) and e["start"] > first_end
+        ]
+        if late:
+            return late
+    return []
 
 
 def _failing(ranks: dict[int, _Rank]) -> str:

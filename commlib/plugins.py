@@ -92,7 +92,10 @@ class _PluginManager(pluggy.PluginManager):
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         try:
-            return super().unregister(plugin, name)
+            gone = super().unregister(plugin, name)
+            # an observer disabled for raising starts afresh if registered again
+            observers.forget_disabled(gone)
+            return gone
         finally:
             observers.invalidate()
 

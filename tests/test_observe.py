@@ -157,9 +157,14 @@ def test_no_observer_costs_no_hook_lookup_per_call(monkeypatch):
 
 
 class Raising:
+    fixed = False
+    started = 0
+
     @hookimpl
     def commlib_collective_start(self, event):
-        raise RuntimeError("observer bug")
+        self.started += 1
+        if not self.fixed:
+            raise RuntimeError("observer bug")
 
 
 def test_an_observer_that_raises_is_disabled_and_the_collective_goes_on(watcher):
@@ -179,6 +184,23 @@ def test_an_observer_that_raises_is_disabled_and_the_collective_goes_on(watcher)
     finally:
         plugin_manager().unregister(bad)
     assert dispatch.disabled() == {}  # forgotten once unregistered
+
+
+def test_an_observer_registered_again_observes_again():
+    bad = Raising()
+    pm = plugin_manager()
+    pm.register(bad)
+    comm = Communicator()
+    with pytest.warns(RuntimeWarning, match="observer bug"):
+        comm.all_reduce(torch.ones(2))
+    bad.fixed = True
+    pm.unregister(bad)
+    pm.register(bad)  # at once: nothing looked for observers in between
+    try:
+        comm.all_reduce(torch.ones(2))
+        assert bad.started == 2 and dispatch.disabled() == {}
+    finally:
+        pm.unregister(bad)
 
 
 def _info() -> str:
@@ -204,6 +226,15 @@ def test_profiler_shows_commlib_collectives_with_their_sizes():
     names = {e.key for e in prof.key_averages()}
     assert "commlib.all_reduce(sum, float32 (4,))" in names
     assert "commlib.broadcast(src 0, float32 (2, 3))" in names
+
+
+def test_a_relative_trace_directory_is_where_it_was_when_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recorder = FlightRecorder(directory="traces")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # as hydra does, per run
+    (tmp_path / "traces").mkdir()
+    assert recorder.dump("asked") == tmp_path / "traces" / "commlib_trace_rank0.json"
 
 
 def test_flight_recorder_keeps_the_last_collectives(tmp_path):

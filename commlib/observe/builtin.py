@@ -93,7 +93,7 @@ def enable_flight_recorder(
     if _recorder is None:
         _recorder = FlightRecorder(capacity, directory)
     elif directory is not None:
-        _recorder.directory = Path(directory)
+        _recorder.directory = Path(directory).absolute()
     if _recorder.directory is not None and _alarm is None:
         _alarm = Alarm(_recorder)
         _alarm.arm()

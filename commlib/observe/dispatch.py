@@ -123,6 +123,17 @@ def current() -> _Observers:
     return found
 
 
+def forget_disabled(plugin: Any) -> None:
+    """Forget that ``plugin`` was disabled (it was unregistered): registered again, it observes.
+
+    Examples:
+        >>> from commlib.observe import dispatch
+        >>> dispatch.forget_disabled(object())
+    """
+    with _lock:
+        _disabled.pop(id(plugin), None)
+
+
 def disabled() -> dict[str, str]:
     """Observers switched off because a hook raised: plugin name -> why.
 

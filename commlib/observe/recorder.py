@@ -110,7 +110,9 @@ class FlightRecorder:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
-        self.directory = Path(directory) if directory else None
+        # absolute now: a program that changes its working directory later (hydra
+        # does, per run) would write somewhere else at its failure or exit
+        self.directory = Path(directory).absolute() if directory else None
         self.recorded = 0
         self._records: deque[Record] = deque(maxlen=capacity)
         self._open: dict[int, Record] = {}  # id(event) -> its record, until it ends

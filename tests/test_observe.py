@@ -588,3 +588,23 @@ def test_every_communicator_method_that_reaches_the_engine_is_observed():
             missing.append(fn.name)
     assert not missing, f"collectives observers would not see (add @_collective): {missing}"
     assert commlib.Communicator.all_reduce.__commlib_collective__ == "all_reduce"
+
+
+def test_the_watcher_stops_asking_a_store_that_is_gone(monkeypatch, tmp_path):
+    # rank 0 hosts the store under env:// and may exit first: every later look
+    # would log torch's connection warning again
+    from commlib.observe import alarm
+
+    class GoneStore:
+        asked = 0
+
+        def add(self, key, value):
+            self.asked += 1
+            raise RuntimeError("Connection was likely closed")
+
+    store = GoneStore()
+    monkeypatch.setattr(alarm, "_store", lambda: store)
+    watcher = alarm.Alarm(FlightRecorder(directory=tmp_path))
+    for _ in range(3):
+        watcher._answer()
+    assert store.asked == 1 and list(tmp_path.iterdir()) == []

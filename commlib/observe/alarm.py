@@ -77,6 +77,7 @@ class Alarm:
         self._wakeup: int | None = None
         self._wakeup_write: int | None = None
         self._stop = threading.Event()
+        self._store_gone = False
         self._thread: threading.Thread | None = None
         self._warned = False
 
@@ -142,7 +143,7 @@ class Alarm:
             self._answer()
 
     def _answer(self) -> None:
-        store = _store()
+        store = None if self._store_gone else _store()
         if store is None:
             return
         try:
@@ -157,8 +158,10 @@ class Alarm:
                 self._write(f"asked by {reason}")
                 for request in asked:
                     store.add(f"{_ACKS}{request}", 1)
-        except Exception:  # the group is going away; nothing to answer
-            pass
+        except Exception:
+            # the store's host (rank 0 under env://) has exited: nothing to answer,
+            # and each look would log torch's connection warning again
+            self._store_gone = True
 
     def _write(self, reason: str) -> None:
         try:

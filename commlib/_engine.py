@@ -342,12 +342,14 @@ class Engine:
         finish: Callable[[], None] | None = None,
         timeout: datetime.timedelta | None = None,
         async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
         **kwargs: Any,
     ) -> Handle | None:
         """A user-facing collective: the engine call, then commlib's ``finish`` step.
 
         Blocking unless ``async_op``; then a :class:`~commlib.Handle` whose
-        ``wait()`` waits for the engine and runs ``finish``.
+        ``wait()`` waits for the engine and runs ``finish``, and whose future's
+        value is ``value`` (the tensors the collective writes).
 
         Examples:
             >>> t = torch.ones(2)
@@ -361,7 +363,9 @@ class Engine:
             return None
         self.bound_engine_wait(timeout or self.timeout)
         pending = self.start(what, call, *args, **kwargs)
-        return Handle(lambda t: self.wait(pending, t or timeout), finish, pending.work)
+        return Handle(
+            lambda t: self.wait(pending, t or timeout), finish, pending.work, value=value
+        )
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""

@@ -699,10 +699,12 @@ class Communicator:
             )
 
     @staticmethod
-    def _finished(finish: Callable[[], None], async_op: bool) -> Handle | None:
+    def _finished(
+        finish: Callable[[], None], async_op: bool, value: list[torch.Tensor]
+    ) -> Handle | None:
         """A call that completed within its check: finish now, or in ``wait()``."""
         if async_op:
-            return Handle(None, finish, None)
+            return Handle(None, finish, None, value=value)
         finish()
         return None
 
@@ -783,7 +785,7 @@ class Communicator:
         )
         if parts is not None:
             reduce_into(work_t, parts, engine_op)
-            return self._finished(lambda: back(work_t, tensor, world), async_op)
+            return self._finished(lambda: back(work_t, tensor, world), async_op, [tensor])
         return engine.submit(
             "all_reduce",
             self.plugin.all_reduce,
@@ -792,6 +794,7 @@ class Communicator:
             finish=lambda: back(work_t, tensor, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[tensor],
         )
 
     @_collective("all_gather", payload="tensor")
@@ -912,7 +915,7 @@ class Communicator:
         )
         if parts is not None:
             torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
-            return self._finished(lambda: _copy_back(out_t, output, world), async_op)
+            return self._finished(lambda: _copy_back(out_t, output, world), async_op, [output])
         return engine.submit(
             "all_gather_into_tensor",
             self.plugin.all_gather_into_tensor,
@@ -923,6 +926,7 @@ class Communicator:
             finish=lambda: _copy_back(out_t, output, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[output],
         )
 
     @_collective("gather", payload="tensor", peer="dst", uniform=True)
@@ -990,7 +994,7 @@ class Communicator:
         if parts is not None:
             if engine.rank != src:
                 work_t.copy_(parts[src])
-            return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
+            return self._finished(lambda: _copy_back(work_t, tensor, world), async_op, [tensor])
         return engine.submit(
             "broadcast",
             self.plugin.broadcast,
@@ -999,6 +1003,7 @@ class Communicator:
             finish=lambda: _copy_back(work_t, tensor, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[tensor],
         )
 
     @_collective("reduce_scatter", payload="output", op="op", uniform=True)
@@ -1063,7 +1068,7 @@ class Communicator:
         if parts is not None:
             whole = reduce_locally(parts, engine_op)
             out_t.copy_(whole.view(world, -1)[engine.rank])
-            return self._finished(lambda: back(out_t, output, world), async_op)
+            return self._finished(lambda: back(out_t, output, world), async_op, [output])
         return engine.submit(
             "reduce_scatter",
             self.plugin.reduce_scatter,
@@ -1073,6 +1078,7 @@ class Communicator:
             finish=lambda: back(out_t, output, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[output],
         )
 
     @_collective("barrier")
@@ -1102,6 +1108,7 @@ class Communicator:
             "sum",
             timeout=as_timedelta(timeout),
             async_op=True,
+            value=[],
         )
 
     @_collective("reduce", payload="tensor", peer="dst", op="op", uniform=True)
@@ -1145,9 +1152,9 @@ class Communicator:
         )
         if parts is not None:
             if finish is None:
-                return self._finished(lambda: None, async_op)
+                return self._finished(lambda: None, async_op, [tensor])
             reduce_into(work_t, parts, engine_op)
-            return self._finished(finish, async_op)
+            return self._finished(finish, async_op, [tensor])
         if finish is None and work_t is tensor:
             work_t = tensor.clone()
         return engine.submit(
@@ -1159,6 +1166,7 @@ class Communicator:
             finish=finish,
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[tensor],
         )
 
     @_collective("scatter", payload="tensor", peer="src", uniform=True)
@@ -1214,7 +1222,9 @@ class Communicator:
             )
             if got is not None:
                 work_t.copy_(got[src][engine.rank])
-                return self._finished(lambda: _copy_back(work_t, tensor, world), async_op)
+                return self._finished(
+                    lambda: _copy_back(work_t, tensor, world), async_op, [tensor]
+                )
         else:
             self._check(engine, "scatter", describe, timeout=timeout)
         return engine.submit(
@@ -1226,6 +1236,7 @@ class Communicator:
             finish=lambda: _copy_back(work_t, tensor, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[tensor],
         )
 
     @_collective("all_to_all", payload="input_tensor_list")
@@ -1279,6 +1290,7 @@ class Communicator:
             finish=finish,
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=list(output_tensor_list),
         )
 
     @_collective("all_to_all_single", payload="input")
@@ -1361,7 +1373,7 @@ class Communicator:
             rows = rows_in[me]
             mine = [p.narrow(0, me * rows, rows) for p in parts]
             torch.stack(mine, out=out_t.view(world, rows, *input.shape[1:]))
-            return self._finished(lambda: _copy_back(out_t, output, world), async_op)
+            return self._finished(lambda: _copy_back(out_t, output, world), async_op, [output])
         return engine.submit(
             "all_to_all_single",
             self.plugin.all_to_all_single,
@@ -1372,6 +1384,7 @@ class Communicator:
             finish=lambda: _copy_back(out_t, output, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[output],
         )
 
     # -- point to point -------------------------------------------------------------
@@ -1475,6 +1488,7 @@ class Communicator:
             finish=(lambda: _copy_back(work_t, tensor, world)) if kind == "recv" else None,
             timeout=as_timedelta(timeout),
             async_op=async_op,
+            value=[tensor],
         )
 
     @_collective("batch_isend_irecv")
@@ -1526,6 +1540,7 @@ class Communicator:
             finish=finish,
             timeout=as_timedelta(timeout),
             async_op=True,
+            value=[op.tensor for op in p2p_op_list],
         )
         assert handle is not None
         return [handle]

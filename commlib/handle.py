@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
+
+import torch
 
 from commlib._settings import as_timedelta
 from commlib.types import Work
@@ -33,21 +36,62 @@ class Handle:
         wait: Callable[[datetime.timedelta | None], None] | None = None,
         finish: Callable[[], None] | None = None,
         work: Work | None = None,
+        *,
+        value: list[torch.Tensor] | None = None,
     ):
         self._wait = wait
         self._finish = finish
         self._work = work
         self._done = False
+        #: the tensors the collective writes: what its future's value is
+        self.value: list[torch.Tensor] = [] if value is None else value
+        self._lock = threading.Lock()  # a future's thread and the caller may both wait
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
         """Block until the collective is complete (at most ``timeout``); returns ``True``."""
-        if not self._done:
-            if self._wait is not None:
-                self._wait(as_timedelta(timeout))
-            if self._finish is not None:
-                self._finish()
-            self._done = True
+        if self._done:
+            return True
+        with self._lock:
+            if not self._done:
+                if self._wait is not None:
+                    self._wait(as_timedelta(timeout))
+                if self._finish is not None:
+                    self._finish()
+                self._done = True
         return True
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        """A ``torch.futures.Future`` completed when :meth:`wait` would return.
+
+        Its value is the list of tensors the collective wrote (``[tensor]``
+        for ``all_reduce``), as with torch's ``Work.get_future()``, so code
+        that chains on it (``.then(...)``, a DDP communication hook) works;
+        an error of the collective is the future's. commlib's part of the
+        call (``mean``'s division, copies back) is done before it completes.
+        Unless the call has completed already, a thread waits for it (within
+        the communicator's timeout).
+
+        Examples:
+            >>> x = torch.ones(2)
+            >>> fut = comm.all_reduce(x, async_op=True).get_future()
+            >>> fut.then(lambda f: f.value()[0] * 2).wait()
+            tensor([2., 2.])
+        """
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+
+        def complete() -> None:
+            try:
+                self.wait()
+            except BaseException as exc:
+                future.set_exception(exc)  # type: ignore[arg-type]  # torch's stub says T
+            else:
+                future.set_result(self.value)
+
+        if self.is_completed():
+            complete()
+        else:
+            threading.Thread(target=complete, name="commlib-future", daemon=True).start()
+        return future
 
     def is_completed(self) -> bool:
         """Whether the engine has finished; ``wait()`` is still needed for commlib's part.

@@ -449,3 +449,46 @@ def test_observers_see_the_new_collectives(multi_world):
     # to point in earlier tests moved some ranks' numbers ahead: a known limitation)
     steps = {tuple(seq - entries[0][2] for _, _, seq in entries[:4]) for entries in results}
     assert len(steps) == 1
+
+
+def _on_futures(comm):
+    r, n = comm.rank, comm.world_size
+    out = {}
+    x = torch.full((3,), float(r + 1))
+    fut = comm.all_reduce(x, op="mean", async_op=True).get_future()
+    out["mean"] = fut.then(lambda f: f.value()[0].tolist()).wait()
+    big = torch.full((20000,), float(r))  # past the check's slot: the engine's own work
+    out["big"] = comm.all_reduce(big, async_op=True).get_future().wait()[0][:2].tolist()
+    gathered = torch.empty(2 * n)
+    fut = comm.all_gather_into_tensor(gathered, torch.full((2,), float(r)), async_op=True)
+    out["gather"] = fut.get_future().wait()[0].tolist()
+    # a DDP communication hook on commlib: the gradients DDP's own all_reduce gives
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    twin = torch.nn.Linear(4, 2)
+    twin.load_state_dict(model.state_dict())
+    ours = torch.nn.parallel.DistributedDataParallel(model)
+    theirs = torch.nn.parallel.DistributedDataParallel(twin)
+
+    def hook(state, bucket):
+        work = comm.all_reduce(bucket.buffer(), op="mean", async_op=True)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    ours.register_comm_hook(None, hook)
+    batch = torch.randn(5, 4, generator=torch.Generator().manual_seed(r))
+    for ddp in (ours, theirs):
+        ddp(batch).pow(2).sum().backward()
+    out["ddp"] = all(
+        torch.allclose(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters())
+    )
+    return out
+
+
+def test_a_handle_s_future_completes_with_the_written_tensors(world):
+    n = world.size
+    mean = sum(range(1, n + 1)) / n
+    for r, got in enumerate(world.run(_on_futures)):
+        assert got["mean"] == [mean] * 3
+        assert got["big"] == [float(sum(range(n)))] * 2
+        assert got["gather"] == [float(q) for q in range(n) for _ in range(2)]
+        assert got["ddp"], r

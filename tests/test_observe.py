@@ -101,6 +101,14 @@ def test_an_async_collective_ends_when_its_handle_is_waited_on(watcher):
     assert len(watcher.seen) == 2
 
 
+def test_an_observed_handle_s_future_ends_the_collective_once(watcher):
+    x = torch.ones(2)
+    handle = Communicator().all_reduce(x, async_op=True)
+    assert handle.get_future().wait()[0] is x
+    handle.wait()
+    assert [s[0] for s in watcher.seen] == ["start", "end"]
+
+
 def test_a_handle_waited_on_again_after_its_wait_failed_ends_once(watcher):
     from commlib.errors import CommTimeoutError
 

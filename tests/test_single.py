@@ -380,3 +380,19 @@ def test_list_checks_on_src():
         commlib.scatter_object_list([None], [1, 2])
     with pytest.raises(TypeError, match="non-empty output list"):
         commlib.scatter_object_list(None, [1])
+
+
+def test_a_handle_s_future_carries_the_collective_s_error():
+    from commlib.errors import CommTimeoutError
+    from commlib.handle import Handle
+
+    def times_out(timeout):
+        raise CommTimeoutError("all_reduce did not complete within 1s")
+
+    x = torch.ones(2)
+    handle = Handle(times_out, None, object(), value=[x])
+    handle.is_completed = lambda: False  # pending: a thread waits for it
+    with pytest.raises(CommTimeoutError, match="did not complete"):
+        handle.get_future().wait()
+    done = Communicator().all_reduce(x, async_op=True)
+    assert done.get_future().wait() == [x] and done.get_future().value()[0] is x

@@ -291,7 +291,7 @@ class _Collective:
             raise
         engine.observed = engine.on_call = None
         if isinstance(result, Handle) and span.event is not None:
-            return Handle(functools.partial(span.wait, result), None, result)
+            return Handle(functools.partial(span.wait, result), None, result, value=result.value)
         if isinstance(result, ResultHandle) and span.event is not None:
             result.add_done_callback(span.end)  # an async object collective ends in wait()
             return result

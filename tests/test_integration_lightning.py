@@ -210,6 +210,13 @@ def _on_two_groups(comm):
             right.all_reduce(torch.ones(1))
         except NotInGroupError as exc:
             outside = str(exc)
+        for call in (  # output lists are checked only in a member
+            lambda: right.all_gather([torch.zeros(1)] * 2, torch.ones(1)),
+            lambda: right.gather(torch.ones(1), None, dst=1),
+            lambda: right.all_gather_object([None] * 2, 1),
+        ):
+            with pytest.raises(NotInGroupError):
+                call()
     groups = [left.group.group, right.group.group]
     left.teardown()
     right.teardown()

@@ -135,8 +135,9 @@ class CommlibCollective:
         try:
             yield
         except (ValueError, TypeError) as exc:
-            if isinstance(exc, CommError) or not self.group.is_member:
+            if isinstance(exc, CommError):
                 raise
+            # a process outside the group: NotInGroupError, as from every collective
             self.group._refuse_in(call, exc)
 
     # -- tensor collectives -----------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
 from collections.abc import Callable, Generator
@@ -68,8 +69,9 @@ class Handle:
         that chains on it (``.then(...)``, a DDP communication hook) works;
         an error of the collective is the future's. commlib's part of the
         call (``mean``'s division, copies back) is done before it completes.
-        Unless the call has completed already, a thread waits for it (within
-        the communicator's timeout).
+        Unless the call has completed already, a thread looks for its end
+        (within the communicator's timeout, which ends the engine's work);
+        a :meth:`wait` meanwhile keeps its own ``timeout``.
 
         Examples:
             >>> x = torch.ones(2)
@@ -87,10 +89,20 @@ class Handle:
             else:
                 future.set_result(self.value)
 
+        def look_then_complete() -> None:
+            # never blocked inside the engine: a thread there when the interpreter
+            # exits aborts the process; nor holding the lock a wait() needs
+            pause = 0.0005
+            while not self.is_completed():
+                if _exiting.wait(pause):
+                    return
+                pause = min(2 * pause, 0.005)
+            complete()
+
         if self.is_completed():
             complete()
         else:
-            threading.Thread(target=complete, name="commlib-future", daemon=True).start()
+            threading.Thread(target=look_then_complete, name="commlib-future", daemon=True).start()
         return future
 
     def is_completed(self) -> bool:
@@ -104,6 +116,11 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"<Handle {'done' if self._done else 'pending'}>"
+
+
+#: set at interpreter exit: threads looking for a future's end stop looking
+_exiting = threading.Event()
+atexit.register(_exiting.set)
 
 
 class _Step(Protocol):

@@ -134,9 +134,21 @@ def held_at_exit(comm: Communicator) -> None:
     HELD[0].all_gather(torch.ones(2) * comm.rank)
 
 
+def future_pending_at_exit(comm: Communicator) -> None:
+    """Rank 0 leaves a collective's future pending (rank 1 never joins) and exits."""
+    loose = Communicator(timeout=20, strict=False)
+    if comm.rank == 0:
+        HELD.append(loose)
+        loose.all_reduce(torch.ones(3), async_op=True).get_future()
+        time.sleep(0.5)
+    else:
+        time.sleep(2)
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
+        future_pending_at_exit,
         baseline,
         mismatch,
         stuck,

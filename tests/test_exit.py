@@ -209,7 +209,9 @@ def test_shrink_says_when_the_store_died_with_rank_0(world):
         assert "store" in err["message"] and "restart" in err["message"], r
 
 
-@pytest.mark.parametrize("scenario", ["held_then_destroyed", "held_at_exit"])
+@pytest.mark.parametrize(
+    "scenario", ["held_then_destroyed", "held_at_exit", "future_pending_at_exit"]
+)
 def test_a_communicator_held_until_exit_lets_the_process_exit_cleanly(scenario):
     # a communicator the script still holds when it exits used to be the last
     # reference to its group, destroyed during C++ teardown: SIGABRT ("terminate

@@ -507,6 +507,10 @@ def test_trace_leaves_out_files_an_earlier_run_left_in_the_directory(tmp_path, c
     # files of one run, or without run ids (written by hand, or no store): all read
     _write(tmp_path, 2, [_entry(1, "all_reduce")], run=None)
     assert diagnosis.diagnose(tmp_path)["other_run"] == {}
+    # the newest file carries no id: nothing to tell the runs apart by
+    _write(tmp_path, 2, [_entry(1, "all_reduce")], run="a")
+    _write(tmp_path, 1, [_entry(1, "all_reduce")], run=None, written=1000.0)
+    assert diagnosis.diagnose(tmp_path)["other_run"] == {}
 
 
 def test_trace_names_ranks_that_stopped_differently_in_one_collective(tmp_path):
@@ -616,3 +620,22 @@ def test_the_watcher_stops_asking_a_store_that_is_gone(monkeypatch, tmp_path):
     for _ in range(3):
         watcher._answer()
     assert store.asked == 1 and list(tmp_path.iterdir()) == []
+    # the group started again (Fabric's teardown and setup): its new store is asked
+    fresh = GoneStore()
+    monkeypatch.setattr(alarm, "_store", lambda: fresh)
+    watcher._answer()
+    assert fresh.asked == 1
+
+
+def test_a_relative_trace_directory_is_taken_from_where_the_program_started(tmp_path):
+    code = (
+        "import os, torch, commlib; os.mkdir('elsewhere'); os.chdir('elsewhere'); "
+        "commlib.all_reduce(torch.ones(1))"
+    )
+    env = {**os.environ, "COMMLIB_TRACE_DIR": "traces"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "traces" / "commlib_trace_rank0.json").exists()

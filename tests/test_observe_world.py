@@ -342,3 +342,16 @@ def test_an_observer_distribution_that_fails_to_import_is_a_row_of_info(tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert "libobs.so: missing" in proc.stdout and "badobs (bad-observer 0.1)" in proc.stdout
+
+
+def _run_learnt_before_any_collective(comm):
+    from commlib.observe import FlightRecorder
+
+    recorder = FlightRecorder()
+    recorder.identity()  # as a write before the first collective does (SIGUSR1, a request)
+    return recorder.snapshot("asked")["run"]
+
+
+def test_the_run_id_is_learnt_by_whichever_asks_first(world2):
+    runs = world2.run(_run_learnt_before_any_collective)
+    assert runs[0] is not None and runs[0] == runs[1]

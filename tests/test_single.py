@@ -383,6 +383,8 @@ def test_list_checks_on_src():
 
 
 def test_a_handle_s_future_carries_the_collective_s_error():
+    import threading
+
     from commlib.errors import CommTimeoutError
     from commlib.handle import Handle
 
@@ -391,8 +393,36 @@ def test_a_handle_s_future_carries_the_collective_s_error():
 
     x = torch.ones(2)
     handle = Handle(times_out, None, object(), value=[x])
-    handle.is_completed = lambda: False  # pending: a thread waits for it
+    ended = threading.Event()
+    handle.is_completed = ended.is_set  # pending: a thread looks for its end
+    threading.Timer(0.1, ended.set).start()
     with pytest.raises(CommTimeoutError, match="did not complete"):
         handle.get_future().wait()
     done = Communicator().all_reduce(x, async_op=True)
     assert done.get_future().wait() == [x] and done.get_future().value()[0] is x
+
+
+def test_a_wait_keeps_its_timeout_while_a_future_looks_for_the_end():
+    import threading
+    import time
+
+    from commlib.errors import CommTimeoutError
+    from commlib.handle import Handle
+
+    ended = threading.Event()
+
+    def waits(timeout):
+        if not ended.wait(None if timeout is None else timeout.total_seconds()):
+            raise CommTimeoutError("did not complete")
+
+    x = torch.ones(2)
+    handle = Handle(waits, None, object(), value=[x])
+    handle.is_completed = ended.is_set
+    future = handle.get_future()
+    threading.Timer(5, ended.set).start()  # a future holding the wait would hold it this long
+    started = time.monotonic()
+    with pytest.raises(CommTimeoutError):
+        handle.wait(timeout=0.2)
+    assert time.monotonic() - started < 2
+    ended.set()
+    assert future.wait() == [x]

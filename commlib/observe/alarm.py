@@ -77,7 +77,7 @@ class Alarm:
         self._wakeup: int | None = None
         self._wakeup_write: int | None = None
         self._stop = threading.Event()
-        self._store_gone = False
+        self._gone: Any = None  # the store whose host has exited
         self._thread: threading.Thread | None = None
         self._warned = False
 
@@ -143,8 +143,8 @@ class Alarm:
             self._answer()
 
     def _answer(self) -> None:
-        store = None if self._store_gone else _store()
-        if store is None:
+        store = _store()
+        if store is None or store is self._gone:
             return
         try:
             latest = int(store.add(_COUNTER, 0))
@@ -161,7 +161,7 @@ class Alarm:
         except Exception:
             # the store's host (rank 0 under env://) has exited: nothing to answer,
             # and each look would log torch's connection warning again
-            self._store_gone = True
+            self._gone = store  # a group started again has another store: asked again
 
     def _write(self, reason: str) -> None:
         try:

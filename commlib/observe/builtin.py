@@ -20,6 +20,7 @@ from commlib.observe.recorder import DEFAULT_CAPACITY, FlightRecorder
 from commlib.observe.stats import CollectiveStats
 
 TRACE_DIR_ENV = "COMMLIB_TRACE_DIR"
+_STARTED_IN = os.getcwd()  # at ``import commlib``
 TRACE_CAPACITY_ENV = "COMMLIB_TRACE_CAPACITY"
 STATS_ENV = "COMMLIB_STATS"
 RECORDER_NAME = "commlib.flight_recorder"
@@ -182,7 +183,9 @@ def register_from_env(pm: Any) -> None:
     """
     directory = os.environ.get(TRACE_DIR_ENV)
     if directory:
-        enable_flight_recorder(directory, pm=pm)
+        # relative to where the program started: commlib is looked at lazily, and a
+        # program may change directory before its first collective (hydra does)
+        enable_flight_recorder(os.path.join(_STARTED_IN, directory), pm=pm)
     stats = os.environ.get(STATS_ENV)
     if stats and stats.lower() not in ("0", "false", "no", "off"):
         enable_stats(stats, pm=pm)

@@ -355,12 +355,13 @@ def _this_run(snapshots: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], di
 
     A directory reused by a restarted job keeps the files of ranks that wrote
     nothing this time; their records would mix with this run's. Files without
-    a run id (no store to ask) are kept.
+    a run id (no store to ask) are kept; when the newest file has none, all are.
     """
-    runs = {s.get("run") for s in snapshots} - {None}
-    if len(runs) < 2:
+    if not any(s.get("run") for s in snapshots):
         return snapshots, {}
-    newest = max((s for s in snapshots if s.get("run")), key=lambda s: s.get("written") or 0)
+    newest = max(snapshots, key=lambda s: s.get("written") or 0)
+    if newest.get("run") is None:
+        return snapshots, {}  # the last run's files carry no id: nothing to tell apart by
     keep = [s for s in snapshots if s.get("run") in (None, newest["run"])]
     stale = {int(s["rank"]): s.get("written") or 0.0 for s in snapshots if s not in keep}
     return keep, stale

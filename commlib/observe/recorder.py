@@ -161,11 +161,15 @@ class FlightRecorder:
 
     def _learn_rank(self, event: CollectiveEvent) -> None:
         if dist.is_available() and dist.is_initialized():
-            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
-            self._run = _run_id()
+            self._learn_world()
         else:
             self._rank = event.group_ranks[event.rank]
             self._world_size = len(event.group_ranks)
+
+    def _learn_world(self) -> None:
+        """Rank, world size and run id, from torch.distributed (once, whichever asks first)."""
+        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        self._run = _run_id()
 
     # -- reading -----------------------------------------------------------------------
     def identity(self) -> tuple[int, int]:
@@ -179,7 +183,7 @@ class FlightRecorder:
             (0, 1)
         """
         if self._rank is None and dist.is_available() and dist.is_initialized():
-            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+            self._learn_world()
         if self._rank is None:
             return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         return self._rank, self._world_size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
 import multiprocessing
 import os
 import subprocess
@@ -268,14 +269,16 @@ def teardown_at_exit(holder: Any = None) -> None:
     """
     if holder is not None:
         _holders.add(holder)
-    if not _registered:
-        _registered.append(True)
-        atexit.register(_destroy_at_exit)
+    _register_at_exit()
 
 
 #: objects holding process groups, told to let go of them at exit
 _holders: weakref.WeakSet[Any] = weakref.WeakSet()
-_registered: list[bool] = []
+
+
+@functools.lru_cache(maxsize=1)
+def _register_at_exit() -> None:
+    atexit.register(_destroy_at_exit)
 
 
 def _destroy_at_exit() -> None:

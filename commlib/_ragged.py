@@ -59,9 +59,11 @@ def inline_room(slot_size: int) -> int:
     return max(0, slot_size - _HEADER_BYTES) // 16 * 16
 
 
-# a slot's first field: which protocol filled it, or why it carries no tensor
-TOO_MANY_DIMS, GATHER, SHAPES, REFUSED = 0, 1, 2, 3
-_CALLED = {GATHER: "all_gather", SHAPES: "all_gather_shapes"}
+# a slot's first field: which protocol filled it, or why it carries no tensor;
+# ``adapt_empty`` gathers say so in it, so ranks that differ there agree to fail
+TOO_MANY_DIMS, GATHER, SHAPES, REFUSED, GATHER_ADAPTING = 0, 1, 2, 3, 4
+_CALLED = {GATHER: "all_gather", SHAPES: "all_gather_shapes", GATHER_ADAPTING: "all_gather"}
+_GATHERS = frozenset({GATHER, GATHER_ADAPTING})
 
 
 def exchange(
@@ -93,13 +95,15 @@ def exchange(
     """
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()
-    status = (SHAPES if shapes_only else GATHER) if ok else TOO_MANY_DIMS
+    gathering = GATHER_ADAPTING if adapt_empty else GATHER
+    status = (SHAPES if shapes_only else gathering) if ok else TOO_MANY_DIMS
     fields = [status, dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
     inline = tensor if ok and not shapes_only and 0 < nbytes else None
     size, gathered, heads = _round(engine, what, fields, inline, room, rooms, timeout)
     room = size - _HEADER_BYTES
-    if adapt_empty:
+    _agree_on_adapting(what, heads)
+    if adapt_empty and all(h[0] == GATHER_ADAPTING for h in heads):
         heads = _adapted(heads)
     _agree(what, heads, gathered, size)
     shapes = [list(h[4 : 4 + h[2]]) for h in heads]
@@ -127,19 +131,30 @@ def exchange(
 def _adapted(heads: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """``heads`` with every empty tensor's dtype and dims those of the first rank with data.
 
-    Only a gathered tensor (status ``GATHER``) adapts, and only to a rank with
-    data that has dims (a 0-dim tensor has an element; no empty one is like it).
+    For a round where every rank gathers with ``adapt_empty``. An empty tensor
+    adapts only to a rank with data that has dims (a 0-dim tensor has an
+    element; no empty one is like it).
     """
-    full = [h for h in heads if h[0] == GATHER and h[3] > 0]
+    full = [h for h in heads if h[3] > 0]
     if not full or full[0][2] == 0:
         return heads
     like = full[0]
     ndim = like[2]
-    empty = (GATHER, like[1], ndim, 0, 0, *like[5:])
-    return [
-        empty if h[0] == GATHER and h[3] == 0 and (h[1], h[2]) != (like[1], ndim) else h
-        for h in heads
-    ]
+    empty = (like[0], like[1], ndim, 0, 0, *like[5:])
+    return [empty if h[3] == 0 and (h[1], h[2]) != (like[1], ndim) else h for h in heads]
+
+
+def _agree_on_adapting(what: str, heads: list[tuple[int, ...]]) -> None:
+    """Raise on every rank when some ranks gather with ``adapt_empty`` and others without.
+
+    Checked before adapting: the ranks' views of the headers still agree, so
+    every rank raises the same error (otherwise the ranks that adapt could
+    succeed where the others raise).
+    """
+    if {h[0] for h in heads} != _GATHERS:
+        return  # agreed, or a refusal or another collective: ``_agree`` says which
+    per_rank = {r: f"adapt_empty={h[0] == GATHER_ADAPTING}" for r, h in enumerate(heads)}
+    raise RemoteArgumentError(what, per_rank, "ranks passed different adapt_empty")
 
 
 def refuse(

@@ -820,7 +820,8 @@ class Communicator:
         tensor of the dtype the ranks with data agree on, shaped ``(0, *the
         trailing dims of the first rank with data)`` (a rank that saw no data
         and holds a placeholder, as torchmetrics' list states do). Every rank
-        passes the same ``adapt_empty``.
+        passes the same ``adapt_empty``; where they differ, every rank raises
+        :class:`~commlib.errors.RemoteArgumentError`.
 
         Examples:
             >>> comm.all_gather(torch.arange(comm.rank + 1))

@@ -708,6 +708,15 @@ def _on_adapt_empty(comm):
         out["plain"] = str(exc)
     every = comm.all_gather(torch.empty(0, 3), adapt_empty=True)  # nothing to adapt to
     out["all_empty"] = [(g.dtype, tuple(g.shape)) for g in every]
+    loose = dist.Communicator(strict=False)
+    for c, label in ((comm, "mixed"), (loose, "mixed_unchecked")):
+        # only rank 0 adapts: it alone could take rank 1's placeholder
+        t = torch.tensor([]) if r == 1 else torch.ones(2, 2, dtype=torch.int64)
+        try:
+            c.all_gather(t, adapt_empty=r == 0)
+        except RemoteArgumentError as exc:
+            out[label] = str(exc)
+    out["after"] = [g.tolist() for g in comm.all_gather(torch.tensor([r]))]  # still in step
     return out
 
 
@@ -724,3 +733,8 @@ def test_all_gather_adapt_empty_takes_the_dtype_and_dims_of_the_ranks_with_data(
         assert "different dtypes or ndims" in got["plain"]
         assert "rank 1: dtype=torch.float32, ndim=1" in got["plain"]
         assert got["all_empty"] == [(torch.float32, (0, 3))] * n
+        for label in ("mixed", "mixed_unchecked"):
+            assert "different adapt_empty" in got[label], got
+            assert "rank 0: adapt_empty=True" in got[label]
+            assert "rank 1: adapt_empty=False" in got[label]
+        assert got["after"] == [[r] for r in range(n)]

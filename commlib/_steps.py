@@ -6,10 +6,11 @@ Run blocking, that is one round after another; run with ``async_op=True``,
 the first round is issued before the call returns and the
 :class:`~commlib.handle.ResultHandle` runs the rest.
 
-The rounds of every unfinished handle come before any later collective: each
-communicator call first finishes them (:func:`finish_pending`), in the order
-they were started, so every rank issues the same engine calls in the same
-order whenever its own ``wait()`` comes.
+The rounds of every unfinished handle come before any later collective on its
+process group: each communicator call first finishes those of its group
+(:func:`finish_pending`), in the order they were started, so every rank issues
+the same engine calls on each group in the same order whenever its own
+``wait()`` comes.
 """
 
 from __future__ import annotations
@@ -105,14 +106,23 @@ def pending() -> bool:
     return bool(_unfinished)
 
 
-def finish_pending() -> None:
-    """Run every unfinished handle to its end, oldest first (their failures wait for ``wait()``).
+def finish_pending(group: Any) -> None:
+    """Run the unfinished handles on ``group`` to their end, oldest first.
+
+    Only ``group``'s: every rank must issue the same calls in the same order
+    on each process group, not across groups, and finishing a handle of
+    another group first would wait for that group's ranks, which may be
+    waiting in a third group for this rank (a cycle that only the timeout
+    ends).
 
     Examples:
-        >>> finish_pending()    # before a communicator issues anything new
+        >>> finish_pending(engine.group)    # before a communicator issues anything new on it
     """
-    while _unfinished:
-        engine, handle = _unfinished.pop(0)
+    mine = [(e, h) for e, h in _unfinished if e.group is group]
+    if not mine:
+        return
+    _unfinished[:] = [(e, h) for e, h in _unfinished if e.group is not group]
+    for engine, handle in mine:
         # its rounds belong to the earlier call, not to the collective that drains them
         # (observers see that one start at its own first engine call)
         starting, engine.on_call = engine.on_call, None

@@ -429,6 +429,8 @@ class Communicator:
         # translate, or a rank that refused its own list) are an error on every rank
         world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
         if world._engine is not None:  # commlib's own round: not a collective observers see
+            if _steps.pending():  # it goes after the world's unfinished handles, as a call would
+                _steps.finish_pending(world._engine.group)
             ser, slot = self.serializer, self.slot_size
             _guard.agree(world._engine, "new_group", described, ser, slot)
         if refused is not None:  # every rank refused alike
@@ -531,9 +533,9 @@ class Communicator:
         if not self._distributed:
             # under torchrun before init_dist each rank would compute alone: say so once
             warn_if_launched_without_init()
-        # an async object collective started earlier keeps its place in the order
+        # an async object collective started earlier on this group keeps its place
         if _steps.pending():
-            _steps.finish_pending()
+            _steps.finish_pending(self._engine.group)
         return self._engine
 
     def _check(

@@ -139,8 +139,9 @@ class ResultHandle(Generic[T]):
     is on its way when the call returns;
     ``wait()`` finishes the rest and returns what the blocking call would
     have returned. Until then the communicator keeps the call's place: the
-    next collective on any communicator of this process finishes it first,
-    so every rank sees the same order of calls.
+    next collective on its process group (through any communicator of this
+    process) finishes it first, so every rank sees the same order of calls
+    there; collectives on other groups do not wait for it.
 
     Examples:
         >>> h = comm.all_gather_object({"rank": comm.rank}, async_op=True)

@@ -190,6 +190,40 @@ def test_async_object_collectives_keep_their_place(multi_world):
         assert got == (list(range(n)), float(n), 30_000, None, r)
 
 
+def _on_async_across_groups(comm):
+    """An async object collective pending on one group; the next calls are on others.
+
+    Three pairwise groups: rank 0 leaves A's gather pending and calls C, rank 1
+    calls B first, rank 2 calls C then B. Had C waited for A to finish, rank 0
+    would wait for rank 1 (in B, waiting for rank 2), rank 2 for rank 0: a cycle.
+    """
+    r = comm.rank
+    pairs = [comm.new_group(ranks) for ranks in ([0, 1], [1, 2], [0, 2])]
+    a, b, c = (Communicator(p.group, timeout=10) if p.is_member else p for p in pairs)
+    big = {"rank": r, "blob": bytes(50_000)}  # its second round runs after the call returns
+    t = torch.ones(1)
+    if r == 0:
+        h = a.all_gather_object(big, async_op=True)
+        c.all_reduce(t)
+        again = Communicator(a.group, timeout=10)  # the same group: finishes h first
+        again.all_reduce(t)
+        got = h.wait()
+    elif r == 1:
+        b.all_reduce(t)
+        got = a.all_gather_object(big, async_op=True).wait()
+        a.all_reduce(t)
+    else:
+        c.all_reduce(t)
+        b.all_reduce(t)
+        got = []
+    return [g["rank"] for g in got], t.item()
+
+
+def test_an_async_object_collective_does_not_hold_up_other_groups(world3):
+    # t: rank 2 sums with rank 0 (C), then rank 1 (B): 3; A sums rank 0 (2) and rank 1 (3)
+    assert world3.run(_on_async_across_groups) == [([0, 1], 5.0), ([0, 1], 5.0), ([], 3.0)]
+
+
 class _Unpicklable:
     def __reduce__(self):
         raise ValueError("not on the wire")

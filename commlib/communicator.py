@@ -387,10 +387,16 @@ class Communicator:
         Like ``torch.distributed.new_group``, every rank of the world must call
         it with the same ``ranks``, members or not (ranks that differ raise
         :class:`~commlib.errors.RemoteArgumentError` on every rank, after one
-        small round over the world). Non-members get a
-        communicator with ``is_member=False`` whose collectives raise
-        :class:`~commlib.errors.NotInGroupError`. The new communicator keeps
-        this one's backend, serializer, slot size and ``strict``.
+        small round over the world). The new group numbers its ranks in
+        ascending world-rank order, as torch does: ``new_group([3, 1])`` makes
+        world rank 1 its rank 0. Non-members get a communicator with
+        ``is_member=False`` whose collectives raise
+        :class:`~commlib.errors.NotInGroupError`; they can divide it further
+        (its ranks are known from this call), but not a communicator built on
+        a torch group they are not in (whose ranks they do not know: every
+        rank raises :class:`~commlib.errors.RemoteArgumentError` saying so).
+        The new communicator keeps this one's backend, serializer, slot size
+        and ``strict``.
 
         Examples:
             >>> evens = comm.new_group(range(0, comm.world_size, 2))
@@ -446,7 +452,9 @@ class Communicator:
             slot_size=self.slot_size,
             strict=self.strict,
         )
-        child._outside_view = world_ranks  # a non-member of it can still divide it
+        # a non-member of it can still divide it: its ranks in the group's order,
+        # ascending world ranks as torch numbers them
+        child._outside_view = sorted(world_ranks)
         return child
 
     def _world_ranks_of(self, ranks: list[int]) -> list[int] | None:

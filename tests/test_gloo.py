@@ -539,6 +539,27 @@ def test_subgroups_of_subgroups_and_ranks_that_differ(multi_world):
             assert got == (False, -1, True)
 
 
+def _on_ranks_out_of_order(comm):
+    # torch numbers [3, 2] as [2, 3]; the non-members' view of it must too, or
+    # dividing it names other world ranks there than on the members
+    n = comm.world_size
+    outer = comm.new_group([n - 1, n - 2])
+    inner = outer.new_group([0])
+    x = torch.ones(1)
+    if inner.is_member:
+        inner.all_reduce(x)
+    return outer.rank, inner.is_member
+
+
+def test_a_group_given_its_ranks_out_of_order_divides_alike_on_every_rank(multi_world):
+    n = multi_world.size
+    results = multi_world.run(_on_ranks_out_of_order)
+    members = [n - 2, n - 1]
+    for r, (outer_rank, in_inner) in enumerate(results):
+        assert outer_rank == (members.index(r) if r in members else -1)
+        assert in_inner == (r == n - 2)
+
+
 def _on_raise(comm):
     if comm.rank == 0:
         raise KeyError("boom")

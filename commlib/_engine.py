@@ -368,12 +368,32 @@ class Engine:
         )
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
-        """The plugin's barrier, bounded by ``timeout`` (the engine's by default)."""
+        """The plugin's barrier, bounded by ``timeout`` (the engine's by default).
+
+        torch's own barrier (a plugin that keeps :meth:`Backend.barrier`) on
+        an engine whose waits can be sliced is waited for like every other
+        collective: a rank that another rank announced failed learns it
+        within moments, not at its own timeout.
+        """
         seq = self._next("barrier")
         limit = timeout or self.timeout
         self.bound_engine_wait(limit)
         with self.map_errors("barrier", seq, limit):
-            self.plugin.barrier(self.group, timeout=limit)
+            if self._sliced_barrier:
+                work = dist.barrier(group=self.group, async_op=True)
+                if work is not None:
+                    self._wait_work(work, limit)
+            else:
+                self.plugin.barrier(self.group, timeout=limit)
+
+    @property
+    def _sliced_barrier(self) -> bool:
+        plugin = self.plugin
+        return (
+            plugin.interruptible_wait
+            and self.group is not None
+            and type(plugin).barrier is Backend.barrier
+        )
 
     # -- recovery --------------------------------------------------------------------
     def shrink(

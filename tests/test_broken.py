@@ -84,3 +84,31 @@ def test_a_point_to_point_wait_learns_of_the_failure_within_moments():
     assert kind1 == "CommTimeoutError" and waited1 < 5
     # not its own 30 s: rank 1's announcement, seen from the thread-watched wait
     assert kind0 == "CommTimeoutError" and waited0 < 10, waited0
+
+
+def _on_barrier_waiter(comm) -> tuple[str, float]:
+    # rank 0 waits in a barrier; rank 1 never joins it but announces, as a rank
+    # whose own call timed out does, that the group broke
+    from commlib import _failure_notes
+
+    c = Communicator(timeout=30.0)
+    started = time.monotonic()
+    if c.rank == 1:
+        time.sleep(1.0)
+        _failure_notes.announce_broken(c.group, "all_reduce #1: rank 1 gave up", timed_out=True)
+        return "announced", 0.0
+    try:
+        c.barrier()
+    except CommTimeoutError as exc:
+        return type(exc).__name__ + (": first" if "gave up on it first" in str(exc) else ""), (
+            time.monotonic() - started
+        )
+    return "ok", time.monotonic() - started
+
+
+def test_a_barrier_learns_of_the_failure_within_moments():
+    with World(2, timeout=120, pg_timeout=60) as world:
+        (kind0, waited0), _ = world.run(_on_barrier_waiter, timeout=120)
+        world.kill()  # its group is broken
+    # not its own 30 s (torch's barrier was waited for in one block, without a look)
+    assert kind0 == "CommTimeoutError: first" and waited0 < 10, (kind0, waited0)

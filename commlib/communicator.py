@@ -20,6 +20,7 @@ from typing import Any, Literal, NoReturn, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from commlib import (
     _guard,
@@ -66,6 +67,24 @@ def dist_ready() -> bool:
         False
     """
     return dist.is_available() and dist.is_initialized()
+
+
+#: what a process group torch no longer knows (``destroy_process_group(group)``) is
+DESTROYED = (
+    "its process group was destroyed (torch.distributed.destroy_process_group); create a new group"
+)
+
+
+def is_destroyed(group: Any) -> bool:
+    """Whether ``group`` is a process group torch destroyed (the world's groups are not).
+
+    Examples:
+        >>> is_destroyed(None)
+        False
+    """
+    if group is None or not dist_ready() or group is dist.GroupMember.NON_GROUP_MEMBER:
+        return False
+    return group not in c10d._world.pg_map
 
 
 def _torch_backend_name(group: Group) -> str:
@@ -374,6 +393,8 @@ class Communicator:
             return [0]
         if not self.is_member:
             raise NotInGroupError("this process is not a member of the group")
+        if is_destroyed(self.group):
+            raise ValueError(f"the communicator's ranks are unknown: {DESTROYED}")
         return dist.get_process_group_ranks(self.group)
 
     def __repr__(self) -> str:

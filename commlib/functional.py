@@ -27,7 +27,14 @@ import commlib.data_device as data_device
 import commlib.launch as launch
 import commlib.ranks as rank_args
 from commlib import helpers, results
-from commlib.communicator import Communicator, Handle, ResultHandle, dist_ready
+from commlib.communicator import (
+    DESTROYED,
+    Communicator,
+    Handle,
+    ResultHandle,
+    dist_ready,
+    is_destroyed,
+)
 from commlib.errors import CommError
 from commlib.p2p import P2POp
 
@@ -51,6 +58,10 @@ def get_communicator(group: Any = None) -> Communicator:
     """
     if isinstance(group, Communicator):
         return group
+    if is_destroyed(group):
+        with _lock:
+            _cache.pop(group, None)
+        raise ValueError(f"group {group!r}: {DESTROYED}")
     world = dist.group.WORLD if dist_ready() else None
     with _lock:
         if _cache_world[0] is not world:  # the world was (re)initialised or destroyed

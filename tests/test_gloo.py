@@ -560,6 +560,35 @@ def test_a_group_given_its_ranks_out_of_order_divides_alike_on_every_rank(multi_
         assert in_inner == (r == n - 2)
 
 
+def _on_destroyed_group(comm):
+    import torch.distributed as tdist
+
+    pg = tdist.new_group(list(range(comm.world_size)))
+    held = dist.Communicator(pg)
+    x = torch.ones(1)
+    dist.all_reduce(x, group=pg)
+    tdist.destroy_process_group(pg)
+    out = [x.item()]
+    for call in (
+        lambda: dist.all_reduce(torch.ones(1), group=pg),
+        lambda: dist.broadcast(torch.ones(1), src=0, group=pg),
+        lambda: dist.get_rank(pg),
+        lambda: held.ranks,
+    ):
+        try:
+            call()
+            out.append("no error")
+        except ValueError as exc:  # torch's own calls raise ValueError here too
+            out.append("destroy_process_group" in str(exc))
+    return out
+
+
+def test_a_destroyed_group_is_a_clear_error(multi_world):
+    # these were raw KeyErrors (the group rank translation), or a stale get_rank
+    n = multi_world.size
+    assert multi_world.run(_on_destroyed_group) == [[float(n), True, True, True, True]] * n
+
+
 def _on_raise(comm):
     if comm.rank == 0:
         raise KeyError("boom")

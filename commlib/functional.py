@@ -495,7 +495,8 @@ def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, gr
     except (ValueError, TypeError) as exc:
         if isinstance(exc, CommError):
             raise  # not a member: there is no round to join
-        comm._refuse_in(call, exc)
+        with rank_args.world_ranks_in_errors(comm):  # the same message as the other ranks'
+            comm._refuse_in(call, exc)
 
 
 def gather(

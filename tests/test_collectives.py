@@ -166,6 +166,25 @@ def test_subgroup_of_world_ranks_1_and_2(world3):
         )
 
 
+def _on_one_bad_root_in_a_subgroup(comm):
+    import torch.distributed as tdist
+
+    pg = tdist.new_group([1, 2])  # a torch group: group rank 1 is world rank 2
+    if comm.rank == 0:
+        return None
+    try:
+        dist.broadcast_object_list([comm.rank], group_src=5 if comm.rank == 2 else 0, group=pg)
+    except RemoteArgumentError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_one_rank_s_bad_root_in_a_subgroup_reads_the_same_on_every_rank(world3):
+    _, first, second = world3.run(_on_one_bad_root_in_a_subgroup)
+    # the refusing rank's message lacked the world ranks the others' had
+    assert first == second and "(world rank(s) [2])" in first and "group_src=5" in first
+
+
 def _on_async_order(comm):
     """Ranks wait for an async object collective at different points: no deadlock, same order."""
     r, n = comm.rank, comm.world_size

@@ -84,7 +84,8 @@ def is_destroyed(group: Any) -> bool:
     """
     if group is None or not dist_ready() or group is dist.GroupMember.NON_GROUP_MEMBER:
         return False
-    return group not in c10d._world.pg_map
+    known = getattr(getattr(c10d, "_world", None), "pg_map", None)  # torch's registry
+    return known is not None and group not in known
 
 
 def _torch_backend_name(group: Group) -> str:

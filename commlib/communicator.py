@@ -76,7 +76,7 @@ DESTROYED = (
 
 
 def is_destroyed(group: Any) -> bool:
-    """Whether ``group`` is a process group torch destroyed (the world's groups are not).
+    """Whether torch no longer knows ``group``: ``destroy_process_group(group)`` ended it.
 
     Examples:
         >>> is_destroyed(None)

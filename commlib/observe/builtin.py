@@ -20,11 +20,13 @@ from commlib.observe.recorder import DEFAULT_CAPACITY, FlightRecorder
 from commlib.observe.stats import CollectiveStats
 
 TRACE_DIR_ENV = "COMMLIB_TRACE_DIR"
-_STARTED_IN = os.getcwd()  # at ``import commlib``
 TRACE_CAPACITY_ENV = "COMMLIB_TRACE_CAPACITY"
 STATS_ENV = "COMMLIB_STATS"
 RECORDER_NAME = "commlib.flight_recorder"
 STATS_NAME = "commlib.stats"
+
+#: where the program was at ``import commlib``: a relative trace directory is from here
+_STARTED_IN = os.getcwd()
 
 _recorder: FlightRecorder | None = None
 _alarm: Alarm | None = None

@@ -494,3 +494,206 @@ def test_options_are_picklable_for_the_ranks():
 
     opts = BenchOptions(ops="tensor", max_bytes=4096)
     assert pickle.loads(pickle.dumps(opts)) == opts
+
+
+# -- the dispatch kind: torch's fake process group, in one process -----------------------
+DISPATCH_SIDES = ("unchecked", "observer", "recorder")
+DISPATCH_COLUMNS = {
+    "case",
+    "op",
+    "kind",
+    "backend",
+    "plugin",
+    "engine",
+    "device",
+    "world_size",
+    "size_bytes",
+    "calls",
+    "warmup",
+    "trials",
+    "observers",
+    "torch_time_us",
+    "torch_trials_us",
+    *(
+        f"{side}_{col}"
+        for side in DISPATCH_SIDES
+        for col in (
+            "time_us",
+            "added_us",
+            "ratio",
+            "ratio_low",
+            "ratio_high",
+            "noise",
+            "trials_us",
+        )
+    ),
+}
+
+
+def test_select_dispatch():
+    from commlib.bench.dispatch_cases import CASES as DISPATCH
+    from commlib.bench.dispatch_cases import select_dispatch
+
+    assert select_dispatch("dispatch") == DISPATCH
+    assert select_dispatch(None) == [] and select_dispatch("all") == []
+    assert select_dispatch("all_reduce") == []  # a collective alone: the case across ranks
+    picked = select_dispatch(["broadcast[dispatch]", "all_reduce[dispatch]", "tensor"])
+    assert [c.op for c in picked] == ["all_reduce", "broadcast"]  # standard order
+    with pytest.raises(ValueError, match="the dispatch cases are"):
+        select_dispatch("nope[dispatch]")
+    # the cases across ranks are not changed by dispatch tokens
+    assert select_cases("dispatch") == []
+    assert select_cases("all_reduce[dispatch]") == []
+    assert select_cases("dispatch,all_reduce") == select_cases("all_reduce")
+    assert select_cases("dispatch,all") == CASES
+    ops = {c.op for c in DISPATCH}
+    assert {c.op for c in CASES if c.kind == "tensor"} - {"send_recv"} <= ops
+    assert {"all_to_all", "barrier", "send", "recv", "gather"} <= ops
+
+
+def test_dispatch_options_are_checked_before_anything_runs():
+    from commlib.cli import main
+
+    assert main(["bench", "--ops", "nope[dispatch]"]) == 2
+    assert main(["bench", "--ops", "dispatch", "--backend", "single"]) == 2
+    assert main(["bench", "--ops", "dispatch", "--plot", "x.png"]) == 2  # no bandwidth to draw
+    with pytest.raises(SystemExit):
+        main(["bench", "--ops", "dispatch", "--calls", "0"])
+
+
+def test_the_dispatch_plugin_is_the_backend_s_own_on_the_fake_group():
+    from commlib import plugins
+    from commlib.bench.fake_world import dispatch_plugin
+
+    base = plugins.get_backend_plugin("gloo")
+    plugin = dispatch_plugin(base)
+    assert isinstance(plugin, type(base)) and plugin.device() == base.device()
+    assert (plugin.name, plugin.torch_backend) == ("gloo@fake", "fake")
+    # no size-based engine paths: with nothing sent they would only add local work
+    assert plugin.small_exchange_bytes is None and plugin.p2p_gather_bytes is None
+    assert plugin.reduce_scatter_by_all_to_all is False
+    assert base.small_exchange_bytes is not None  # the real plugin is untouched
+    with pytest.raises(ValueError, match="nothing to compare"):
+        dispatch_plugin(plugins.get_backend_plugin("single"))
+
+
+def test_dispatch_sides_take_turns_and_register_their_observer_for_their_block_only():
+    from commlib import plugins
+    from commlib.bench.dispatch import SIDES, _Sides, measure
+    from commlib.bench.dispatch_cases import DispatchCase
+
+    seen: dict[str, list[int]] = {"torch": [], "commlib": []}
+
+    def prepare(comm):
+        return {
+            impl: (lambda impl=impl: seen[impl].append(len(plugins.list_observers())))
+            for impl in seen
+        }
+
+    before = plugins.list_observers()
+    times = measure(None, DispatchCase("x", prepare), calls=5, trials=4, warmup=2, sides=_Sides())
+    assert plugins.list_observers() == before
+    assert set(times) == set(SIDES) and all(len(t) == 4 for t in times.values())
+    assert all(t > 0 for side in times.values() for t in side)
+    # per side: the warm-up, then per trial one untimed call and the timed block
+    assert len(seen["torch"]) == 2 + 4 * (1 + 5)
+    assert len(seen["commlib"]) == 3 * (2 + 4 * (1 + 5))
+    # the commlib calls ran a third with no observer, a third with one, a third with the recorder
+    counts = [seen["commlib"].count(len(before) + k) for k in (0, 1)]
+    assert counts == [len(seen["torch"]), 2 * len(seen["torch"])]
+    assert set(seen["torch"]) == {len(before)}
+
+
+def _dispatch_rows() -> list[dict]:
+    rows = []
+    for case, torch_us in (("all_reduce", 4.0), ("broadcast", 5.0)):
+        row = {"case": case, "op": case, "kind": "dispatch", "torch_time_us": torch_us}
+        row.update(world_size=2, plugin="gloo@fake", device="cpu", size_bytes=16)
+        row.update(calls=100, trials=3, observers=[])
+        for side, factor in (("unchecked", 2.0), ("observer", 3.0), ("recorder", 4.0)):
+            row.update(
+                {
+                    f"{side}_time_us": torch_us * factor,
+                    f"{side}_added_us": torch_us * (factor - 1),
+                    f"{side}_ratio": factor,
+                    f"{side}_ratio_low": factor - 0.5,
+                    f"{side}_ratio_high": factor + 0.5,
+                    f"{side}_noise": False,
+                }
+            )
+        rows.append(row)
+    return rows
+
+
+def test_dispatch_tables_show_every_row_and_side():
+    import io
+
+    from commlib.bench import dispatch_report
+
+    rows = _dispatch_rows()
+    rows[1].update(unchecked_ratio=1.0, unchecked_ratio_low=0.9, unchecked_noise=True)
+    text = dispatch_report.format_table(rows).splitlines()
+    assert "commlib unchecked" in text[0] and "flight recorder" in text[0]
+    assert text[2].startswith("all_reduce") and "8.0    4.0   2.00   1.50-2.50" in text[2]
+    assert "0.90-2.50 noise" in text[3]
+    md = dispatch_report.format_markdown(rows).splitlines()
+    assert len(md) == 2 + len(rows)
+    assert all(line.count("|") == md[0].count("|") for line in md)
+    assert "| `all_reduce` | 4.0 | 8.0 (+4.0) | **2.00** | 1.50-2.50 |" in md[2]
+    assert "| 1.00 (noise) |" in md[3]  # not bold: the run cannot vouch for it
+    lines = dispatch_report.summary(rows)
+    assert [line.split()[0] for line in lines] == ["commlib", "one", "flight"]
+    assert "target 1.00: met by 1 of 2 rows" in lines[0]
+    assert "worst all_reduce 2.00" in lines[0]
+    out = io.StringIO()
+    report.print_table(_fake_rows() + rows, out=out)  # both kinds: a table each
+    printed = out.getvalue()
+    assert "torch.distributed" in printed and "torch's fake process group" in printed
+    assert printed.index("worst row") < printed.index("fake process group")
+
+
+def test_bench_dispatch_end_to_end(tmp_path):
+    from commlib.bench.dispatch_cases import CASES as DISPATCH
+
+    out = tmp_path / "dispatch.json"
+    args = ["bench", "--ops", "dispatch", "--calls", "20", "--trials", "2", "--warmup", "1"]
+    args += ["--nproc", "4", "--json", str(out), "--no-progress"]
+    proc = subprocess.run(
+        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for case in DISPATCH:
+        assert f"\n{case.op} " in proc.stdout
+    assert "world size 4" in proc.stdout and "fake process group" in proc.stdout
+    for label in ("commlib unchecked", "one observer", "flight recorder"):
+        assert f"\n{label} " in proc.stdout  # its summary line
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == [c.op for c in DISPATCH]
+    for row in rows:
+        assert set(row) == DISPATCH_COLUMNS, row["case"]
+        assert row["kind"] == "dispatch" and row["engine"] == "fake"
+        assert row["world_size"] == 4 and row["plugin"] == "gloo@fake"
+        assert row["trials"] == 2 and row["calls"] == 20
+        assert row["torch_time_us"] == pytest.approx(stats.median(row["torch_trials_us"]))
+        for side in DISPATCH_SIDES:
+            assert len(row[f"{side}_trials_us"]) == 2
+            assert row[f"{side}_time_us"] == pytest.approx(stats.median(row[f"{side}_trials_us"]))
+            assert row[f"{side}_ratio"] == pytest.approx(
+                row[f"{side}_time_us"] / row["torch_time_us"]
+            )
+            low, high = row[f"{side}_ratio_low"], row[f"{side}_ratio_high"]
+            assert low <= row[f"{side}_ratio"] <= high
+            assert row[f"{side}_noise"] == stats.is_noise(low, high)
+
+
+@pytest.mark.multirank
+def test_bench_dispatch_and_ranks_in_one_run():
+    args = ["bench", "--ops", "all_reduce[dispatch],all_reduce", "--max-bytes", "1K"]
+    args += ["--calls", "10", "--trials", "2", "--iters", "1", "--no-memory", "--no-progress"]
+    proc = subprocess.run(
+        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.distributed" in proc.stdout and "fake process group" in proc.stdout
+    assert proc.stdout.count("\nall_reduce ") == 2  # a row in each table

@@ -12,16 +12,25 @@ where the trials disagree) and peak memory. Modules, one job each:
 * :mod:`~commlib.bench.runner`: the sweep every rank runs;
 * :mod:`~commlib.bench.launcher`: starting the ranks (or joining torchrun's);
 * :mod:`~commlib.bench.report`: table, JSON and plot;
+* the dispatch kind (``--ops dispatch``), in this process on torch's fake
+  process group: :mod:`~commlib.bench.dispatch` (the sides, timing, rows),
+  :mod:`~commlib.bench.dispatch_cases` (the calls),
+  :mod:`~commlib.bench.fake_world` (the group and its plugin),
+  :mod:`~commlib.bench.dispatch_report` (its table);
 * :mod:`~commlib.bench.units`, :mod:`~commlib.bench.bandwidth`,
   :mod:`~commlib.bench.memory`, :mod:`~commlib.bench.progress`: helpers.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
+from commlib.bench.cases import select_cases
+from commlib.bench.dispatch_cases import select_dispatch
 from commlib.bench.launcher import RankFailure, launch_local, under_torchrun
 from commlib.bench.options import BenchOptions
 from commlib.bench.runner import run_rank
@@ -34,7 +43,8 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
 
     Alone, it starts ``opts.nproc`` local ranks; under torchrun it is one of
     the given ranks and rank 0 reports. A failed rank ends the run with its
-    error on stderr and status 1.
+    error on stderr and status 1. The dispatch cases run first, in this
+    process (rank 0's under torchrun).
 
     Examples:
         >>> opts = BenchOptions(ops="all_reduce", max_bytes=64 << 10)
@@ -46,11 +56,22 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
     if opts.plot and not report.have_matplotlib():
         print(f"commlib bench: {report.PLOT_HINT}", file=sys.stderr)
         return 2
+    across_ranks, dispatch = select_cases(opts.ops), select_dispatch(opts.ops)
+    torchrun = under_torchrun()
+    # under torchrun rank 0 alone times dispatch (the others wait in the rendezvous)
+    leader = not torchrun or os.environ.get("RANK", "0") == "0"
+    rows: list[dict[str, Any]] = []
     try:
-        if under_torchrun():
-            rows = run_rank(opts)
-        else:
-            rows = launch_local(opts.nproc, run_rank, opts, timeout=opts.timeout)
+        if dispatch and leader:
+            from commlib.bench.dispatch import run_dispatch
+
+            rows += run_dispatch(opts)
+        if across_ranks:
+            if torchrun:
+                ranked = run_rank(opts)
+            else:
+                ranked = launch_local(opts.nproc, run_rank, opts, timeout=opts.timeout)
+            rows += ranked or []
     except RankFailure as exc:
         if exc.traceback:
             print(exc.traceback.rstrip(), file=sys.stderr)
@@ -59,7 +80,7 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ncommlib bench: interrupted", file=sys.stderr)
         return 130
-    if rows is None:  # a rank other than 0 under torchrun: rank 0 reports
+    if not leader:  # a rank other than 0 under torchrun: rank 0 reports
         return 0
     report.print_table(rows, opts.format)
     if opts.json:

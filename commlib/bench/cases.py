@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import commlib
+from commlib.bench.dispatch_cases import is_dispatch_token
 from commlib.communicator import Communicator
 
 IMPLS = ("commlib", "torch")
@@ -479,17 +480,23 @@ def select_cases(spec: str | Sequence[str] | None) -> list[Case]:
     ``spec`` is a comma-separated list (or a list) of case names
     (``all_gather_object[numpy]``), collective names (``all_gather_object``:
     every payload) or kinds (``tensor``, ``object``, ``latency``, ``helper``);
-    ``None`` or ``"all"`` is every case.
+    ``None`` or ``"all"`` is every case. Tokens of the dispatch kind
+    (:func:`~commlib.bench.dispatch_cases.select_dispatch`) select none of these.
 
     Examples:
         >>> [c.name for c in select_cases("all_reduce,broadcast_object_list")]
         ['all_reduce', 'broadcast_object_list[numpy]', 'broadcast_object_list[tensor]',
          'broadcast_object_list[small]']
+        >>> select_cases("dispatch"), len(select_cases("all,dispatch")) == len(CASES)
+        ([], True)
     """
     if spec is None:
         return list(CASES)
     tokens = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec)]
     tokens = [t for t in tokens if t]
+    if tokens and all(is_dispatch_token(t) for t in tokens):
+        return []  # the dispatch kind alone: see commlib.bench.dispatch_cases
+    tokens = [t for t in tokens if not is_dispatch_token(t)]
     if not tokens or "all" in tokens:
         return list(CASES)
     known = {c.name for c in CASES} | {c.op for c in CASES} | {c.kind for c in CASES}

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from commlib.bench.cases import select_cases
+from commlib.bench.dispatch_cases import select_dispatch
 from commlib.bench.units import parse_size, size_sweep
+
+if TYPE_CHECKING:
+    from commlib.backend import Backend
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class BenchOptions:
     format: str = "text"
     progress: bool = True
     memory: bool = True
+    calls: int = 1000
 
     def sizes(self) -> list[int]:
         """The swept sizes in bytes.
@@ -84,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc",
         type=_positive(int),
         default=d.nproc,
-        help="local ranks to start (default %(default)s); ignored under torchrun",
+        help="local ranks to start (default %(default)s); ignored under torchrun; for "
+        "--ops dispatch, the world size of torch's fake process group",
     )
     add(
         "--backend",
@@ -137,7 +144,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.ops,
         metavar="LIST",
         help="comma-separated cases, collectives or kinds (tensor, object, latency, helper); "
-        "default: all",
+        "default: all. `dispatch` (not in all): what a call costs on its way to the engine, "
+        "commlib against torch, on torch's fake process group in this process; one of its "
+        "cases: all_reduce[dispatch]",
+    )
+    add(
+        "--calls",
+        type=_positive(int),
+        default=d.calls,
+        help="--ops dispatch: timed calls of each side per trial (default %(default)s)",
     )
     add("--json", default=d.json, metavar="FILE", help="write every row, every column, as JSON")
     add(
@@ -171,10 +186,44 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     opts = BenchOptions(**{k: v for k, v in vars(args).items() if k in names})
     # fail here, before any rank starts, on a sweep or case list that makes no sense
     opts.sizes()
-    select_cases(opts.ops)
+    across_ranks, dispatch = select_cases(opts.ops), select_dispatch(opts.ops)
+    if opts.plot and not across_ranks:
+        raise ValueError("--plot draws bus bandwidth, which the dispatch cases do not have")
+    if dispatch and opts.backend is None:
+        backend_plugin(None)  # a machine with no backend that drives a process group
     if opts.backend is not None:
         check_backend(opts.backend)
     return opts
+
+
+def backend_plugin(name: str | None) -> Backend:
+    """The plugin ``name`` means: a commlib plugin or the one driving that torch backend.
+
+    ``None`` is the plugin the plugins choose for this machine (``commlib info``).
+    Raises ``ValueError`` unless it drives a process group and can run here.
+
+    Examples:
+        >>> backend_plugin("gloo").name
+        'gloo'
+        >>> backend_plugin(None).torch_backend is not None
+        True
+    """
+    from commlib import plugins
+
+    if name is None:
+        plugin = plugins.default_backend()
+        name = plugin.name
+    else:
+        try:
+            plugin = plugins.get_backend_plugin(name)
+        except ValueError:
+            plugin = plugins.backend_for_torch(name)  # its ValueError lists what is registered
+    if plugin.torch_backend is None:
+        raise ValueError(f"backend {name!r} runs without a process group: nothing to compare")
+    reason = plugin.unavailable_reason()
+    if reason:
+        raise ValueError(f"backend {name!r} cannot run here: {reason}")
+    return plugin
 
 
 def check_backend(name: str) -> None:
@@ -193,14 +242,4 @@ def check_backend(name: str) -> None:
         ...
         ValueError: backend 'nccl' cannot run here: torch was built without NCCL
     """
-    from commlib import plugins
-
-    try:
-        plugin = plugins.get_backend_plugin(name)
-    except ValueError:
-        plugin = plugins.backend_for_torch(name)  # its ValueError lists what is registered
-    if plugin.torch_backend is None:
-        raise ValueError(f"backend {name!r} runs without a process group: nothing to compare")
-    reason = plugin.unavailable_reason()
-    if reason:
-        raise ValueError(f"backend {name!r} cannot run here: {reason}")
+    backend_plugin(name)

@@ -12,6 +12,7 @@ from itertools import groupby
 from typing import Any, TextIO
 
 from commlib.bench import bandwidth, memory, stats
+from commlib.bench.dispatch_cases import KIND as DISPATCH
 from commlib.bench.units import format_size
 
 Row = dict[str, Any]
@@ -257,17 +258,29 @@ def header(rows: Sequence[Row]) -> list[str]:
 def print_table(rows: Sequence[Row], fmt: str = "text", out: TextIO | None = None) -> None:
     """Print the header, the table and the summary to ``out`` (stdout).
 
+    Rows of the dispatch kind follow, in a table of their own
+    (:mod:`commlib.bench.dispatch_report`).
+
     Examples:
         >>> print_table(rows, fmt="markdown")   # rows: what run_rank returned  # doctest: +SKIP
     """
     out = out or sys.stdout
-    if fmt == "markdown":
-        print(format_markdown(rows), file=out)
-        return
-    print("\n".join(header(rows)), file=out)
-    print(format_table(rows), file=out)
-    print("", file=out)
-    print("\n".join(summary(rows)), file=out)
+    ranked = [r for r in rows if r["kind"] != DISPATCH]
+    if ranked:
+        if fmt == "markdown":
+            print(format_markdown(ranked), file=out)
+        else:
+            print("\n".join(header(ranked)), file=out)
+            print(format_table(ranked), file=out)
+            print("", file=out)
+            print("\n".join(summary(ranked)), file=out)
+    dispatch = [r for r in rows if r["kind"] == DISPATCH]
+    if dispatch:
+        from commlib.bench import dispatch_report
+
+        if ranked:
+            print("", file=out)
+        dispatch_report.print_table(dispatch, fmt, out)
 
 
 def metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -343,7 +356,8 @@ def have_matplotlib() -> bool:
 def plot(path: str, rows: Sequence[Row]) -> None:
     """Draw bus bandwidth against size, commlib and torch, one panel per swept case.
 
-    Fixed-size cases (small-object latency) are left out: one point is no curve.
+    Fixed-size cases (small-object latency) are left out: one point is no curve;
+    so are the dispatch kind's, which have no bandwidth.
 
     Examples:
         >>> plot("docs/bench.png", rows)        # writes a file  # doctest: +SKIP
@@ -358,7 +372,7 @@ def plot(path: str, rows: Sequence[Row]) -> None:
 
     swept: dict[str, list[Row]] = {}
     for r in rows:
-        if r["kind"] != "latency":
+        if r["kind"] not in ("latency", DISPATCH):
             swept.setdefault(r["case"], []).append(r)
     if not swept:
         raise ValueError("nothing to plot: only fixed-size (latency) cases ran")

@@ -7,7 +7,11 @@ Usage, from the repository root::
     commlib bench --json docs/bench.json --plot docs/bench.png
     commlib bench --nproc 4 --max-bytes 4M --iters 5 --json docs/bench-4.json \\
         --plot docs/bench-4.png
-    python docs/make_bench_md.py docs/bench.json docs/bench-4.json docs/bench.md
+    commlib bench --ops dispatch --nproc 8 --trials 9 --json docs/bench-dispatch.json
+    python docs/make_bench_md.py docs/bench.json docs/bench-4.json docs/bench-dispatch.json \\
+        docs/bench.md
+
+A file of ``--ops dispatch`` rows gets the dispatch section (:func:`dispatch_section`).
 
 A JSON file written before ``--trials`` (no spread, no noise flag) still renders.
 """
@@ -16,7 +20,8 @@ import json
 import os
 import sys
 
-from commlib.bench import bandwidth, report, stats
+from commlib.bench import bandwidth, dispatch_report, report, stats
+from commlib.bench.dispatch_cases import KIND as DISPATCH
 from commlib.bench.units import format_size
 
 *inputs, target = sys.argv[1:]
@@ -121,7 +126,8 @@ def findings(rows):
 
 def busbw_factors():
     by_factor = {}
-    for op in dict.fromkeys(r["op"] for _, _, rows in runs for r in rows):
+    ops = (r["op"] for _, _, rows in runs for r in rows if r["kind"] != DISPATCH)
+    for op in dict.fromkeys(ops):
         by_factor.setdefault(bandwidth.factor_text(op), []).append(op)
     return "; ".join(f"{f} for {', '.join(ops)}" for f, ops in by_factor.items())
 
@@ -170,7 +176,10 @@ w(
     "collectives or kinds (`tensor`, `object`, `latency`, `helper`); `--json FILE` every row "
     "and column, the per-trial times included; `--plot FILE.png` bus bandwidth against size "
     "(`pip install 'commlib[plot]'`); `--format markdown`; `--timeout SECONDS` (default 120): "
-    "a rank that fails or hangs ends the run with that rank's error and a non-zero exit.\n"
+    "a rank that fails or hangs ends the run with that rank's error and a non-zero exit. "
+    "`--ops dispatch` (not part of the default) times what a call costs on its way to the "
+    "engine, in this process on torch's fake process group: "
+    "[Dispatch](#dispatch-what-a-call-costs-before-the-engine).\n"
 )
 w("## Trials, spread and noise\n")
 w(
@@ -255,8 +264,88 @@ def world_section(path, meta, rows):
     return sec
 
 
+def load_note(meta):
+    """How busy the machine was: a run on a loaded machine says so."""
+    cpu, load = meta.get("cpu_count"), meta.get("load_average")
+    if not load:
+        return "The machine's load was not recorded."
+    busy = cpu and load[0] >= 0.5 * cpu
+    return (
+        f"The 1/5/15-minute load averages when it ended were {load[0]:.1f}/{load[1]:.1f}/"
+        f"{load[2]:.1f} on {cpu} cores: "
+        + (
+            "**taken on a loaded machine**, shared with other work; a quiet machine gives lower "
+            "times, and ratios that move less."
+            if busy
+            else "a quiet machine."
+        )
+    )
+
+
+def dispatch_section(path, meta, rows):
+    r0 = rows[0]
+    sec = []
+    s = sec.append
+    s("## Dispatch: what a call costs before the engine\n")
+    s(
+        "`commlib bench --ops dispatch` runs in one process, with no ranks to start: a world on "
+        "torch's fake process group (`torch.testing._internal.distributed.fake_pg`), whose "
+        "collectives return at once without sending anything, so a call's time is the work "
+        "between the caller and the engine. Per collective it times torch's own call "
+        "(`torch.distributed.all_reduce(t, group=pg)`, ...) and commlib's `Communicator` method "
+        "three ways: **unchecked** (`strict=False`), with **one observer** plugin registered "
+        "(both hooks, doing nothing: what any observer costs at least) and with the **flight "
+        "recorder** registered. commlib's side goes through the plugin of the machine's default "
+        "backend (`--backend` picks another), re-pointed at the fake group with its own "
+        "collectives, device and dtype handling, but without its size-based engine paths (on "
+        "gloo, small all_reduces as an all_to_all): with nothing sent those would only add "
+        f"local work. Tensors of {r0['size_bytes'] // 4} float32 elements per rank; this "
+        "process is rank 0 of the fake world (the root of rooted collectives, rank 1 the peer "
+        "of point to point).\n"
+    )
+    s(
+        f"The sides take turns in blocks of `--calls` calls ({r0['calls']} here), the "
+        "observer and the recorder registered for their own block only, in an order that "
+        "rotates from trial to trial, so drift in the machine hits them alike; the garbage "
+        "collector is off inside a block. A cell is the median time per call over the trials "
+        "with, in brackets, what commlib adds to torch's time; **ratio** is commlib's time "
+        "over torch's, **spread** the lowest and highest per-trial ratio, and a ratio whose "
+        "spread reaches 1.0 from both sides is marked noise (see "
+        "[Trials, spread and noise](#trials-spread-and-noise)). The summary checks the call "
+        "path's targets (issue 28): unchecked at most 1.0x torch's own call, one observer "
+        "1.3x, the flight recorder 1.5x.\n"
+    )
+    s(
+        f"Produced by `{meta['command']}` (world size {r0['world_size']}, plugin "
+        f"`{r0['plugin']}` on {r0['device']}, {r0['trials']} trials; torch {meta['torch']}, "
+        f"Python {meta['python']}, commlib {meta['commlib']}, {meta['date'][:10]}). "
+        f"{load_note(meta)} To take it again and rebuild this page:\n"
+    )
+    names = [f"docs/{os.path.basename(p)}" for p in inputs]
+    s(
+        "```console\n$ "
+        + f"{meta['command']} && python docs/make_bench_md.py {' '.join(names)} docs/bench.md"
+        + "\n```\n"
+    )
+    if r0.get("observers"):
+        s(
+            "Observers were registered before the run and are in every commlib column: "
+            + ", ".join(f"`{o}`" for o in r0["observers"])
+            + ".\n"
+        )
+    s("```text\n" + "\n".join(dispatch_report.summary(rows)) + "\n```\n")
+    s(dispatch_report.format_markdown(rows) + "\n")
+    return sec
+
+
 for path, meta, rows in runs:
-    out.extend(world_section(path, meta, rows))
+    ranked = [r for r in rows if r["kind"] != DISPATCH]
+    if ranked:
+        out.extend(world_section(path, meta, ranked))
+for path, meta, rows in runs:
+    dispatched = [r for r in rows if r["kind"] == DISPATCH]
+    if dispatched:
+        out.extend(dispatch_section(path, meta, dispatched))
 
 w("## How to read it\n")
 w(

@@ -112,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every collective, commlib against torch.distributed (algbw and busbw tables)",
         description="Benchmark every collective through commlib and through plain "
         "torch.distributed in the same run, in repeated interleaved trials: time, algbw, busbw, "
-        "their ratio with its spread over the trials (rows within the noise flagged), peak RSS.",
+        "their ratio with its spread over the trials (rows within the noise flagged), peak RSS. "
+        "--ops dispatch: what a call costs before the engine, commlib against torch, on torch's "
+        "fake process group in this process.",
     )
     from commlib.bench.options import add_arguments
 

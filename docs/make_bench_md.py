@@ -178,7 +178,8 @@ w(
     "(`pip install 'commlib[plot]'`); `--format markdown`; `--timeout SECONDS` (default 120): "
     "a rank that fails or hangs ends the run with that rank's error and a non-zero exit. "
     "`--ops dispatch` (not part of the default) times what a call costs on its way to the "
-    "engine, in this process on torch's fake process group: "
+    "engine, in this process on torch's fake process group, with `--calls` timed calls of each "
+    "side per trial (default 1000) and `--nproc` the fake world's size: "
     "[Dispatch](#dispatch-what-a-call-costs-before-the-engine).\n"
 )
 w("## Trials, spread and noise\n")

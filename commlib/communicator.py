@@ -20,7 +20,6 @@ from typing import Any, Literal, NoReturn, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from commlib import (
     _guard,
@@ -35,6 +34,7 @@ from commlib import (
 from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
+from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
 from commlib.backend import Backend
 from commlib.errors import (
     BackendUnavailableError,
@@ -50,93 +50,13 @@ from commlib.launch import (
 )
 from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
-from commlib.reductions import reduce_into, reduce_locally
+from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
 from commlib.serialization import Serializer
-from commlib.types import EngineOp, Group, P2PRequest, ReduceOp, Timeout
+from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def dist_ready() -> bool:
-    """Whether torch.distributed is available and initialised.
-
-    Examples:
-        >>> dist_ready()          # a plain single-process run
-        False
-    """
-    return dist.is_available() and dist.is_initialized()
-
-
-#: what a process group torch no longer knows (``destroy_process_group(group)``) is
-DESTROYED = (
-    "its process group was destroyed (torch.distributed.destroy_process_group); create a new group"
-)
-
-
-def is_destroyed(group: Any) -> bool:
-    """Whether torch no longer knows ``group``: ``destroy_process_group(group)`` ended it.
-
-    Examples:
-        >>> is_destroyed(None)
-        False
-    """
-    if group is None or not dist_ready() or group is dist.GroupMember.NON_GROUP_MEMBER:
-        return False
-    known = getattr(getattr(c10d, "_world", None), "pg_map", None)  # torch's registry
-    return known is not None and group not in known
-
-
-def _torch_backend_name(group: Group) -> str:
-    return str(dist.get_backend(group if group is not dist.GroupMember.WORLD else None))
-
-
-def _reduction(
-    op: str, tensor: torch.Tensor, native_avg: bool
-) -> tuple[EngineOp, Callable[[torch.Tensor, torch.Tensor, int], None]]:
-    """What the engine reduces with, and how the result reaches the caller's tensor.
-
-    ``mean`` is the engine's ``avg`` where it averages floating (and complex)
-    tensors natively; otherwise a ``sum`` that commlib divides, in floating
-    point, writing an integer tensor back truncated, as mmengine does.
-    """
-    floating = tensor.is_floating_point() or tensor.is_complex()
-    if op != "mean":
-        return op, _copy_back  # type: ignore[return-value]
-    if native_avg and floating:
-        return "avg", _copy_back
-    return "sum", _divide_back
-
-
-def _copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
-    if result is target:
-        return
-    if result.data_ptr() != target.data_ptr() or result.device != target.device:
-        _write(target, result.view(target.shape))
-
-
-def _divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
-    if result.is_floating_point() and result.element_size() == 1:
-        # float8 has no division of its own: in float32, rounded back once
-        _write(target, (result.float() / world).to(result.dtype).view(target.shape))
-    elif result.is_floating_point() or result.is_complex():
-        result.div_(world)
-        _copy_back(result, target, world)
-    else:
-        _write(target, torch.true_divide(result, world).view(target.shape))
-
-
-def _write(target: torch.Tensor, value: torch.Tensor) -> None:
-    """``target.copy_(value)`` as torch.distributed writes: outside autograd, and once
-    per memory location of an expanded tensor (whose aliased elements agree)."""
-    if target.requires_grad:
-        target = target.detach()
-    if not target.is_contiguous() and 0 in target.stride():
-        for dim, (size, step) in enumerate(zip(target.shape, target.stride())):
-            if step == 0 and size > 1:
-                target, value = target.narrow(dim, 0, 1), value.narrow(dim, 0, 1)
-    target.copy_(value)
 
 
 def _engine_of(comm: Communicator) -> Engine | None:
@@ -311,7 +231,7 @@ class Communicator:
             plugin = plugins.get_backend_plugin("single")
         else:
             # a non-member cannot ask its group; the world's engine is the best answer
-            torch_backend = _torch_backend_name(group if self.is_member else None)
+            torch_backend = torch_backend_name(group if self.is_member else None)
             plugin = plugin_of_started_world(torch_backend) or plugins.backend_for_group(
                 torch_backend
             )
@@ -805,7 +725,7 @@ class Communicator:
         engine = self._member("all_reduce")
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
-        engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
+        engine_op, back = reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         parts = self._check(
@@ -948,7 +868,7 @@ class Communicator:
         )
         if parts is not None:
             torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
-            return self._finished(lambda: _copy_back(out_t, output, world), async_op, [output])
+            return self._finished(lambda: copy_back(out_t, output, world), async_op, [output])
         return engine.submit(
             "all_gather_into_tensor",
             self.plugin.all_gather_into_tensor,
@@ -956,7 +876,7 @@ class Communicator:
             # the contract is about element counts
             out_t.reshape(-1),
             in_t.reshape(-1),
-            finish=lambda: _copy_back(out_t, output, world),
+            finish=lambda: copy_back(out_t, output, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[output],
@@ -1027,13 +947,13 @@ class Communicator:
         if parts is not None:
             if engine.rank != src:
                 work_t.copy_(parts[src])
-            return self._finished(lambda: _copy_back(work_t, tensor, world), async_op, [tensor])
+            return self._finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         return engine.submit(
             "broadcast",
             self.plugin.broadcast,
             work_t,
             src,
-            finish=lambda: _copy_back(work_t, tensor, world),
+            finish=lambda: copy_back(work_t, tensor, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
@@ -1088,7 +1008,7 @@ class Communicator:
         if flat.dtype != output.dtype:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
-        engine_op, back = _reduction(name, output, self.plugin.native_avg)
+        engine_op, back = reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
         parts = self._check(
@@ -1170,7 +1090,7 @@ class Communicator:
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         name = check.reduce_op(op, tensor)
-        engine_op, back = _reduction(name, tensor, self.plugin.native_avg)
+        engine_op, back = reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         finish = None
@@ -1255,9 +1175,7 @@ class Communicator:
             )
             if got is not None:
                 work_t.copy_(got[src][engine.rank])
-                return self._finished(
-                    lambda: _copy_back(work_t, tensor, world), async_op, [tensor]
-                )
+                return self._finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         else:
             self._check(engine, "scatter", describe, timeout=timeout)
         return engine.submit(
@@ -1266,7 +1184,7 @@ class Communicator:
             work_t,
             parts,
             src,
-            finish=lambda: _copy_back(work_t, tensor, world),
+            finish=lambda: copy_back(work_t, tensor, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
@@ -1313,7 +1231,7 @@ class Communicator:
 
         def finish() -> None:
             for out_t, target in zip(outs, output_tensor_list):
-                _copy_back(out_t, target, world)
+                copy_back(out_t, target, world)
 
         return engine.submit(
             "all_to_all",
@@ -1406,7 +1324,7 @@ class Communicator:
             rows = rows_in[me]
             mine = [p.narrow(0, me * rows, rows) for p in parts]
             torch.stack(mine, out=out_t.view(world, rows, *input.shape[1:]))
-            return self._finished(lambda: _copy_back(out_t, output, world), async_op, [output])
+            return self._finished(lambda: copy_back(out_t, output, world), async_op, [output])
         return engine.submit(
             "all_to_all_single",
             self.plugin.all_to_all_single,
@@ -1414,7 +1332,7 @@ class Communicator:
             in_t,
             out_splits,
             in_splits,
-            finish=lambda: _copy_back(out_t, output, world),
+            finish=lambda: copy_back(out_t, output, world),
             timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[output],
@@ -1518,7 +1436,7 @@ class Communicator:
             work_t,
             peer,
             tag=tag,
-            finish=(lambda: _copy_back(work_t, tensor, world)) if kind == "recv" else None,
+            finish=(lambda: copy_back(work_t, tensor, world)) if kind == "recv" else None,
             timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
@@ -1564,7 +1482,7 @@ class Communicator:
         def finish() -> None:
             for request, op in zip(requests, p2p_op_list):
                 if request.kind == "recv":
-                    _copy_back(request.tensor, op.tensor, world)
+                    copy_back(request.tensor, op.tensor, world)
 
         handle = engine.submit(
             "batch_isend_irecv",

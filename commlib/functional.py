@@ -27,14 +27,8 @@ import commlib.data_device as data_device
 import commlib.launch as launch
 import commlib.ranks as rank_args
 from commlib import helpers, results
-from commlib.communicator import (
-    DESTROYED,
-    Communicator,
-    Handle,
-    ResultHandle,
-    dist_ready,
-    is_destroyed,
-)
+from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed
+from commlib.communicator import Communicator, Handle, ResultHandle
 from commlib.errors import CommError
 from commlib.p2p import P2POp
 

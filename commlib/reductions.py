@@ -1,9 +1,15 @@
-"""Reductions computed on this rank, exact for every dtype, the same bits on every rank.
+"""Reductions computed on this rank, and how a collective's result reaches the caller's tensor.
 
 Where data from every rank is already here (gathered), commlib reduces it in
-rank order itself: the backends for the reductions and dtypes their engine
-lacks (:mod:`commlib_backends.engine_gaps`), and the communicator for small
-tensors that travelled with their argument check (:mod:`commlib._guard`).
+rank order itself, exact for every dtype, the same bits on every rank: the
+backends for the reductions and dtypes their engine lacks
+(:mod:`commlib_backends.engine_gaps`), and the communicator for small tensors
+that travelled with their argument check (:mod:`commlib._guard`).
+
+The write-back (:func:`reduction`, :func:`copy_back`, :func:`divide_back`)
+is the communicator's last step: ``mean`` by sum-and-divide where the engine
+has no average, and the result written into the caller's tensor as
+torch.distributed writes it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import functools
 from collections.abc import Callable, Sequence
 
 import torch
+
+from commlib.types import EngineOp
 
 # the reductions commlib needs, computed locally on gathered tensors; torch.add
 # and torch.mul on bool are logical or / and, as gloo does them
@@ -93,3 +101,82 @@ def reduce_into(out: torch.Tensor, parts: Sequence[torch.Tensor], op: str) -> No
     reduce(parts[0], parts[1], out=out)  # type: ignore[call-arg]
     for part in parts[2:]:
         reduce(out, part, out=out)  # type: ignore[call-arg]
+
+
+def reduction(
+    op: str, tensor: torch.Tensor, native_avg: bool
+) -> tuple[EngineOp, Callable[[torch.Tensor, torch.Tensor, int], None]]:
+    """What the engine reduces with, and how the result reaches the caller's tensor.
+
+    ``mean`` is the engine's ``avg`` where it averages floating (and complex)
+    tensors natively; otherwise a ``sum`` that commlib divides, in floating
+    point, writing an integer tensor back truncated, as mmengine does.
+
+    Examples:
+        >>> engine_op, back = reduction("mean", torch.tensor([3, 4]), native_avg=True)
+        >>> engine_op
+        'sum'
+        >>> target = torch.tensor([3, 4])
+        >>> back(torch.tensor([6, 9]), target, 2)   # the sum over 2 ranks
+        >>> target
+        tensor([3, 4])
+    """
+    floating = tensor.is_floating_point() or tensor.is_complex()
+    if op != "mean":
+        return op, copy_back  # type: ignore[return-value]
+    if native_avg and floating:
+        return "avg", copy_back
+    return "sum", divide_back
+
+
+def copy_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    """Write ``result`` into ``target`` unless it is ``target``'s own memory already.
+
+    Examples:
+        >>> target = torch.zeros(2)
+        >>> copy_back(torch.ones(2), target, 1)
+        >>> target
+        tensor([1., 1.])
+    """
+    if result is target:
+        return
+    if result.data_ptr() != target.data_ptr() or result.device != target.device:
+        write(target, result.view(target.shape))
+
+
+def divide_back(result: torch.Tensor, target: torch.Tensor, world: int) -> None:
+    """Write the sum ``result`` divided by ``world`` into ``target``: ``mean`` done by commlib.
+
+    Examples:
+        >>> target = torch.zeros(2)
+        >>> divide_back(torch.tensor([2.0, 4.0]), target, 2)
+        >>> target
+        tensor([1., 2.])
+    """
+    if result.is_floating_point() and result.element_size() == 1:
+        # float8 has no division of its own: in float32, rounded back once
+        write(target, (result.float() / world).to(result.dtype).view(target.shape))
+    elif result.is_floating_point() or result.is_complex():
+        result.div_(world)
+        copy_back(result, target, world)
+    else:
+        write(target, torch.true_divide(result, world).view(target.shape))
+
+
+def write(target: torch.Tensor, value: torch.Tensor) -> None:
+    """``target.copy_(value)`` as torch.distributed writes: outside autograd, and once
+    per memory location of an expanded tensor (whose aliased elements agree).
+
+    Examples:
+        >>> target = torch.zeros(1).expand(3)
+        >>> write(target, torch.ones(3))
+        >>> target
+        tensor([1., 1., 1.])
+    """
+    if target.requires_grad:
+        target = target.detach()
+    if not target.is_contiguous() and 0 in target.stride():
+        for dim, (size, step) in enumerate(zip(target.shape, target.stride())):
+            if step == 0 and size > 1:
+                target, value = target.narrow(dim, 0, 1), value.narrow(dim, 0, 1)
+    target.copy_(value)

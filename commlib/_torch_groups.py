@@ -1,0 +1,51 @@
+"""What torch.distributed's process-group registry says: is it started, is a group still known."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from commlib.types import Group
+
+__all__ = ["DESTROYED", "dist_ready", "is_destroyed", "torch_backend_name"]
+
+
+def dist_ready() -> bool:
+    """Whether torch.distributed is available and initialised.
+
+    Examples:
+        >>> dist_ready()          # a plain single-process run
+        False
+    """
+    return dist.is_available() and dist.is_initialized()
+
+
+#: what a process group torch no longer knows (``destroy_process_group(group)``) is
+DESTROYED = (
+    "its process group was destroyed (torch.distributed.destroy_process_group); create a new group"
+)
+
+
+def is_destroyed(group: Any) -> bool:
+    """Whether torch no longer knows ``group``: ``destroy_process_group(group)`` ended it.
+
+    Examples:
+        >>> is_destroyed(None)
+        False
+    """
+    if group is None or not dist_ready() or group is dist.GroupMember.NON_GROUP_MEMBER:
+        return False
+    known = getattr(getattr(c10d, "_world", None), "pg_map", None)  # torch's registry
+    return known is not None and group not in known
+
+
+def torch_backend_name(group: Group) -> str:
+    """The torch.distributed backend serving ``group`` (``None``: the world's).
+
+    Examples:
+        >>> torch_backend_name(None)  # doctest: +SKIP
+        'gloo'
+    """
+    return str(dist.get_backend(group if group is not dist.GroupMember.WORLD else None))

@@ -2,7 +2,7 @@
 
 The multi-rank behaviour (every rank writes when one fails, ``commlib trace``
 naming the rank that diverged, a third-party observer installed as a
-distribution) is in ``tests/test_observe_world.py``.
+distribution) is in ``tests/observability/test_observe_world.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from commlib.observe import (
 )
 from commlib.plugins import list_observers, plugin_manager
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost_rank import ITEMS, big_array, digest
+from tests.reliability.multihost_rank import ITEMS, big_array, digest
 
 RANK_SCRIPT = Path(__file__).with_name("multihost_rank.py")
 HOSTS = 2

@@ -17,7 +17,7 @@ import pytest
 from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES
 from tests.conftest import pip_install_into
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "commlib-traced"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "commlib-traced"
 
 
 @pytest.fixture(scope="module")

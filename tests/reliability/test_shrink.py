@@ -23,7 +23,7 @@ import commlib
 from commlib import Communicator
 from commlib.errors import CommBrokenError, CommError
 from commlib.testing import RankDied, World
-from tests.collective_checks import check_every_collective
+from tests.reliability.collective_checks import check_every_collective
 
 TIMEOUT = 20.0  # communicator timeout in the ranks: generous, nothing here waits for it
 

@@ -19,6 +19,7 @@ from commlib.cli import main as cli_main
 from tests.conftest import pip_install_into
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
 
 
 class Echo(Backend):
@@ -157,7 +158,7 @@ def test_commlib_info(capsys):
 
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory):
-    """tests/plugin_dist, really installed (pip, no deps) into a temporary directory."""
+    """tests/backends/plugin_dist, really installed (pip, no deps) into a temporary directory."""
     target = pip_install_into(HERE / "plugin_dist", tmp_path_factory)
     assert list(target.glob("commlib_test_plugin-*.dist-info"))
     return target
@@ -187,14 +188,14 @@ def test_installed_plugin_appears_in_info(installed_plugin):
 def test_installed_plugin_serves_a_gloo_world(installed_plugin):
     code = (
         "from commlib.testing import World\n"
-        "from tests.test_plugins import _count_all_reduce\n"
+        "from tests.backends.test_plugins import _count_all_reduce\n"
         "with World(2, backend='counting-gloo') as w:\n"
         "    print(w.run(_count_all_reduce))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
         env=_env_with(installed_plugin),
-        cwd=HERE.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -213,7 +214,7 @@ def test_every_package_is_installed_by_pyproject():
     # a package missing from the explicit list installs a `commlib` that breaks
     import tomllib
 
-    root = HERE.parent
+    root = ROOT
     listed = set(
         tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )

@@ -19,7 +19,7 @@ for _client in ("lightning_fabric", "torchmetrics", "mmengine"):
         _client, reason=f"{_client} is not installed (pip install -e '.[integrations]')"
     )
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 RUNNER = """
 import runpy, sys
 for path in sys.argv[1:]:

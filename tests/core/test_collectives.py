@@ -5,7 +5,7 @@ batches, scatter_object_list, send/recv_object_list, async object collectives
 and ``barrier(async_op=True)``, through the module-level functions and the
 Communicator, on the world and on subgroups that are not a prefix of it.
 The conformance kit checks each collective in depth at world sizes 1 to 3
-(tests/test_conformance.py, tests/test_simulated_conformance.py).
+(tests/backends/test_conformance.py, tests/backends/test_simulated_conformance.py).
 
 Functions named ``_on_*`` run inside the ranks (``fn(comm, ...)``).
 """

@@ -25,8 +25,7 @@ from commlib import Communicator, P2POp
 from commlib.errors import CommError
 from commlib.observe import diagnosis, trace_files
 from commlib.testing import RankDied, World
-
-from .conftest import pip_install_into
+from tests.conftest import pip_install_into
 
 pytestmark = pytest.mark.multirank
 TIMEOUT = 3.0

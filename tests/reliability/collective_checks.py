@@ -1,7 +1,7 @@
 """Every collective on a communicator, each result checked: the proof a (new) communicator works.
 
-Shared by ``tests/test_shrink.py`` and the multi-host ranks
-(``tests/multihost_rank.py``), which import it as a plain module.
+Shared by ``tests/reliability/test_shrink.py`` and the multi-host ranks
+(``tests/reliability/multihost_rank.py``), which import it as a plain module.
 """
 
 from __future__ import annotations

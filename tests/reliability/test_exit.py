@@ -1,6 +1,6 @@
 """Every rank of a fault raises a clear error, and every process then exits by itself, soon.
 
-Ranks are plain subprocesses (``tests/fault_rank.py``), not a reusable world:
+Ranks are plain subprocesses (``tests/reliability/fault_rank.py``), not a reusable world:
 what is measured is the process ending. The process group's own timeout is 30
 minutes, so a process can exit in time only because commlib bounds the
 engine's wait by the communicator's timeout. Each rank prints when its error
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as tdist
 
 SCRIPT = Path(__file__).with_name("fault_rank.py")
-ROOT = SCRIPT.parent.parent
+ROOT = SCRIPT.parents[2]
 TIMEOUT = 4.0  # the communicator's timeout in the ranks, seconds
 EXIT_WITHIN = 20.0  # a process must end this soon after its error (the engine's slack is ~2 s)
 START = 120.0  # seconds for the ranks to import torch and meet

@@ -1,0 +1,1 @@
+"""The backend plugins, the plugin system and the conformance kit."""

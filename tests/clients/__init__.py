@@ -1,0 +1,1 @@
+"""The client libraries on commlib: Lightning Fabric, torchmetrics, mmengine."""

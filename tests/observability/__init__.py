@@ -1,0 +1,1 @@
+"""Observers, the flight recorder, statistics and `commlib trace`."""

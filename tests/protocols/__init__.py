@@ -1,0 +1,1 @@
+"""Under the API: the engine layer, the object protocol, serializers, the argument check."""

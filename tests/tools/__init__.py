@@ -1,0 +1,1 @@
+"""`commlib bench`, the docs and their examples, the docstring examples, the layering rules."""

@@ -18,6 +18,9 @@ from commlib.testing.conformance import (
     run_conformance,
 )
 
+# slow: the whole kit at world sizes 1 to 3, on its own ranks
+pytestmark = pytest.mark.slow
+
 _kits = KitPool()
 
 

@@ -17,6 +17,9 @@ import pytest
 from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES
 from tests.conftest import pip_install_into
 
+# slow: a pip install, then the whole kit in a pytest subprocess
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).parents[2] / "examples" / "commlib-traced"
 
 

@@ -17,6 +17,9 @@ from commlib import plugins
 from commlib.testing import simulated
 from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES, Kit, KitPool
 
+# slow: the whole kit per simulated plugin, on its own ranks
+pytestmark = pytest.mark.slow
+
 DEVICE_TYPE = {"nccl": "cuda", "hccl": "npu", "cncl": "mlu"}
 VIA = {"nccl": "via torch.cuda", "hccl": "via torch.accelerator", "cncl": "via torch.accelerator"}
 MULTI = "cpu:gloo,cuda:nccl"

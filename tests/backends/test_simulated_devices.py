@@ -23,6 +23,9 @@ from commlib import plugins
 from commlib.cli import main as cli_main
 from commlib.testing import RankFailed, World, simulated
 
+# slow: most tests start their own ranks, two under torchrun
+pytestmark = pytest.mark.slow
+
 DEVICE_TYPE = {"nccl": "cuda", "hccl": "npu", "cncl": "mlu"}
 VIA = {"nccl": "torch.cuda", "hccl": "torch.accelerator", "cncl": "torch.accelerator"}
 

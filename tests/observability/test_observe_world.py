@@ -27,7 +27,9 @@ from commlib.observe import diagnosis, trace_files
 from commlib.testing import RankDied, World
 from tests.conftest import pip_install_into
 
-pytestmark = pytest.mark.multirank
+# slow: each fault starts a world of its own
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 3.0
 
 

@@ -1,4 +1,4 @@
-"""One rank of ``tests/reliability/test_exit.py``: a fault, the error it raises, and the process's exit.
+"""One rank of ``test_exit.py``: a fault, the error it raises, and the process's exit.
 
 Usage (the test starts WORLD of these and hosts the store, unless the
 scenario puts it in rank 0's process, as ``env://`` does)::

@@ -1,4 +1,4 @@
-"""One rank of ``tests/reliability/test_multihost.py``, started by torchrun inside a network namespace.
+"""One rank of ``test_multihost.py``, started by torchrun inside a network namespace.
 
 Usage (torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR, ...; the test supplies
 ``MH_HOST``, the host's index, and ``MH_TIMEOUT``, the communicator timeout)::
@@ -185,7 +185,7 @@ def fault(outdir: str) -> None:
 
 
 def shrink(outdir: str) -> None:
-    from collective_checks import check_every_collective  # tests/reliability/, this script's directory
+    from collective_checks import check_every_collective  # this script's directory
 
     dist.init_dist("pytorch", timeout=TIMEOUT)
     comm = Communicator(timeout=TIMEOUT)

@@ -15,6 +15,9 @@ from commlib._engine import engine_limit
 from commlib.errors import CommBrokenError, CommError, CommTimeoutError
 from commlib.testing import World
 
+# slow: each test breaks a world of its own
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def world3():

@@ -22,6 +22,9 @@ import pytest
 import torch
 import torch.distributed as tdist
 
+# slow: each test starts its ranks as fresh processes and waits for them to exit
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).with_name("fault_rank.py")
 ROOT = SCRIPT.parents[2]
 TIMEOUT = 4.0  # the communicator's timeout in the ranks, seconds

@@ -22,6 +22,9 @@ from commlib import Communicator
 from commlib.errors import CommError, CommTimeoutError, RemoteArgumentError
 from commlib.testing import RankDied, World
 
+# slow: faults that break a group start a world of their own
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 3.0
 
 

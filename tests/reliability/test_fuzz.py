@@ -21,6 +21,9 @@ import commlib as dist
 from commlib import Communicator
 from commlib.errors import CommError
 
+# slow: hundreds of generated calls, each checked on every rank
+pytestmark = pytest.mark.slow
+
 ALLOWED = (ValueError, TypeError, CommError)
 
 _DTYPES = ["float32", "int64", "bool", "float16", "complex64", "uint8"]

@@ -58,6 +58,9 @@ import pytest
 
 from tests.reliability.multihost_rank import ITEMS, big_array, digest
 
+# slow: two hosts in network namespaces, each a torchrun
+pytestmark = pytest.mark.slow
+
 RANK_SCRIPT = Path(__file__).with_name("multihost_rank.py")
 HOSTS = 2
 NPROC = 2  # workers per host

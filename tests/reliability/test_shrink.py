@@ -25,6 +25,9 @@ from commlib.errors import CommBrokenError, CommError
 from commlib.testing import RankDied, World
 from tests.reliability.collective_checks import check_every_collective
 
+# slow: each test kills a rank of a world of its own
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 20.0  # communicator timeout in the ranks: generous, nothing here waits for it
 
 

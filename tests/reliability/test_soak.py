@@ -12,9 +12,13 @@ import tempfile
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 import commlib as dist
+
+# slow: 10,000 collectives
+pytestmark = pytest.mark.slow
 
 TOTAL = 10_000
 WARMUP = 1_000

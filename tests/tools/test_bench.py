@@ -437,7 +437,6 @@ def _bench_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.multirank
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     args = ["bench", "--nproc", "2", "--min-bytes", "1K", "--max-bytes", "4K"]
@@ -478,7 +477,6 @@ def test_bench_end_to_end(tmp_path):
         assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.multirank
 def test_a_failed_rank_ends_the_run_with_its_error():
     env = _bench_env()
     env["COMMLIB_BENCH_FAIL_RANK"] = "1"

@@ -685,7 +685,6 @@ def test_bench_dispatch_end_to_end(tmp_path):
             assert row[f"{side}_noise"] == stats.is_noise(low, high)
 
 
-@pytest.mark.multirank
 def test_bench_dispatch_and_ranks_in_one_run():
     args = ["bench", "--ops", "all_reduce[dispatch],all_reduce", "--max-bytes", "1K"]
     args += ["--calls", "10", "--trials", "2", "--iters", "1", "--no-memory", "--no-progress"]

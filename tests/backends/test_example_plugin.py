@@ -16,6 +16,7 @@ import pytest
 
 from commlib.testing.conformance import CHECKS, DEFAULT_WORLD_SIZES
 from tests.conftest import pip_install_into
+from tests.tools.docs_blocks import ROOT, blocks, run_block
 
 # slow: a pip install, then the whole kit in a pytest subprocess
 pytestmark = pytest.mark.slow
@@ -90,3 +91,19 @@ def test_the_plugin_records_collectives(site, tmp_path):
     proc = _run(["traced_run.py"], site, tmp_path, 180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == ["traced 1 1024 1 True"] * 2
+
+
+@pytest.mark.timeout(200)
+def test_the_plugin_guide_runs_on_the_installed_plugin(site, tmp_path):
+    """docs/plugins.md's blocks that name this file, on 2 ranks, the example installed."""
+    mine = [
+        block
+        for block in blocks(ROOT / "docs" / "plugins.md")
+        if block.mode == "run by" and block.argument == "tests/backends/test_example_plugin.py"
+    ]
+    assert mine, "docs/plugins.md names this file for none of its blocks"
+    for block in mine:
+        block.mode, block.argument = "run", "2 ranks"  # "under torchrun"
+        output = run_block(block, tmp_path, sys_path=[str(site)])
+        # each rank printed the summary of the all_reduce it made: one call, 4 KiB
+        assert output.count("\nall_reduce                   1         4096") == 2, output

@@ -33,24 +33,69 @@ import datetime
 import functools
 import hashlib
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 import torch
 
-from commlib import _objects
+from commlib import _objects, _ragged, _steps
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
+from commlib._settings import as_timedelta
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
+from commlib.handle import Handle
 
-# what a rank that refused its own arguments describes them as (Communicator._refuse)
+# what a rank that refused its own arguments describes them as (Guard.refuse)
 _REFUSED = "(refused: "
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from commlib._engine import Engine
     from commlib.serialization import Serializer
+    from commlib.types import Timeout
+
+Checks = Literal["strict", "guard", "off"]
+
+#: collectives every rank of the group joins, whose first round a rank's refusal
+#: can join (:meth:`Guard.refuse`): the tensor ones where checked
+CHECKED_ROUNDS = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "gather",
+        "broadcast",
+        "reduce_scatter",
+        "barrier",
+        "reduce",
+        "scatter",
+        "all_to_all",
+        "all_to_all_single",
+        "all_gather_shapes",
+    }
+)
+#: ... and the object ones, always (their first round is the slots' exchange)
+OBJECT_ROUNDS = frozenset(
+    {
+        "all_gather_object",
+        "gather_object",
+        "broadcast_object_list",
+        "broadcast_object",
+        "scatter_object_list",
+    }
+)
+# fixed-size first rounds: checked only in strict mode (the guard checks what the
+# engine would abort on)
+_UNSIZED = frozenset({"barrier", "all_gather", "all_gather_shapes"})
+# first rounds of every rank's shape (commlib._ragged)
+_RAGGED = frozenset({"all_gather", "all_gather_shapes"})
+# which collectives each mode checks
+_CHECKED_IN: dict[str, frozenset[str]] = {
+    "strict": CHECKED_ROUNDS,
+    "guard": CHECKED_ROUNDS - _UNSIZED,
+    "off": frozenset(),
+}
 
 # magic and fingerprint, then byte count and whether the data follows: a slot
 # any other protocol's first round would not be mistaken for
@@ -241,3 +286,247 @@ def agree(
         >>> agree(engine, "all_reduce_dict", "keys=['a', 'b']", serializer, 4096)
     """
     exchange(engine, what, f"{what}({description})", serializer, slot_size)
+
+
+def checks_mode(
+    *, distributed: bool, strict: bool | None, world_size: int, mismatch_aborts: bool
+) -> Checks:
+    """Which collectives a communicator checks (``Communicator.checks``).
+
+    ``"strict"``: every collective; ``"guard"``: the tensor collectives, whose
+    mismatched sizes would end the process in an engine that ``mismatch_aborts``;
+    ``"off"``: none (also in a world of one, which has nothing to mismatch with).
+
+    Examples:
+        >>> checks_mode(distributed=True, strict=None, world_size=2, mismatch_aborts=True)
+        'guard'
+    """
+    if not distributed or strict is False or world_size == 1:
+        return "off"
+    if strict:
+        return "strict"
+    return "guard" if mismatch_aborts else "off"
+
+
+def write_nothing(area: torch.Tensor) -> bool:
+    """A slot writer (``exchange(write=...)``) for a rank whose data nobody reads.
+
+    Examples:
+        >>> write_nothing(torch.empty(2))
+        False
+    """
+    return False  # nothing written: nothing to copy into the slot's other rows
+
+
+def finished(
+    finish: Callable[[], None], async_op: bool, value: list[torch.Tensor]
+) -> Handle | None:
+    """A call that completed within its check: finish now, or in ``wait()``.
+
+    Examples:
+        >>> handle = finished(lambda: print("written back"), True, [torch.ones(1)])
+        >>> handle.wait()
+        written back
+        True
+    """
+    if async_op:
+        return Handle(None, finish, None, value=value)
+    finish()
+    return None
+
+
+class Guard:
+    """One communicator's argument check and refusals, with what can be decided once.
+
+    The communicator builds it from what does not change per call (the
+    checks mode, the backend's ``completed_by_check``, the serializer, the
+    slot size) and builds a new one when one of those is set; a call then
+    asks one frozenset whether it is checked.
+
+    Args:
+        checks: the mode, from :func:`checks_mode`.
+        completed_by_check: the collectives whose result the check's round
+            can carry (the backend's ``completed_by_check``).
+        serializer: the object-serialization strategy (for the mismatch report).
+        slot_size: the communicator's slot size in bytes.
+        distributed: whether the communicator runs over torch.distributed.
+
+    Examples:
+        >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+        >>> guard.check(engine, "all_reduce", lambda: "op=sum") is None   # off: no round
+        True
+    """
+
+    __slots__ = (
+        "checked",
+        "checks",
+        "completed_by_check",
+        "distributed",
+        "serializer",
+        "slot_size",
+    )
+
+    def __init__(
+        self,
+        checks: Checks,
+        completed_by_check: frozenset[str],
+        serializer: Serializer,
+        slot_size: int,
+        *,
+        distributed: bool,
+    ):
+        self.checks: Checks = checks
+        #: the collectives this communicator checks
+        self.checked: frozenset[str] = _CHECKED_IN[checks]
+        self.completed_by_check = completed_by_check
+        self.serializer = serializer
+        self.slot_size = slot_size
+        self.distributed = distributed
+
+    def check(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        data: torch.Tensor | None = None,
+        timeout: Timeout = None,
+        *,
+        completes: bool = True,
+        write: Callable[[torch.Tensor], object] | None = None,
+    ) -> list[torch.Tensor] | None:
+        """The argument check before ``what``, if this communicator checks it.
+
+        ``describe`` formats what this rank passes (only when it is checked).
+        Returns every rank's ``data``
+        when it travelled with the check, so the caller completes from it:
+        only for collectives in the plugin's ``completed_by_check``, unless
+        ``completes`` is false (then the data is what is checked).
+        ``write`` fills this rank's part of the slot instead of copying
+        ``data`` (see :func:`exchange`).
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> print(guard.check(engine, "barrier", lambda: ""))
+            None
+        """
+        if what not in self.checked:
+            return None
+        if completes and data is not None and what not in self.completed_by_check:
+            data = None  # the backend's own collective computes the result
+        return exchange(
+            engine,
+            what,
+            f"{what}({describe()})",
+            self.serializer,
+            self.slot_size,
+            data,
+            as_timedelta(timeout),
+            write=write,
+        )
+
+    def check_pairs(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        sends: Sequence[int],
+        expects: Sequence[int],
+        timeout: Timeout,
+    ) -> None:
+        """The argument check of an exchange whose sizes must match pair by pair.
+
+        ``sends[j]``: elements this rank sends rank ``j``; ``expects[j]``:
+        elements it expects from rank ``j``. No single description is shared
+        by every rank here, so the sizes travel with the check and every rank
+        compares every pair of the same gathered table: all raise alike.
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> guard.check_pairs(engine, "all_to_all", lambda: "", [1], [1], None)
+        """
+        if what not in self.checked:
+            return  # before building the table: hot loops turn checks off
+        sizes = torch.tensor([*sends, *expects], dtype=torch.int64)
+        parts = self.check(
+            engine, what, describe, engine.to_device(sizes), timeout, completes=False
+        )
+        if parts is None:  # a world too large for one slot
+            return
+        world = engine.world_size
+        table = [p.tolist() for p in parts]
+        wrong = [
+            (i, j)
+            for i in range(world)
+            for j in range(world)
+            if table[i][j] != table[j][world + i]
+        ]
+        if wrong:
+            i, j = wrong[0]
+            raise RemoteArgumentError(
+                what,
+                {
+                    r: f"sends {table[r][:world]} elements, expects {table[r][world:]}"
+                    for r in range(world)
+                },
+                f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
+                f"rank {j} expects {table[j][world + i]}",
+            )
+
+    def refuse(
+        self,
+        engine: Engine,
+        what: str,
+        error: ValueError | TypeError,
+        timeout: Timeout = None,
+    ) -> NoReturn:
+        """Raise ``error``, a mistake in this rank's own arguments to ``what``, on every rank.
+
+        For arguments this rank got wrong (a scatter list on src, its own
+        all_to_all lists, an op or a root only it passes) while the other ranks
+        may be in ``what``'s first round already, waiting for it. Where that
+        round exists (a checked tensor collective; an object collective, which
+        always has one), this rank joins it with its refusal as its
+        description, the same number of bytes: every rank raises a
+        :class:`~commlib.errors.RemoteArgumentError` (or, when every rank made
+        the same mistake, its own ``error``). Otherwise (point to point, a
+        collective without a first round to join) it raises here alone,
+        before anything is sent.
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> guard.refuse(engine, "gather_object", ValueError("size must be >= 0"))
+            Traceback (most recent call last):
+            ...
+            ValueError: size must be >= 0
+        """
+        try:
+            limit = as_timedelta(timeout)
+        except (ValueError, TypeError):
+            limit = None  # the timeout may be the mistake: the communicator's then
+        distributed = self.distributed and engine.world_size > 1
+        if what in OBJECT_ROUNDS:
+            if distributed:
+                first = rooms_of(engine).slot_bytes(self.slot_size)
+                _steps.run(engine, _objects.refusal_steps(engine, what, error, first), limit)
+        elif (
+            distributed and what in _RAGGED and not (what == "all_gather" and what in self.checked)
+        ):
+            # the first round is the shapes' (strict mode checks all_gather before it)
+            _ragged.refuse(
+                engine,
+                what,
+                str(error),
+                room=_ragged.inline_room(self.slot_size),
+                timeout=limit,
+                rooms=rooms_of(engine),
+            )
+        elif what in self.checked:
+            exchange(
+                engine,
+                what,
+                f"{what}{_REFUSED}{error})",
+                self.serializer,
+                self.slot_size,
+                timeout=limit,
+            )
+        raise error

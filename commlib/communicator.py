@@ -11,12 +11,13 @@ the translation of engine failures into commlib errors.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import math
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, NoReturn, TypeVar, cast, overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,15 @@ from commlib import (
 )
 from commlib import _validation as check
 from commlib._engine import Engine
+from commlib._guard import (
+    CHECKED_ROUNDS,
+    OBJECT_ROUNDS,
+    Checks,
+    Guard,
+    checks_mode,
+    finished,
+    write_nothing,
+)
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
 from commlib.backend import Backend
@@ -40,7 +50,6 @@ from commlib.errors import (
     BackendUnavailableError,
     CommError,
     NotInGroupError,
-    RemoteArgumentError,
 )
 from commlib.handle import Handle, ResultHandle
 from commlib.launch import (
@@ -63,69 +72,30 @@ def _engine_of(comm: Communicator) -> Engine | None:
     return comm._engine
 
 
-def _write_nothing(area: torch.Tensor) -> bool:
-    """A slot writer for a rank whose data nobody reads (see ``Communicator._check``)."""
-    return False  # nothing written: nothing to copy into the slot's other rows
-
-
-# collectives every rank of the group joins, whose first round a rank's refusal can
-# join (Communicator._refuse): the tensor ones where checked, the object ones always
-_CHECKED_ROUNDS = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "gather",
-        "broadcast",
-        "reduce_scatter",
-        "barrier",
-        "reduce",
-        "scatter",
-        "all_to_all",
-        "all_to_all_single",
-        "all_gather_shapes",
-    }
-)
-# fixed-size first rounds: checked only in strict mode (the guard checks what the
-# engine would abort on)
-_UNSIZED = frozenset({"barrier", "all_gather", "all_gather_shapes"})
-# first rounds of every rank's shape (commlib._ragged)
-_RAGGED = frozenset({"all_gather", "all_gather_shapes"})
-_OBJECT_ROUNDS = frozenset(
-    {
-        "all_gather_object",
-        "gather_object",
-        "broadcast_object_list",
-        "broadcast_object",
-        "scatter_object_list",
-    }
-)
-
-
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
     """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`).
 
     A group-wide one also refuses on every rank: see :func:`_refused_everywhere`.
     """
     observe = observed(name, _engine_of, **facts)
-    if name not in _CHECKED_ROUNDS and name not in _OBJECT_ROUNDS:
+    if name not in CHECKED_ROUNDS and name not in OBJECT_ROUNDS:
         return observe
-    objects = name in _OBJECT_ROUNDS
 
     def decorate(fn: _Method) -> _Method:
-        return observe(_refused_everywhere(name, fn, objects))
+        return observe(_refused_everywhere(name, fn))
 
     return decorate
 
 
-def _refused_everywhere(name: str, fn: _Method, objects: bool) -> _Method:
+def _refused_everywhere(name: str, fn: _Method) -> _Method:
     """``fn``, whose argument errors before its first engine call reach every rank.
 
     A mistake only this rank made (an op, a root out of range, a timeout it
     alone passes badly) would raise here alone while the other ranks wait in
     the collective, and this rank's next call would pair with theirs: results
     silently mixed, or a hang. So the refusal joins the collective's first
-    round (:meth:`Communicator._refuse`).
+    round (:meth:`commlib._guard.Guard.refuse`). A plain ``try``: nothing to
+    pay per call when nothing is raised.
     """
 
     @functools.wraps(fn)
@@ -139,7 +109,7 @@ def _refused_everywhere(name: str, fn: _Method, objects: bool) -> _Method:
         except (ValueError, TypeError) as exc:
             if isinstance(exc, CommError) or engine.seq != before:
                 raise  # agreed already, or raised after the first round, on every rank alike
-            comm._refuse(engine, name, exc, kwargs.get("timeout"), objects=objects)
+            comm._guard.refuse(engine, name, exc, kwargs.get("timeout"))
 
     return cast(_Method, call)
 
@@ -203,8 +173,8 @@ class Communicator:
         self.timeout: datetime.timedelta = as_timedelta(timeout) or default_timeout()
         # a multiple of 16: every first round (checks, all_gather, objects) then
         # sends the same bytes, and data in the slots stays aligned for every dtype
-        self.slot_size = (slot_size + 15) // 16 * 16
-        self.strict: bool | None = strict_from_env() if strict is None else bool(strict)
+        self._slot_size = (slot_size + 15) // 16 * 16
+        self._strict: bool | None = strict_from_env() if strict is None else bool(strict)
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -245,12 +215,60 @@ class Communicator:
                 "or leave backend unset for a single-process run"
             )
         self.plugin: Backend = plugin
-        self.serializer: Serializer = serializer or plugin.serializer()
+        self._serializer: Serializer = serializer or plugin.serializer()
         self._engine: Engine | None = (
             Engine(plugin, group, self.timeout) if self.is_member else None
         )
+        self._guard = self._new_guard()
         if self._distributed:
             teardown_at_exit(self)
+
+    def _new_guard(self) -> Guard:
+        """The argument check, for the settings in force (built again when one is set)."""
+        mode = checks_mode(
+            distributed=self._distributed,
+            strict=self._strict,
+            world_size=self.world_size,
+            mismatch_aborts=self.plugin.mismatch_aborts,
+        )
+        return Guard(
+            mode,
+            self.plugin.completed_by_check,
+            self._serializer,
+            self._slot_size,
+            distributed=self._distributed,
+        )
+
+    # settings the check depends on: public, settable after construction
+    @property
+    def strict(self) -> bool | None:
+        """How much the ranks check their arguments: ``True``, ``None``, ``False`` (see above)."""
+        return self._strict
+
+    @strict.setter
+    def strict(self, value: bool | None) -> None:
+        self._strict = value
+        self._guard = self._new_guard()
+
+    @property
+    def slot_size(self) -> int:
+        """Bytes each rank contributes to a first round (see above)."""
+        return self._slot_size
+
+    @slot_size.setter
+    def slot_size(self, value: int) -> None:
+        self._slot_size = value
+        self._guard = self._new_guard()
+
+    @property
+    def serializer(self) -> Serializer:
+        """The object-serialization strategy of the object collectives."""
+        return self._serializer
+
+    @serializer.setter
+    def serializer(self, value: Serializer) -> None:
+        self._serializer = value
+        self._guard = self._new_guard()
 
     def _release_at_exit(self) -> None:
         """Let go of the process group (at interpreter exit, before C++ teardown)."""
@@ -290,7 +308,7 @@ class Communicator:
         return self.plugin.device()
 
     @property
-    def checks(self) -> Literal["strict", "guard", "off"]:
+    def checks(self) -> Checks:
         """Which collectives check their arguments across ranks first (see ``strict``).
 
         ``"strict"``: every collective; ``"guard"``: the tensor collectives,
@@ -301,11 +319,7 @@ class Communicator:
             >>> comm.checks       # a world of one has nothing to mismatch with
             'off'
         """
-        if not self._distributed or self.strict is False or self.world_size == 1:
-            return "off"
-        if self.strict:
-            return "strict"
-        return "guard" if self.plugin.mismatch_aborts else "off"
+        return self._guard.checks
 
     @property
     def ranks(self) -> list[int]:
@@ -367,10 +381,10 @@ class Communicator:
             self.plugin.new_group(ranks, limit)
             return Communicator(
                 backend=self.plugin,
-                serializer=self.serializer,
+                serializer=self._serializer,
                 timeout=limit,
-                slot_size=self.slot_size,
-                strict=self.strict,
+                slot_size=self._slot_size,
+                strict=self._strict,
             )
         # torch's new_group waits in the store for every world rank with the same
         # list, without a bound: ranks that differ (or a non-member that cannot
@@ -379,7 +393,7 @@ class Communicator:
         if world._engine is not None:  # commlib's own round: not a collective observers see
             if _steps.pending():  # it goes after the world's unfinished handles, as a call would
                 _steps.finish_pending(world._engine.group)
-            ser, slot = self.serializer, self.slot_size
+            ser, slot = self._serializer, self._slot_size
             _guard.agree(world._engine, "new_group", described, ser, slot)
         if refused is not None:  # every rank refused alike
             raise refused
@@ -389,10 +403,10 @@ class Communicator:
         child = Communicator(
             group,
             backend=self.plugin,
-            serializer=self.serializer,
+            serializer=self._serializer,
             timeout=limit,
-            slot_size=self.slot_size,
-            strict=self.strict,
+            slot_size=self._slot_size,
+            strict=self._strict,
         )
         # a non-member of it can still divide it: its ranks in the group's order,
         # ascending world ranks as torch numbers them
@@ -455,16 +469,16 @@ class Communicator:
             )
         if not self._distributed:
             return Communicator(
-                backend=self.plugin, serializer=self.serializer, timeout=self.timeout
+                backend=self.plugin, serializer=self._serializer, timeout=self.timeout
             )
         group, _ = engine.shrink(self.ranks, set(excluded), as_timedelta(timeout))
         return Communicator(
             group,
             backend=self.plugin,
-            serializer=self.serializer,
+            serializer=self._serializer,
             timeout=self.timeout,
-            slot_size=self.slot_size,
-            strict=self.strict,
+            slot_size=self._slot_size,
+            strict=self._strict,
         )
 
     # -- composition helpers --------------------------------------------------------
@@ -488,177 +502,35 @@ class Communicator:
             _steps.finish_pending(self._engine.group)
         return self._engine
 
-    def _check(
-        self,
-        engine: Engine,
-        what: str,
-        describe: Callable[[], str],
-        data: torch.Tensor | None = None,
-        timeout: Timeout = None,
-        *,
-        completes: bool = True,
-        write: Callable[[torch.Tensor], object] | None = None,
-    ) -> list[torch.Tensor] | None:
-        """The argument check before ``what``, if this communicator checks it.
-
-        ``describe`` formats what this rank passes (only when it is checked).
-        Returns every rank's ``data``
-        when it travelled with the check, so the caller completes from it:
-        only for collectives in the plugin's ``completed_by_check``, unless
-        ``completes`` is false (then the data is what is checked).
-        ``write`` fills this rank's part of the slot instead of copying
-        ``data`` (see :func:`commlib._guard.exchange`).
-        """
-        if not self._checked(what):
-            return None
-        if completes and data is not None and what not in self.plugin.completed_by_check:
-            data = None  # the backend's own collective computes the result
-        return _guard.exchange(
-            engine,
-            what,
-            f"{what}({describe()})",
-            self.serializer,
-            self.slot_size,
-            data,
-            as_timedelta(timeout),
-            write=write,
-        )
-
-    def _checked(self, what: str) -> bool:
-        """Whether ``what`` runs the argument check (see :attr:`checks`).
-
-        Strict: every collective. The guard: those whose sizes reach the
-        engine, not ``barrier`` nor the ragged ``all_gather`` (fixed-size rounds).
-        """
-        checks = self.checks
-        return checks == "strict" or (checks == "guard" and what not in _UNSIZED)
-
-    def _refuse_in(self, what: str, error: ValueError | TypeError) -> NoReturn:
-        """Raise ``error``, this rank's mistake before collective ``what``, on every rank.
+    @contextlib.contextmanager
+    def refusing(self, what: str) -> Iterator[None]:
+        """Argument errors found in the block, before collective ``what``, raised on every rank.
 
         For helpers built on the collectives (``pad_to_largest_tensor``,
-        ``collect_results``): when an argument only this rank got wrong is
-        found before the helper's first collective, the other ranks are waiting
-        in it; the refusal joins its first round, and every rank raises a
+        ``collect_results``, a root rank only this rank got wrong): when a
+        ``ValueError`` or ``TypeError`` only this rank raises comes before the
+        helper's first collective, the other ranks are waiting in it; the
+        refusal joins its first round, and every rank raises a
         :class:`~commlib.errors.RemoteArgumentError` naming this rank (or, when
-        every rank made the same mistake, its own ``error``).
+        every rank made the same mistake, its own error). A
+        :class:`~commlib.errors.CommError` passes unchanged (agreed already);
+        so does an error before a call without a first round to join (point
+        to point). A process outside the group gets
+        :class:`~commlib.errors.NotInGroupError`, as from the collective.
 
         Examples:
-            >>> comm._refuse_in("gather_object", ValueError("size must be >= 0"))
+            >>> with comm.refusing("gather_object"):
+            ...     raise ValueError("size must be >= 0")
             Traceback (most recent call last):
             ...
             ValueError: size must be >= 0
         """
-        engine = self._member(what)
-        if what not in _CHECKED_ROUNDS and what not in _OBJECT_ROUNDS:
-            raise error  # point to point, or a collective without a first round to join
-        self._refuse(engine, what, error, None, objects=what in _OBJECT_ROUNDS)
-
-    def _refuse(
-        self,
-        engine: Engine,
-        what: str,
-        error: ValueError | TypeError,
-        timeout: Timeout,
-        *,
-        objects: bool = False,
-    ) -> NoReturn:
-        """Raise ``error``, a mistake in this rank's own arguments to ``what``, on every rank.
-
-        For arguments this rank got wrong (a scatter list on src, its own
-        all_to_all lists, an op or a root only it passes) while the other ranks
-        may be in ``what``'s first round already, waiting for it. Where that
-        round exists (a checked tensor collective; an object collective, which
-        always has one), this rank joins it with its refusal as its
-        description, the same number of bytes: every rank raises a
-        :class:`~commlib.errors.RemoteArgumentError` (or, when every rank made
-        the same mistake, its own ``error``). Otherwise it raises here alone,
-        before anything is sent.
-        """
         try:
-            limit = as_timedelta(timeout)
-        except (ValueError, TypeError):
-            limit = None  # the timeout may be the mistake: the communicator's then
-        distributed = self._distributed and engine.world_size > 1
-        if objects and distributed:
-            steps = _objects.refusal_steps(engine, what, error, self._first_slot(engine))
-            _steps.run(engine, steps, limit)
-        elif (
-            distributed and what in _RAGGED and not (what == "all_gather" and self._checked(what))
-        ):
-            # the first round is the shapes' (strict mode checks all_gather before it)
-            _ragged.refuse(
-                engine,
-                what,
-                str(error),
-                room=_ragged.inline_room(self.slot_size),
-                timeout=limit,
-                rooms=_rooms.rooms_of(engine),
-            )
-        elif self._checked(what):
-            _guard.exchange(
-                engine,
-                what,
-                f"{what}(refused: {error})",
-                self.serializer,
-                self.slot_size,
-                timeout=limit,
-            )
-        raise error
-
-    def _check_pairs(
-        self,
-        engine: Engine,
-        what: str,
-        describe: Callable[[], str],
-        sends: Sequence[int],
-        expects: Sequence[int],
-        timeout: Timeout,
-    ) -> None:
-        """The argument check of an exchange whose sizes must match pair by pair.
-
-        ``sends[j]``: elements this rank sends rank ``j``; ``expects[j]``:
-        elements it expects from rank ``j``. No single description is shared
-        by every rank here, so the sizes travel with the check and every rank
-        compares every pair of the same gathered table: all raise alike.
-        """
-        if self.checks == "off":
-            return  # before building the table: hot loops turn checks off
-        sizes = torch.tensor([*sends, *expects], dtype=torch.int64)
-        parts = self._check(
-            engine, what, describe, engine.to_device(sizes), timeout, completes=False
-        )
-        if parts is None:  # checks off, or a world too large for one slot
-            return
-        world = engine.world_size
-        table = [p.tolist() for p in parts]
-        wrong = [
-            (i, j)
-            for i in range(world)
-            for j in range(world)
-            if table[i][j] != table[j][world + i]
-        ]
-        if wrong:
-            i, j = wrong[0]
-            raise RemoteArgumentError(
-                what,
-                {
-                    r: f"sends {table[r][:world]} elements, expects {table[r][world:]}"
-                    for r in range(world)
-                },
-                f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
-                f"rank {j} expects {table[j][world + i]}",
-            )
-
-    @staticmethod
-    def _finished(
-        finish: Callable[[], None], async_op: bool, value: list[torch.Tensor]
-    ) -> Handle | None:
-        """A call that completed within its check: finish now, or in ``wait()``."""
-        if async_op:
-            return Handle(None, finish, None, value=value)
-        finish()
-        return None
+            yield
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, CommError):
+                raise
+            self._guard.refuse(self._member(what), what, exc)
 
     @_collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
@@ -677,7 +549,7 @@ class Communicator:
         """
         engine = self._member(what)
         if self._distributed:
-            _guard.agree(engine, what, description, self.serializer, self.slot_size)
+            _guard.agree(engine, what, description, self._serializer, self._slot_size)
 
     @_collective("all_gather_shapes", payload="tensor")
     def all_gather_shapes(
@@ -695,7 +567,7 @@ class Communicator:
             engine,
             engine.to_device(tensor),
             "all_gather_shapes",
-            room=_ragged.inline_room(self.slot_size),
+            room=_ragged.inline_room(self._slot_size),
             timeout=as_timedelta(timeout),
             rooms=_rooms.rooms_of(engine),
             shapes_only=True,
@@ -728,7 +600,7 @@ class Communicator:
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        parts = self._check(
+        parts = self._guard.check(
             engine,
             "all_reduce",
             lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
@@ -737,7 +609,7 @@ class Communicator:
         )
         if parts is not None:
             reduce_into(work_t, parts, engine_op)
-            return self._finished(lambda: back(work_t, tensor, world), async_op, [tensor])
+            return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
         return engine.submit(
             "all_reduce",
             self.plugin.all_reduce,
@@ -783,7 +655,7 @@ class Communicator:
         engine = self._member("all_gather")
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        self._check(
+        self._guard.check(
             engine,
             "all_gather",
             # the dtypes and dims are the gathering round's to agree on
@@ -796,7 +668,7 @@ class Communicator:
             engine,
             work_t,
             "all_gather",
-            room=_ragged.inline_room(self.slot_size),
+            room=_ragged.inline_room(self._slot_size),
             timeout=limit,
             rooms=_rooms.rooms_of(engine),
             adapt_empty=adapt_empty,
@@ -859,7 +731,7 @@ class Communicator:
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
-        parts = self._check(
+        parts = self._guard.check(
             engine,
             "all_gather_into_tensor",
             lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
@@ -868,7 +740,7 @@ class Communicator:
         )
         if parts is not None:
             torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
-            return self._finished(lambda: copy_back(out_t, output, world), async_op, [output])
+            return finished(lambda: copy_back(out_t, output, world), async_op, [output])
         return engine.submit(
             "all_gather_into_tensor",
             self.plugin.all_gather_into_tensor,
@@ -900,7 +772,7 @@ class Communicator:
         check.rank_in_range(dst, engine.world_size, "dst")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
-        parts = self._check(
+        parts = self._guard.check(
             engine,
             "gather",
             lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
@@ -935,19 +807,19 @@ class Communicator:
         check.rank_in_range(src, engine.world_size, "src")
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        parts = self._check(
+        parts = self._guard.check(
             engine,
             "broadcast",
             lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
             work_t,
             timeout,
             # only src's data is read: the others send their slot's header alone
-            write=None if engine.rank == src else _write_nothing,
+            write=None if engine.rank == src else write_nothing,
         )
         if parts is not None:
             if engine.rank != src:
                 work_t.copy_(parts[src])
-            return self._finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
+            return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         return engine.submit(
             "broadcast",
             self.plugin.broadcast,
@@ -1011,7 +883,7 @@ class Communicator:
         engine_op, back = reduction(name, output, self.plugin.native_avg)
         out_t = engine.to_device(output).view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
-        parts = self._check(
+        parts = self._guard.check(
             engine,
             "reduce_scatter",
             lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
@@ -1021,7 +893,7 @@ class Communicator:
         if parts is not None:
             whole = reduce_locally(parts, engine_op)
             out_t.copy_(whole.view(world, -1)[engine.rank])
-            return self._finished(lambda: back(out_t, output, world), async_op, [output])
+            return finished(lambda: back(out_t, output, world), async_op, [output])
         return engine.submit(
             "reduce_scatter",
             self.plugin.reduce_scatter,
@@ -1049,7 +921,7 @@ class Communicator:
             True
         """
         engine = self._member("barrier")
-        self._check(engine, "barrier", lambda: "", timeout=timeout)
+        self._guard.check(engine, "barrier", lambda: "", timeout=timeout)
         if not async_op:
             engine.barrier(as_timedelta(timeout))
             return None
@@ -1096,7 +968,7 @@ class Communicator:
         finish = None
         if engine.rank == dst:
             finish = lambda: back(work_t, tensor, world)  # noqa: E731
-        parts = self._check(
+        parts = self._guard.check(
             engine,
             "reduce",
             lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
@@ -1105,9 +977,9 @@ class Communicator:
         )
         if parts is not None:
             if finish is None:
-                return self._finished(lambda: None, async_op, [tensor])
+                return finished(lambda: None, async_op, [tensor])
             reduce_into(work_t, parts, engine_op)
-            return self._finished(finish, async_op, [tensor])
+            return finished(finish, async_op, [tensor])
         if finish is None and work_t is tensor:
             work_t = tensor.clone()
         return engine.submit(
@@ -1161,23 +1033,24 @@ class Communicator:
         def describe() -> str:
             return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
 
-        if self.checks != "off" and "scatter" in self.plugin.completed_by_check:
+        guard = self._guard
+        if guard.checks != "off" and "scatter" in guard.completed_by_check:
             # src's whole list travels in its slot of the check's round when it
             # fits (every rank declares its size alike): one round, not two
             sent = parts
-            got = self._check(
+            got = self._guard.check(
                 engine,
                 "scatter",
                 describe,
                 work_t.expand(world, *work_t.shape),
                 timeout,
-                write=_write_nothing if sent is None else lambda area: torch.stack(sent, out=area),
+                write=write_nothing if sent is None else lambda area: torch.stack(sent, out=area),
             )
             if got is not None:
                 work_t.copy_(got[src][engine.rank])
-                return self._finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
+                return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         else:
-            self._check(engine, "scatter", describe, timeout=timeout)
+            self._guard.check(engine, "scatter", describe, timeout=timeout)
         return engine.submit(
             "scatter",
             self.plugin.scatter,
@@ -1218,7 +1091,7 @@ class Communicator:
         check.tensor_list(input_tensor_list, world, "input_tensor_list")
         check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         dtype = input_tensor_list[0].dtype
-        self._check_pairs(
+        self._guard.check_pairs(
             engine,
             "all_to_all",
             lambda: f"{dtype}, {world} tensors",
@@ -1291,7 +1164,7 @@ class Communicator:
             # even splits: the pairs match exactly when every rank passes the same
             # shapes, whose rows agree (below), so the description says it all, and
             # a small input travels with the check: one round
-            parts = self._check(
+            parts = self._guard.check(
                 engine,
                 "all_to_all_single",
                 lambda: (
@@ -1304,7 +1177,7 @@ class Communicator:
         else:
             # the pair this rank forms with itself is compared with every other
             # pair, on every rank alike: raised here alone, the ranks would part
-            self._check_pairs(
+            self._guard.check_pairs(
                 engine,
                 "all_to_all_single",
                 lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
@@ -1324,7 +1197,7 @@ class Communicator:
             rows = rows_in[me]
             mine = [p.narrow(0, me * rows, rows) for p in parts]
             torch.stack(mine, out=out_t.view(world, rows, *input.shape[1:]))
-            return self._finished(lambda: copy_back(out_t, output, world), async_op, [output])
+            return finished(lambda: copy_back(out_t, output, world), async_op, [output])
         return engine.submit(
             "all_to_all_single",
             self.plugin.all_to_all_single,
@@ -1506,7 +1379,7 @@ class Communicator:
         checks and ``all_gather`` use: ranks that call different collectives
         still send the same number of bytes, and find out instead of aborting.
         """
-        return _rooms.rooms_of(engine).slot_bytes(self.slot_size)
+        return _rooms.rooms_of(engine).slot_bytes(self._slot_size)
 
     def _run_objects(
         self, engine: Engine, steps: _steps.Steps[Any], timeout: Timeout, async_op: bool
@@ -1568,7 +1441,7 @@ class Communicator:
         engine = self._member("all_gather_object")
         if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
             return _steps.done([obj]) if async_op else [obj]
-        ser = serializer or self.serializer
+        ser = serializer or self._serializer
         steps = _objects.all_gather_object_steps(engine, obj, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
@@ -1622,7 +1495,7 @@ class Communicator:
         if engine.world_size == 1:
             check.rank_in_range(dst, 1, "dst")
             return _steps.done([obj]) if async_op else [obj]
-        ser = serializer or self.serializer
+        ser = serializer or self._serializer
         steps = _objects.gather_object_steps(engine, obj, dst, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
@@ -1654,7 +1527,7 @@ class Communicator:
                 )
             check.rank_in_range(src, 1, "src")
             return _steps.done(None) if async_op else None
-        ser = serializer or self.serializer
+        ser = serializer or self._serializer
         steps = _objects.broadcast_object_list_steps(
             engine, object_list, src, ser, self._first_slot(engine)
         )
@@ -1711,7 +1584,7 @@ class Communicator:
             check.rank_in_range(src, 1, "src")
             return _steps.done(obj) if async_op else obj
         box = [obj]
-        ser = serializer or self.serializer
+        ser = serializer or self._serializer
         steps = _objects.broadcast_object_list_steps(
             engine, box, src, ser, self._first_slot(engine)
         )
@@ -1750,7 +1623,7 @@ class Communicator:
             assert input_list is not None
             output_list[0] = input_list[0]
             return _steps.done(None) if async_op else None
-        ser = serializer or self.serializer
+        ser = serializer or self._serializer
         steps = _scatter_objects.scatter_object_list_steps(
             engine, output_list, input_list, src, ser, self._first_slot(engine)
         )
@@ -1780,8 +1653,8 @@ class Communicator:
         """
         engine = self._member("send_object_list")
         check.peer(dst, engine.world_size, engine.rank, "dst")
-        ser = serializer or self.serializer
-        steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self.slot_size)
+        ser = serializer or self._serializer
+        steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self._slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
     @_collective("recv_object_list", payload="object_list", peer="src")
@@ -1807,9 +1680,9 @@ class Communicator:
         """
         engine = self._member("recv_object_list")
         check.peer(src, engine.world_size, engine.rank, "src")
-        ser = serializer or self.serializer
+        ser = serializer or self._serializer
         steps = _received_nothing(
-            _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self.slot_size)
+            _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self._slot_size)
         )
         return self._run_objects(engine, steps, timeout, async_op)
 

@@ -29,7 +29,6 @@ import commlib.ranks as rank_args
 from commlib import helpers, results
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed
 from commlib.communicator import Communicator, Handle, ResultHandle
-from commlib.errors import CommError
 from commlib.p2p import P2POp
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -480,17 +479,13 @@ def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, gr
     """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks.
 
     A root only this rank got wrong fails every rank of a collective at once
-    (``Communicator._refuse_in``), as the communicator's own methods do.
+    (:meth:`Communicator.refusing`), as the communicator's own methods do; the
+    error names world ranks as the other ranks' does.
     """
-    try:
+    with rank_args.world_ranks_in_errors(comm), comm.refusing(call):
         return rank_args.group_rank(
             comm, call, name, rank, in_group, world_ranks=rank_args.is_torch_group(group)
         )
-    except (ValueError, TypeError) as exc:
-        if isinstance(exc, CommError):
-            raise  # not a member: there is no round to join
-        with rank_args.world_ranks_in_errors(comm):  # the same message as the other ranks'
-            comm._refuse_in(call, exc)
 
 
 def gather(

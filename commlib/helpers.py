@@ -185,12 +185,10 @@ def pad_to_largest_tensor(
         >>> sizes, padded.shape          # 2 ranks, on rank 0: ([1, 2], torch.Size([2]))
         ([1], torch.Size([1]))
     """
-    try:
+    with comm.refusing("all_gather_shapes"):  # the others are in its round already
         check.tensor(tensor, "tensor")
         if tensor.dim() == 0:
             raise ValueError("pad_to_largest_tensor needs a tensor with at least one dim")
-    except (ValueError, TypeError) as exc:
-        comm._refuse_in("all_gather_shapes", exc)  # the others are in its round already
     shapes = comm.all_gather_shapes(tensor)
     if len({tuple(s[1:]) for s in shapes}) > 1:
         raise RemoteArgumentError(

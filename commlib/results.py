@@ -45,20 +45,22 @@ def _checked_size(comm: Communicator, result_part: Any, size: Any, first: str) -
     A mistake only this rank made fails every rank: the others are in the
     helper's ``first`` collective already, and the refusal joins it.
     """
+    if comm.world_size < 2:  # no other rank waits for this one (or not a member)
+        return _count(result_part, size)
+    with comm.refusing(first):
+        return _count(result_part, size)
+
+
+def _count(result_part: Any, size: Any) -> int:
+    if not isinstance(result_part, list):
+        raise TypeError(f"result_part must be a list, got {type(result_part).__name__}")
     try:
-        if not isinstance(result_part, list):
-            raise TypeError(f"result_part must be a list, got {type(result_part).__name__}")
-        try:
-            # numpy and torch integers too: mmengine only slices with it
-            count = -1 if isinstance(size, bool) else operator.index(size)
-        except TypeError:
-            count = -1
-        if count < 0:
-            raise ValueError(f"size must be a non-negative int, got {size!r}")
-    except (ValueError, TypeError) as exc:
-        if comm.world_size > 1:
-            comm._refuse_in(first, exc)
-        raise
+        # numpy and torch integers too: mmengine only slices with it
+        count = -1 if isinstance(size, bool) else operator.index(size)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"size must be a non-negative int, got {size!r}")
     return count
 
 

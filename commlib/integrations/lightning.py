@@ -28,11 +28,9 @@ Examples:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
 import functools
 import os
-from collections.abc import Iterator
 from typing import Any, get_args
 
 import torch
@@ -40,7 +38,6 @@ import torch.distributed as dist
 
 from commlib import ranks as rank_args
 from commlib.communicator import Communicator
-from commlib.errors import CommError
 from commlib.functional import (
     forget_communicators,
     get_communicator,
@@ -121,24 +118,9 @@ class CommlibCollective:
 
     def _group_rank(self, call: str, name: str, rank: int) -> int:
         # Fabric's TorchCollective hands src/dst to torch.distributed: world ranks
-        with self._refusing(call):
+        # the other ranks may be in call's first round already: the refusal joins it
+        with self.group.refusing(call):
             return rank_args.group_rank(self.group, call, name, rank, None, world_ranks=True)
-
-    @contextlib.contextmanager
-    def _refusing(self, call: str) -> Iterator[None]:
-        """Argument errors found in the block, before ``call`` is sent, reach every rank.
-
-        The other ranks may be in ``call``'s first round already; the refusal
-        joins it (:meth:`Communicator._refuse_in`), so each raises instead of
-        waiting for this rank.
-        """
-        try:
-            yield
-        except (ValueError, TypeError) as exc:
-            if isinstance(exc, CommError):
-                raise
-            # a process outside the group: NotInGroupError, as from every collective
-            self.group._refuse_in(call, exc)
 
     # -- tensor collectives -----------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -182,7 +164,7 @@ class CommlibCollective:
             >>> c.all_gather(outs, torch.ones(1) * c.rank)          # doctest: +SKIP
             [tensor([0.]), tensor([1.])]
         """
-        with self._refusing("all_gather"):
+        with self.group.refusing("all_gather"):
             _check_outputs(tensor_list, self.world_size, "all_gather", "tensor_list", tensor)
             mine = f"tensor_list[{self.rank}]"
             _check_output(tensor_list[self.rank], tensor, "all_gather", mine)
@@ -203,7 +185,7 @@ class CommlibCollective:
         """
         group_dst = self._group_rank("gather", "dst", dst)
         if self.rank == group_dst:
-            with self._refusing("gather"):
+            with self.group.refusing("gather"):
                 _check_outputs(gather_list, self.world_size, "gather", "gather_list", tensor)
                 for i, out in enumerate(gather_list or []):
                     _check_output(out, tensor, "gather", f"gather_list[{i}]")
@@ -285,7 +267,7 @@ class CommlibCollective:
             >>> c.all_gather_object([None, None], {"rank": c.rank})  # doctest: +SKIP
             [{'rank': 0}, {'rank': 1}]
         """
-        with self._refusing("all_gather_object"):
+        with self.group.refusing("all_gather_object"):
             _check_list_length(object_list, self.world_size, "all_gather_object", "object_list")
         object_list[:] = self.group.all_gather_object(obj)
         return object_list
@@ -320,7 +302,7 @@ class CommlibCollective:
         """
         group_dst = self._group_rank("gather_object", "dst", dst)
         if self.rank == group_dst:
-            with self._refusing("gather_object"):
+            with self.group.refusing("gather_object"):
                 _check_list_length(
                     object_gather_list, self.world_size, "gather_object", "object_gather_list"
                 )

@@ -367,6 +367,30 @@ def _on_different_protocols(comm, first: str, others: str) -> tuple[str, float]:
     return error, waited, x[0].item()
 
 
+def _on_strict_set_later(comm) -> tuple[list[str], str, float]:
+    c = Communicator(timeout=TIMEOUT, strict=False)
+    modes = [c.checks]
+    c.strict = True  # a public setting: the check follows it from the next call
+    modes.append(c.checks)
+    try:
+        c.all_reduce(torch.ones(4), op="max" if c.rank == c.world_size - 1 else "sum")
+        kind = "no error"
+    except RemoteArgumentError as exc:
+        kind = type(exc).__name__
+    c.strict = False
+    modes.append(c.checks)
+    y = torch.ones(2)
+    c.all_reduce(y)
+    return modes, kind, y[0].item()
+
+
+def test_strict_set_after_construction_takes_effect(multi_world):
+    for modes, kind, after in multi_world.run(_on_strict_set_later):
+        assert modes == ["off", "strict", "off"]
+        assert kind == "RemoteArgumentError"
+        assert after == multi_world.size
+
+
 @pytest.mark.parametrize(
     "first, others",
     [

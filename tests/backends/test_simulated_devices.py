@@ -151,7 +151,8 @@ def _free_port() -> int:
 def test_init_dist_under_torchrun(tmp_path: Path, kind, backend, expect):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # torchrun's log dirs go to the test's temporary directory, not the system's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(tmp_path)}
     proc = subprocess.run(
         [
             sys.executable,

@@ -62,6 +62,7 @@ def test_init_dist_under_torchrun(tmp_path):
         text=True,
         timeout=180,
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's log dirs, in the test's
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [(tmp_path / f"result_{r}.txt").read_text().strip() for r in range(3)]

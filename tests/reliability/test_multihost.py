@@ -190,6 +190,7 @@ class Topology:
             MH_TIMEOUT=str(TIMEOUT),
             COMMLIB_TIMEOUT=str(TIMEOUT),
             OMP_NUM_THREADS="1",  # 6 processes share 2 cores
+            TMPDIR=str(outdir),  # torchrun's log dirs: the test's, not the system's
             PYTHONUNBUFFERED="1",
         )
         log = open(outdir / f"torchrun-h{host}.log", "w")  # closed in destroy

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -429,8 +430,9 @@ def _commlib() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "commlib.cli"]
 
 
-def _bench_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _bench_env(tmp_path: Path) -> dict[str, str]:
+    # torch's launcher leaves a pytorch-errorfile-*.pickle per failed rank in the temp dir
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)  # a test run under torchrun must still start its own ranks
     env.pop("COMMLIB_BENCH_FAIL_RANK", None)
@@ -446,7 +448,7 @@ def test_bench_end_to_end(tmp_path):
     if plot:
         args += ["--plot", str(tmp_path / "bench.png")]
     proc = subprocess.run(
-        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env()
+        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for case in CASES:
@@ -477,8 +479,8 @@ def test_bench_end_to_end(tmp_path):
         assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_failed_rank_ends_the_run_with_its_error():
-    env = _bench_env()
+def test_a_failed_rank_ends_the_run_with_its_error(tmp_path):
+    env = _bench_env(tmp_path)
     env["COMMLIB_BENCH_FAIL_RANK"] = "1"
     args = ["bench", "--ops", "all_reduce", "--max-bytes", "2K", "--iters", "1", "--no-memory"]
     proc = subprocess.run(_commlib() + args, capture_output=True, text=True, timeout=120, env=env)
@@ -657,7 +659,7 @@ def test_bench_dispatch_end_to_end(tmp_path):
     args = ["bench", "--ops", "dispatch", "--calls", "20", "--trials", "2", "--warmup", "1"]
     args += ["--nproc", "4", "--json", str(out), "--no-progress"]
     proc = subprocess.run(
-        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env()
+        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for case in DISPATCH:
@@ -685,11 +687,11 @@ def test_bench_dispatch_end_to_end(tmp_path):
             assert row[f"{side}_noise"] == stats.is_noise(low, high)
 
 
-def test_bench_dispatch_and_ranks_in_one_run():
+def test_bench_dispatch_and_ranks_in_one_run(tmp_path):
     args = ["bench", "--ops", "all_reduce[dispatch],all_reduce", "--max-bytes", "1K"]
     args += ["--calls", "10", "--trials", "2", "--iters", "1", "--no-memory", "--no-progress"]
     proc = subprocess.run(
-        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env()
+        _commlib() + args, capture_output=True, text=True, timeout=180, env=_bench_env(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.distributed" in proc.stdout and "fake process group" in proc.stdout

@@ -24,6 +24,7 @@ import os
 import pkgutil
 import random
 import sys
+import tempfile
 import types
 from typing import Any
 
@@ -128,7 +129,9 @@ def check_examples(module: types.ModuleType) -> int:
 
 
 @pytest.mark.parametrize("name", module_names())
-def test_module_examples(name: str) -> None:
+def test_module_examples(name: str, tmp_path, monkeypatch) -> None:
+    # examples make directories with tempfile.mkdtemp(): in this test's, not the system's
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     check_examples(importlib.import_module(name))
 
 

@@ -13,17 +13,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch.distributed as dist
+from commlib._world import default_store
 
 # how long a rank that timed out waits for the others' notes, to name them
 GRACE = 1.0
 
 
 def _store_and_prefix(group: Any) -> tuple[Any, str] | tuple[None, None]:
+    store = default_store()
+    if store is None:  # without one we just cannot name the ranks
+        return None, None
     try:
-        store = dist.distributed_c10d._get_default_store()
         name = getattr(group, "group_name", None) or "world"
-    except Exception:  # private API; without it we just cannot name the ranks
+    except Exception:
         return None, None
     return store, f"commlib/state/{name}"
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 import datetime
 import os
 import time
-import weakref
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
+from commlib import _world
 from commlib.errors import CommError
 
 _POLL = 0.01  # seconds between looks at the store while waiting for the others
-_recorded: weakref.WeakSet[Any] = weakref.WeakSet()  # worlds this process recorded itself in
 
 
 def store() -> Any:
@@ -38,10 +37,7 @@ def store() -> Any:
         >>> store() is None     # not distributed
         True
     """
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # private API, or no world: nothing to meet in
-        return None
+    return _world.default_store()
 
 
 def _this_machine() -> str | None:
@@ -63,7 +59,7 @@ def record_process() -> None:
     if not dist.is_initialized():
         return
     world = dist.group.WORLD
-    if world is None or world in _recorded:
+    if world is None or world in _world.world.worlds_recorded:
         return
     where, kv = _this_machine(), store()
     if where is not None and kv is not None:
@@ -71,7 +67,7 @@ def record_process() -> None:
             kv.set(f"commlib/proc/{dist.get_rank()}", f"{where} {os.getpid()}")
         except Exception:  # only a shortcut for shrink; without it shrink waits
             pass
-    _recorded.add(world)
+    _world.world.worlds_recorded.add(world)
 
 
 def _dead_here(kv: Any, world_rank: int, seen: dict[int, str]) -> bool:

@@ -30,6 +30,7 @@ from commlib import (
     _rooms,
     _scatter_objects,
     _steps,
+    _world,
     plugins,
 )
 from commlib import _validation as check
@@ -43,6 +44,7 @@ from commlib._guard import (
     finished,
     write_nothing,
 )
+from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
 from commlib.backend import Backend
@@ -52,11 +54,6 @@ from commlib.errors import (
     NotInGroupError,
 )
 from commlib.handle import Handle, ResultHandle
-from commlib.launch import (
-    plugin_of_started_world,
-    teardown_at_exit,
-    warn_if_launched_without_init,
-)
 from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
@@ -202,7 +199,7 @@ class Communicator:
         else:
             # a non-member cannot ask its group; the world's engine is the best answer
             torch_backend = torch_backend_name(group if self.is_member else None)
-            plugin = plugin_of_started_world(torch_backend) or plugins.backend_for_group(
+            plugin = _world.world.started_plugin(torch_backend) or plugins.backend_for_group(
                 torch_backend
             )
         if not self._distributed and plugin.torch_backend:
@@ -221,7 +218,7 @@ class Communicator:
         )
         self._guard = self._new_guard()
         if self._distributed:
-            teardown_at_exit(self)
+            _world.world.teardown_at_exit(self._release_at_exit)
 
     def _new_guard(self) -> Guard:
         """The argument check, for the settings in force (built again when one is set)."""

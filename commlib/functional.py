@@ -12,11 +12,9 @@ ranks within the group; with a Communicator (or the world) both are group ranks.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import functools
 import os
-import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -24,21 +22,16 @@ import torch
 import torch.distributed as dist
 
 import commlib.data_device as data_device
-import commlib.launch as launch
 import commlib.ranks as rank_args
-from commlib import helpers, results
-from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed
+from commlib import _communicators, helpers, results
+from commlib._launched import warn_if_launched_without_init
+from commlib._torch_groups import dist_ready
+from commlib._world import world
 from commlib.communicator import Communicator, Handle, ResultHandle
 from commlib.p2p import P2POp
 
 F = TypeVar("F", bound=Callable[..., Any])
 Timeout = datetime.timedelta | float | None
-
-_lock = threading.Lock()
-_cache: dict[Any, Communicator] = {}
-_cache_world: list[Any] = [None]
-# init_local_group's communicator, for the world it was made in: [world, comm]
-_local: list[Any] = [None, None]
 
 
 def get_communicator(group: Any = None) -> Communicator:
@@ -49,30 +42,7 @@ def get_communicator(group: Any = None) -> Communicator:
         >>> comm.backend, comm.world_size      # 4 ranks under torchrun: ('gloo', 4)
         ('single', 1)
     """
-    if isinstance(group, Communicator):
-        return group
-    if is_destroyed(group):
-        with _lock:
-            _cache.pop(group, None)
-        raise ValueError(f"group {group!r}: {DESTROYED}")
-    world = dist.group.WORLD if dist_ready() else None
-    with _lock:
-        if _cache_world[0] is not world:  # the world was (re)initialised or destroyed
-            _cache.clear()
-            _cache_world[0] = world
-        key = world if group is None else group
-        comm = _cache.get(key)
-        if comm is None:
-            comm = _cache[key] = Communicator(group)
-            _forget_at_exit()
-        return comm
-
-
-@functools.lru_cache(maxsize=1)
-def _forget_at_exit() -> None:
-    # groups kept alive by this cache past interpreter shutdown abort the
-    # process from gloo's threads; free them while Python still runs
-    atexit.register(forget_communicators)
+    return _communicators.communicator_for(group)
 
 
 def forget_communicators() -> None:
@@ -85,16 +55,13 @@ def forget_communicators() -> None:
         >>> forget_communicators()
         >>> torch.distributed.destroy_process_group()   # after init  # doctest: +SKIP
     """
-    with _lock:
-        _cache.clear()
-        _cache_world[0] = None
-        _local[:] = [None, None]
+    world.forget_communicators()
 
 
 def _collective_comm(group: Any) -> Communicator:
     """The communicator for a call that communicates; warns once under a launcher without init."""
     if group is None and not is_distributed():
-        launch.warn_if_launched_without_init()
+        warn_if_launched_without_init()
     return get_communicator(group)
 
 
@@ -104,9 +71,7 @@ def set_default_communicator(comm: Communicator) -> None:
     Examples:
         >>> set_default_communicator(Communicator(serializer=commlib.RestrictedSerializer()))
     """
-    get_communicator()  # bring the cache up to date with the current world
-    with _lock:
-        _cache[_cache_world[0]] = comm
+    _communicators.set_default(comm)
 
 
 def new_group(
@@ -174,10 +139,10 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
             raise ValueError(f"init_local_group: {name} must be at least {least}, got {value}")
     if not is_distributed():
         return
-    world = get_communicator()
-    if _local[0] is dist.group.WORLD:
+    world_comm = get_communicator()
+    if _communicators.local_communicator() is not None:
         raise RuntimeError("init_local_group was already called in this world")
-    claims = world.all_gather_object((node_rank, num_gpus_per_node))
+    claims = world_comm.all_gather_object((node_rank, num_gpus_per_node))
     wrong = {
         r: f"node_rank={n}, num_gpus_per_node={g}"
         for r, (n, g) in enumerate(claims)
@@ -189,24 +154,15 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
             "init_local_group: every rank must pass the same num_gpus_per_node and the "
             f"node_rank that holds it (rank // num_gpus_per_node); got {per_rank}"
         )
-    size, per_node = world.world_size, num_gpus_per_node
+    size, per_node = world_comm.world_size, num_gpus_per_node
     mine = None
     for first in range(0, size, per_node):
-        node = world.new_group(range(first, min(first + per_node, size)))
+        node = world_comm.new_group(range(first, min(first + per_node, size)))
         if node.is_member:
             mine = node
     if mine is None:  # every rank is in one machine's group, so this cannot happen
         raise RuntimeError("init_local_group: this rank is in no machine's group")
-    with _lock:
-        _cache[mine.group] = mine  # get_communicator(get_local_group()) is this one
-        _local[:] = [dist.group.WORLD, mine]
-
-
-def _local_comm() -> Communicator | None:
-    """init_local_group's communicator, if one was made in the current world."""
-    if not is_distributed() or _local[0] is not dist.group.WORLD:
-        return None
-    return _local[1]
+    _communicators.remember_local(mine)
 
 
 def get_local_group() -> Any:
@@ -221,7 +177,7 @@ def get_local_group() -> Any:
     """
     if not is_distributed():
         return None
-    comm = _local_comm()
+    comm = _communicators.local_communicator()
     if comm is None:
         raise RuntimeError(
             "the local process group is not created: call "
@@ -261,7 +217,7 @@ def get_local_rank() -> int:
         >>> get_local_rank()
         0
     """
-    local = _local_comm()
+    local = _communicators.local_communicator()
     return local.rank if local is not None else _launcher_local("LOCAL_RANK", 0)
 
 
@@ -275,7 +231,7 @@ def get_local_size() -> int:
         >>> get_local_size()
         1
     """
-    local = _local_comm()
+    local = _communicators.local_communicator()
     return local.world_size if local is not None else _launcher_local("LOCAL_WORLD_SIZE", 1)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import threading
 from collections.abc import Callable, Generator
@@ -11,6 +10,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from commlib._settings import as_timedelta
+from commlib._world import world
 from commlib.types import Work
 
 
@@ -94,7 +94,7 @@ class Handle:
             # exits aborts the process; nor holding the lock a wait() needs
             pause = 0.0005
             while not self.is_completed():
-                if _exiting.wait(pause):
+                if world.exiting.wait(pause):
                     return
                 pause = min(2 * pause, 0.005)
             complete()
@@ -116,11 +116,6 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"<Handle {'done' if self._done else 'pending'}>"
-
-
-#: set at interpreter exit: threads looking for a future's end stop looking
-_exiting = threading.Event()
-atexit.register(_exiting.set)
 
 
 class _Step(Protocol):

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from commlib import _validation as check
+from commlib._communicators import communicator_for
 from commlib.communicator import Communicator
 from commlib.errors import RemoteArgumentError
 
@@ -212,11 +213,10 @@ def rank_zero_only(func: F) -> F:
         ... def log(msg):
         ...     print(msg)
     """
-    from commlib.functional import get_rank
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if get_rank() == 0:
+        if communicator_for().rank == 0:
             return func(*args, **kwargs)
         return None
 

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-import atexit
 import datetime
-import functools
 import multiprocessing
 import os
 import subprocess
-import sys
-import warnings
-import weakref
 from typing import Any
 
 import torch.distributed as dist
 
-from commlib import plugins
+from commlib import _communicators, plugins
+from commlib._launched import launched_world_size, warn_if_launched_without_init
+from commlib._world import world
 from commlib.backend import Backend
+from commlib.communicator import Communicator
+
+__all__ = [
+    "default_torch_backend",
+    "infer_launcher",
+    "init_dist",
+    "launched_world_size",
+    "plugin_of_started_world",
+    "teardown_at_exit",
+    "warn_if_launched_without_init",
+]
 
 # what each launcher calls rank, world size and local rank
 _LAUNCHER_ENV = {
@@ -64,62 +72,6 @@ def infer_launcher() -> str:
     if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
         return "mpi"
     return "none"
-
-
-def launched_world_size() -> int:
-    """``WORLD_SIZE`` as a launcher set it (1 when unset or not a number).
-
-    Examples:
-        >>> launched_world_size()       # python train.py
-        1
-        >>> launched_world_size()       # under torchrun --nproc-per-node 4  # doctest: +SKIP
-        4
-    """
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
-
-
-_launch_warning_decided = [False]
-
-
-def warn_if_launched_without_init() -> None:
-    """Warn once when a launcher started several ranks but torch.distributed is not up.
-
-    Without :func:`init_dist` every function acts as a world of one process,
-    so each rank would silently compute its own answer. Plain single-process
-    runs (no ``WORLD_SIZE``, or 1) stay silent.
-
-    Examples:
-        >>> # torchrun --nproc-per-node 2, no init_dist
-        >>> commlib.all_reduce(torch.ones(2))  # doctest: +SKIP
-        UserWarning: WORLD_SIZE=2: a launcher started 2 ranks, but torch.distributed ...
-    """
-    if _launch_warning_decided[0] or (dist.is_available() and dist.is_initialized()):
-        return
-    # decided once: every collective of a single-process run asks
-    _launch_warning_decided[0] = True
-    size = launched_world_size()
-    if size <= 1:
-        return
-    warnings.warn(
-        f"WORLD_SIZE={size}: a launcher started {size} ranks, but torch.distributed is not "
-        "initialised, so commlib acts as a world of one process and every rank computes "
-        "alone. Call commlib.init_dist() (e.g. init_dist('pytorch')) before the first "
-        "collective.",
-        UserWarning,
-        stacklevel=_caller_level(),
-    )
-
-
-def _caller_level() -> int:
-    """The stack level of the first frame outside commlib: the user's line."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def init_dist(
@@ -195,19 +147,11 @@ def init_dist(
         kwargs["timeout"] = timeout
     kwargs.setdefault("init_method", "env://")
     plugin.init_process_group(**kwargs)
-    _started[:] = [id(dist.group.WORLD), str(dist.get_backend()), plugin]
-    teardown_at_exit()
+    world.started(plugin)
+    world.teardown_at_exit()
     # the plugin that started the world serves it, even if another one drives
     # the same torch backend
-    from commlib.communicator import Communicator
-    from commlib.functional import set_default_communicator
-
-    set_default_communicator(Communicator(backend=plugin))
-
-
-# the world init_dist started: [its group's id (a reference would keep a destroyed group
-# alive past shutdown, where gloo's threads abort), its torch backend, the plugin]
-_started: list[Any] = [None, None, None]
+    _communicators.set_default(Communicator(backend=plugin))
 
 
 def plugin_of_started_world(torch_backend: str) -> Backend | None:
@@ -222,11 +166,7 @@ def plugin_of_started_world(torch_backend: str) -> Backend | None:
         >>> plugin_of_started_world("gloo") is None    # no init_dist in this process
         True
     """
-    world, started_backend, plugin = _started
-    if plugin is None or torch_backend != started_backend:
-        return None
-    if not (dist.is_initialized() and id(dist.group.WORLD) == world):
-        return None  # destroyed, or started again without init_dist
+    plugin: Backend | None = world.started_plugin(torch_backend)
     return plugin
 
 
@@ -267,34 +207,8 @@ def teardown_at_exit(holder: Any = None) -> None:
     Examples:
         >>> teardown_at_exit()  # doctest: +SKIP
     """
-    if holder is not None:
-        _holders.add(holder)
-    _register_at_exit()
-
-
-#: objects holding process groups, told to let go of them at exit
-_holders: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-@functools.lru_cache(maxsize=1)
-def _register_at_exit() -> None:
-    atexit.register(_destroy_at_exit)
-
-
-def _destroy_at_exit() -> None:
-    from commlib.functional import forget_communicators
-
-    # a ProcessGroup still referenced here would be destroyed during C++ static
-    # teardown, where gloo's worker threads abort the process: the user's own
-    # communicators (a module-level one, say) included
-    forget_communicators()
-    for holder in list(_holders):
-        holder._release_at_exit()
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # exiting anyway; a failed teardown must not mask the exit code
-            pass
+    # the holder's method is this function's documented contract
+    world.teardown_at_exit(None if holder is None else holder._release_at_exit)
 
 
 def _plugin(backend: str | Backend | None) -> Backend:

@@ -29,23 +29,12 @@ import warnings
 from types import FrameType
 from typing import Any
 
-import torch.distributed as dist
-
+from commlib._world import default_store
 from commlib.observe.recorder import FlightRecorder
 
 _COUNTER = "commlib/trace/requests"
 _REASON = "commlib/trace/reason"
 _ACKS = "commlib/trace/acks/"
-
-
-def _store() -> Any:
-    """The default group's store, or ``None`` without one (private API: failing is fine)."""
-    try:
-        if dist.is_available() and dist.is_initialized():
-            return dist.distributed_c10d._get_default_store()
-    except Exception:
-        pass
-    return None
 
 
 class Alarm:
@@ -112,7 +101,7 @@ class Alarm:
 
     def ask_others(self, reason: str, wait: bool) -> None:
         """Ask every other rank to write its file; with ``wait``, give them ``patience``."""
-        store = _store()
+        store = default_store()
         if store is None:
             return
         rank, world = self.recorder.identity()
@@ -143,7 +132,7 @@ class Alarm:
             self._answer()
 
     def _answer(self) -> None:
-        store = _store()
+        store = default_store()
         if store is None or store is self._gone:
             return
         try:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from commlib._world import default_store
 from commlib.errors import CommError, RemoteArgumentError
 from commlib.hookspecs import hookimpl
 from commlib.observe import trace_files
@@ -262,8 +263,10 @@ def _run_id() -> str | None:
     The first rank to ask puts a new one in the run's store; the others read it.
     Trace files of an earlier run left in the same directory are told apart by it.
     """
+    store = default_store()
+    if store is None:  # no store to ask: files carry no id
+        return None
     try:
-        store = dist.distributed_c10d._get_default_store()
         return store.compare_set(_RUN_KEY, "", uuid.uuid4().hex).decode()
-    except Exception:  # no store to ask (a custom one, or it is gone): files carry no id
+    except Exception:  # a custom store, or it is gone: files carry no id
         return None

@@ -87,6 +87,17 @@ class World:
             self.communicators_world = None
             self.local_communicator = self.local_world = None
 
+    def forget_local_group(self) -> None:
+        """Forget init_local_group's communicator (the cache keeps it for its group).
+
+        Examples:
+            >>> world.forget_local_group()
+            >>> world.local_communicator is None
+            True
+        """
+        with self.lock:
+            self.local_communicator = self.local_world = None
+
     def forget_communicators_at_exit(self) -> None:
         """Drop the cache at interpreter exit (registered once, when it is first filled).
 

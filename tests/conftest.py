@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from commlib._world import world as commlib_state
 from commlib.testing import World
 
 # CI runs a fixed set of examples (a submission must not fail on a new random draw);
@@ -50,6 +51,14 @@ def world2() -> World:
 @pytest.fixture(scope="session")
 def world3() -> World:
     return get_world(3)
+
+
+@pytest.fixture
+def fresh_commlib_state():
+    """commlib's process state as a fresh process has it, for the test and after it."""
+    commlib_state.reset()
+    yield commlib_state
+    commlib_state.reset()
 
 
 def pip_install_into(project: Path, tmp_path_factory) -> Path:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as torch_dist
 
 import commlib as dist
-from commlib import functional, launch
+from commlib import _world
 from commlib.data_device import resolve_device
 from commlib.errors import BackendUnavailableError, RemoteError
 from commlib.testing import World, simulated
@@ -509,7 +509,7 @@ def _on_local_group(comm, per_node):
             again,
         )
     finally:
-        functional._local[:] = [None, None]  # these ranks serve other tests: leave no trace
+        _world.world.forget_local_group()  # these ranks serve other tests: leave no trace
 
 
 def _on_local_group_disagreement(comm):
@@ -594,9 +594,8 @@ def test_init_dist_takes_mmengine_init_backend():
 
 
 @pytest.fixture
-def fresh_warning(monkeypatch):
+def fresh_warning(fresh_commlib_state, monkeypatch):
     """A process that has not warned yet, with no launcher variables."""
-    monkeypatch.setattr(launch, "_launch_warning_decided", [False])
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     return monkeypatch
 

@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 
 import commlib
-from commlib import functional, plugins
+from commlib import plugins
 from commlib._engine import Engine
+from commlib._world import world
 from commlib.testing import samples, simulated
 from commlib.testing.checks import CHECKS
 
@@ -102,7 +103,7 @@ def _process_state() -> dict[str, Any]:
 def check_examples(module: types.ModuleType) -> int:
     """Run ``module``'s examples; fail on a failed one or a changed process. How many ran."""
     before = _process_state()
-    cached = (dict(functional._cache), list(functional._cache_world), list(functional._local))
+    world.reset()  # each module's examples start in the state of a fresh process
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     registry = plugins._registry  # commlib.plugins.refresh() makes new plugin instances
     try:
@@ -110,11 +111,10 @@ def check_examples(module: types.ModuleType) -> int:
     finally:
         after = _process_state()
         # what examples may change by design (the default communicator, seeds, the
-        # plugin cache) is put back; so is the rest, so that one failure does not spread
+        # plugin cache) is put back, commlib's process state as a fresh process has it;
+        # so is the rest, so that one failure does not spread
         plugins._registry = registry
-        functional._cache.clear()
-        functional._cache.update(cached[0])
-        functional._cache_world[:], functional._local[:] = cached[1], cached[2]
+        world.reset()
         random.setstate(rng[0])
         np.random.set_state(rng[1])
         torch.set_rng_state(rng[2])

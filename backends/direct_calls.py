@@ -17,13 +17,13 @@ ProcessGroup lacks the method.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from commlib.backend import Backend
+from commlib.backend import Backend, WorkList
 from commlib.types import EngineOp, Group, Work
 
 _coalescing = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
@@ -62,30 +62,18 @@ def _finish(work: Any, async_op: bool) -> Work | None:
     return None
 
 
-# options whose fields are plain ints (a root rank), one per kind and fields: the
-# ProcessGroup takes them by const reference, and building one costs microseconds
-# on every call. Not a reduce op: premul_sum ops compare equal whatever their factor.
-_BUILT: dict[tuple[Any, ...], Any] = {}
-
-
-def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
-    key = (
-        (kind, async_op, *fields.items()) if all(type(v) is int for v in fields.values()) else None
-    )
-    if key is not None:
-        found = _BUILT.get(key)
-        if found is not None:
-            return found
+def _build(kind: Any, async_op: bool, **fields: Any) -> Any:
     opts = kind()
     for name, value in fields.items():
         setattr(opts, name, value)
     if _HAS_ASYNC_OP:
         opts.asyncOp = async_op
-    if key is not None:
-        if len(_BUILT) >= 256:  # roots of many subgroups: stay small
-            _BUILT.clear()
-        _BUILT[key] = opts
     return opts
+
+
+# the options without fields, one per async_op: nothing in them varies between calls
+_ALLGATHER = {a: _build(c10d.AllgatherOptions, a) for a in (False, True)}
+_ALLTOALL = {a: _build(c10d.AllToAllOptions, a) for a in (False, True)}
 
 
 class DirectCalls(Backend):
@@ -94,10 +82,43 @@ class DirectCalls(Backend):
     Put it after the classes that adapt arguments (``class GlooBackend(EngineGaps,
     DirectCalls)``), so their ``super()`` calls land here.
 
+    A group of one rank sends nothing: its collectives are the identity, or a
+    copy (what the engine would compute, without asking it).
+
     Examples:
         >>> class Fast(DirectCalls):
         ...     name, torch_backend, device_type = "fast-gloo", "gloo", "cpu"
     """
+
+    # the option objects built so far, per class (``torch_reduce_op`` is the class's):
+    # keyed by what varies (an op name, a root, async_op), so each is built once
+    _direct_options: ClassVar[dict[tuple[Any, ...], Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._direct_options = {}
+
+    def _reduce_options(self, kind: Any, op: EngineOp, root: int, async_op: bool) -> Any:
+        """The options of a reduction with ``op`` (and ``root``, -1 for none), built once."""
+        key = (kind, op, root, async_op)
+        found = self._direct_options.get(key)
+        if found is None:
+            fields: dict[str, Any] = {"reduceOp": self.torch_reduce_op(op)}
+            if root >= 0:
+                fields["rootRank"] = root
+            found = self._direct_options[key] = _build(kind, async_op, **fields)
+        return found
+
+    def _rooted_options(self, kind: Any, root: int, async_op: bool) -> Any:
+        """The options of a rooted collective (broadcast, gather, scatter), built once."""
+        key = (kind, root, async_op)
+        found = self._direct_options.get(key)
+        if found is None:
+            fields: dict[str, Any] = {"rootRank": root}
+            if kind is c10d.BroadcastOptions:
+                fields["rootTensor"] = 0
+            found = self._direct_options[key] = _build(kind, async_op, **fields)
+        return found
 
     @staticmethod
     def _process_group(group: Group) -> Any:
@@ -123,20 +144,24 @@ class DirectCalls(Backend):
         self, tensor: torch.Tensor, op: EngineOp, group: Group, async_op: bool = False
     ) -> Work | None:
         """Reduce ``tensor`` in place across ``group`` with ``op``."""
-        pg = self._process_group(group) if _plain(tensor) else None
+        pg = self._process_group(group) if type(tensor) in _PLAIN else None
         if pg is None:
             return super().all_reduce(tensor, op, group, async_op)
-        opts = _options(c10d.AllreduceOptions, async_op, reduceOp=self.torch_reduce_op(op))
+        if pg.size() == 1:
+            return None  # every op of one rank's tensor is that tensor
+        opts = self._reduce_options(c10d.AllreduceOptions, op, -1, async_op)
         return _finish(pg.allreduce([_wire(tensor)], opts), async_op)
 
     def broadcast(
         self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False
     ) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
-        pg = self._process_group(group) if _plain(tensor) else None
+        pg = self._process_group(group) if type(tensor) in _PLAIN else None
         if pg is None:
             return super().broadcast(tensor, src, group, async_op)
-        opts = _options(c10d.BroadcastOptions, async_op, rootRank=src, rootTensor=0)
+        if pg.size() == 1:
+            return None
+        opts = self._rooted_options(c10d.BroadcastOptions, src, async_op)
         return _finish(pg.broadcast([_wire(tensor)], opts), async_op)
 
     def all_gather_into_tensor(
@@ -146,9 +171,11 @@ class DirectCalls(Backend):
         pg = self._process_group(group) if _ALL_GATHER_SINGLE and _plain(output, tensor) else None
         if pg is None:
             return super().all_gather_into_tensor(output, tensor, group, async_op)
-        opts = _options(c10d.AllgatherOptions, async_op)
+        if pg.size() == 1:
+            output.copy_(tensor.reshape(output.shape))
+            return None
         call = getattr(pg, _ALL_GATHER_SINGLE)  # type: ignore[arg-type]
-        return _finish(call(_wire(output), _wire(tensor), opts), async_op)
+        return _finish(call(_wire(output), _wire(tensor), _ALLGATHER[async_op]), async_op)
 
     def all_to_all_single(
         self,
@@ -165,10 +192,16 @@ class DirectCalls(Backend):
             return super().all_to_all_single(
                 output, input, output_split_sizes, input_split_sizes, group, async_op
             )
-        opts = _options(c10d.AllToAllOptions, async_op)
+        if pg.size() == 1:
+            output.copy_(input.reshape(output.shape))
+            return None
         call = getattr(pg, _ALL_TO_ALL_SINGLE)  # type: ignore[arg-type]
         work = call(
-            _wire(output), _wire(input), output_split_sizes or [], input_split_sizes or [], opts
+            _wire(output),
+            _wire(input),
+            output_split_sizes or [],
+            input_split_sizes or [],
+            _ALLTOALL[async_op],
         )
         return _finish(work, async_op)
 
@@ -184,9 +217,13 @@ class DirectCalls(Backend):
         pg = self._process_group(group) if _plain(tensor, *(gather_list or ())) else None
         if pg is None:
             return super().gather(tensor, gather_list, dst, group, async_op)
+        if pg.size() == 1:
+            if gather_list:
+                gather_list[0].copy_(tensor.reshape(gather_list[0].shape))
+            return None
         # complex as its real pairs: torch.distributed's gather refuses complex tensors
         outputs = [[_wire(t) for t in gather_list]] if gather_list and pg.rank() == dst else []
-        opts = _options(c10d.GatherOptions, async_op, rootRank=dst)
+        opts = self._rooted_options(c10d.GatherOptions, dst, async_op)
         return _finish(pg.gather(outputs, [_wire(tensor)], opts), async_op)
 
     def scatter(
@@ -201,18 +238,40 @@ class DirectCalls(Backend):
         pg = self._process_group(group) if _plain(tensor, *(scatter_list or ())) else None
         if pg is None:
             return super().scatter(tensor, scatter_list, src, group, async_op)
+        if pg.size() == 1:
+            if scatter_list:
+                tensor.copy_(scatter_list[0].reshape(tensor.shape))
+            return None
         inputs = [[_wire(t) for t in scatter_list]] if scatter_list and pg.rank() == src else []
-        opts = _options(c10d.ScatterOptions, async_op, rootRank=src)
+        opts = self._rooted_options(c10d.ScatterOptions, src, async_op)
         return _finish(pg.scatter([_wire(tensor)], inputs, opts), async_op)
 
     def reduce(
         self, tensor: torch.Tensor, dst: int, op: EngineOp, group: Group, async_op: bool = False
     ) -> Work | None:
         """Reduce ``tensor`` across ``group`` with ``op`` into ``tensor`` on ``dst``."""
-        pg = self._process_group(group) if _plain(tensor) else None
+        pg = self._process_group(group) if type(tensor) in _PLAIN else None
         if pg is None:
             return super().reduce(tensor, dst, op, group, async_op)
-        opts = _options(
-            c10d.ReduceOptions, async_op, reduceOp=self.torch_reduce_op(op), rootRank=dst
-        )
+        if pg.size() == 1:
+            return None
+        opts = self._reduce_options(c10d.ReduceOptions, op, dst, async_op)
         return _finish(pg.reduce([_wire(tensor)], opts), async_op)
+
+    def send(
+        self, tensor: torch.Tensor, dst: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """Send ``tensor`` to rank ``dst`` of ``group`` (a group rank, as the group takes it)."""
+        pg = self._process_group(group) if type(tensor) in _PLAIN else None
+        if pg is None:
+            return super().send(tensor, dst, group, async_op, tag)
+        return WorkList([pg.send([_wire(tensor)], dst, tag)]).result(async_op)
+
+    def recv(
+        self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False, tag: int = 0
+    ) -> Work | None:
+        """Receive into ``tensor`` what rank ``src`` of ``group`` sends."""
+        pg = self._process_group(group) if type(tensor) in _PLAIN else None
+        if pg is None:
+            return super().recv(tensor, src, group, async_op, tag)
+        return WorkList([pg.recv([_wire(tensor)], src, tag)]).result(async_op)

@@ -144,8 +144,11 @@ class EngineGaps(Backend):
             False
         """
         limit = self.small_exchange_bytes
-        nbytes = tensor.numel() * tensor.element_size()
-        return limit is not None and 0 < nbytes * self.world_size(group) <= limit
+        if limit is None:
+            return False
+        world = self.world_size(group)
+        # a group of one exchanges nothing: its engine calls are the identity
+        return world > 1 and 0 < tensor.numel() * tensor.element_size() * world <= limit
 
     def gather_by_all_to_all(
         self, output: torch.Tensor, tensor: torch.Tensor, group: Group, async_op: bool = False

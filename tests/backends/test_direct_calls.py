@@ -80,3 +80,67 @@ def test_subgroup_ranks_are_group_ranks(world3):
     assert got[0] is None
     assert got[1] == ([1.0, 1.0], [])
     assert got[2] == ([1.0, 1.0], [[1.0], [2.0]])
+
+
+def _on_a_world_of_one(comm):
+    import torch.distributed as tdist
+
+    pg = tdist.group.WORLD
+    names = ("allreduce", "broadcast", "reduce", "gather", "scatter", "alltoall_base")
+    with mock.patch.multiple(  # any engine call fails the test
+        type(pg), **{n: mock.DEFAULT for n in names if hasattr(type(pg), n)}
+    ) as engine:
+        x = torch.tensor([1.0, 2.0])
+        comm.all_reduce(x, op="sum")
+        comm.all_reduce(x, op="max")
+        comm.broadcast(x, src=0)
+        comm.reduce(x, dst=0, op="product")
+        gathered = comm.all_gather(torch.tensor([3.0]))
+        out = torch.empty(1)
+        comm.all_gather_into_tensor(out, torch.tensor([4.0]))
+        called = [n for n, m in engine.items() if m.called]
+    return x.tolist(), [t.tolist() for t in gathered], out.tolist(), called
+
+
+def test_a_world_of_one_calls_no_engine(world):
+    if world.size != 1:
+        return
+    assert world.run(_on_a_world_of_one) == [([1.0, 2.0], [[3.0]], [4.0], [])]
+
+
+def test_option_objects_are_built_once_per_op_and_root():
+    import torch.distributed.distributed_c10d as c10d
+
+    from commlib_backends.gloo import GlooBackend
+
+    plugin = GlooBackend()
+    opts = plugin._reduce_options(c10d.AllreduceOptions, "max", -1, True)
+    assert opts is plugin._reduce_options(c10d.AllreduceOptions, "max", -1, True)
+    assert opts.reduceOp == c10d.ReduceOp.MAX
+    other = plugin._reduce_options(c10d.AllreduceOptions, "sum", -1, True)
+    assert other is not opts and other.reduceOp == c10d.ReduceOp.SUM
+    root = plugin._rooted_options(c10d.BroadcastOptions, 1, False)
+    assert (root.rootRank, root.rootTensor) == (1, 0)
+    assert root is plugin._rooted_options(c10d.BroadcastOptions, 1, False)
+    assert root is not plugin._rooted_options(c10d.BroadcastOptions, 0, False)
+
+
+def _on_direct_point_to_point(comm):
+    import torch.distributed as tdist
+
+    me = comm.rank
+    with (
+        mock.patch.object(tdist, "isend", wraps=tdist.isend) as isend,
+        mock.patch.object(tdist, "irecv", wraps=tdist.irecv) as irecv,
+    ):
+        x = torch.full((2,), float(me), dtype=torch.complex64)
+        if me == 0:
+            comm.send(x, dst=1)
+        elif me == 1:
+            comm.recv(x, src=0)
+        return x.tolist(), isend.call_count + irecv.call_count
+
+
+def test_point_to_point_calls_the_group_directly(world2):
+    sent, received = world2.run(_on_direct_point_to_point)
+    assert sent == ([0j, 0j], 0) and received == ([0j, 0j], 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from commlib._world import default_store
+from commlib._world import default_store, store_failed
 
 # how long a rank that timed out waits for the others' notes, to name them
 GRACE = 1.0
@@ -41,8 +41,8 @@ def record(group: Any, rank: int, seq: int, what: str, how: str) -> None:
         return
     try:
         store.set(f"{prefix}/{rank}", f"{seq}|{what}|{how}")
-    except Exception:  # the store may be what failed; the error still goes up
-        pass
+    except Exception as exc:  # the store may be what failed; the error still goes up
+        store_failed(exc)
 
 
 def missing_ranks(
@@ -83,7 +83,8 @@ def missing_ranks(
             else:
                 out[r] = f"{how} in {their_what} #{their_seq}"
         return out
-    except Exception:  # naming the ranks is a courtesy; the timeout error goes up regardless
+    except Exception as exc:  # naming the ranks is a courtesy; the timeout error goes up anyway
+        store_failed(exc)
         return {}
 
 
@@ -101,8 +102,8 @@ def announce_broken(group: Any, reason: str, timed_out: bool) -> None:
         return
     try:
         store.compare_set(f"{prefix}/broken", "", f"{int(timed_out)}|{reason}")
-    except Exception:  # the store may be what failed; each rank still finds out by itself
-        pass
+    except Exception as exc:  # the store may be what failed; each rank still finds out by itself
+        store_failed(exc)
 
 
 def broken_elsewhere(group: Any) -> tuple[str, bool] | None:
@@ -120,6 +121,7 @@ def broken_elsewhere(group: Any) -> tuple[str, bool] | None:
         if not store.check([key]):
             return None
         timed_out, _, reason = store.get(key).decode().partition("|")
-    except Exception:  # an unreachable store tells nothing; the call's own timeout still ends it
+    except Exception as exc:  # an unreachable store tells nothing; the call's timeout ends it
+        store_failed(exc)
         return None
     return reason, timed_out == "1"

@@ -51,6 +51,10 @@ class World:
         self.launch_warning_decided = False
         #: worlds (their WORLD groups, held weakly) this process left its process id in
         self.worlds_recorded: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: worlds whose store was found unreachable (its host died), and the error that
+        #: said so: asked no more, since each call on a dead store logs torch's C++
+        #: warning with its stack (20 lines)
+        self.stores_lost: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         #: set at interpreter exit: threads looking for a future's end stop looking
         self.exiting = threading.Event()
         # bound ``release`` methods of objects holding process groups, held weakly
@@ -74,6 +78,7 @@ class World:
         self._started_world = self._started_torch_backend = self._started_plugin = None
         self.launch_warning_decided = False
         self.worlds_recorded = weakref.WeakSet()
+        self.stores_lost = weakref.WeakKeyDictionary()
 
     # -- the communicator cache ----------------------------------------------------
     def forget_communicators(self) -> None:
@@ -188,7 +193,27 @@ def default_store() -> Any:
     """
     try:
         if dist.is_available() and dist.is_initialized():
+            if dist.group.WORLD in world.stores_lost:
+                return None
             return dist.distributed_c10d._get_default_store()
     except Exception:
         pass
     return None
+
+
+def store_failed(exc: BaseException) -> None:
+    """Note that a call on :func:`default_store` raised ``exc``; a lost connection ends its use.
+
+    From then on :func:`default_store` is ``None`` for this world: the
+    failure path (failure notes, the flight recorder's alarm, shrink) stops
+    asking a store whose host died, instead of logging torch's warning on
+    every look. A store that merely timed out stays in use.
+
+    Examples:
+        >>> store_failed(TimeoutError("wait timeout"))   # not a lost connection: kept
+    """
+    lost = getattr(dist, "DistNetworkError", ConnectionError)
+    if isinstance(exc, (lost, ConnectionError)) and dist.is_available() and dist.is_initialized():
+        group = dist.group.WORLD
+        if group is not None:
+            world.stores_lost.setdefault(group, f"{type(exc).__name__}: {exc}")

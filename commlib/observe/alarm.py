@@ -29,7 +29,7 @@ import warnings
 from types import FrameType
 from typing import Any
 
-from commlib._world import default_store
+from commlib._world import default_store, store_failed
 from commlib.observe.recorder import FlightRecorder
 
 _COUNTER = "commlib/trace/requests"
@@ -117,8 +117,8 @@ class Alarm:
                 if int(store.add(f"{_ACKS}{request}", 0)) >= world - 1:
                     return
                 time.sleep(0.05)
-        except Exception:  # the store may be what failed; the error still goes up
-            pass
+        except Exception as exc:  # the store may be what failed; the error still goes up
+            store_failed(exc)
 
     # -- the watcher -------------------------------------------------------------------
     def _watch(self) -> None:
@@ -147,9 +147,10 @@ class Alarm:
                 self._write(f"asked by {reason}")
                 for request in asked:
                     store.add(f"{_ACKS}{request}", 1)
-        except Exception:
+        except Exception as exc:
             # the store's host (rank 0 under env://) has exited: nothing to answer,
             # and each look would log torch's connection warning again
+            store_failed(exc)
             self._gone = store  # a group started again has another store: asked again
 
     def _write(self, reason: str) -> None:

@@ -16,7 +16,15 @@ Facts about failures (torch 2.13), and what follows from them:
   ``ProcessGroup.set_timeout``) or the peer closing its connection ends one;
 * ``Work.wait(timeout)`` only waits: ``interruptible_wait``;
 * gloo cannot shrink a group (``supports_shrinking`` is false): the default
-  ``shrink_group`` builds a new gloo group over the survivors through the store.
+  ``shrink_group`` builds a new gloo group over the survivors through the store;
+* gloo raises plain ``RuntimeError``: a timeout reads "Timed out waiting
+  3000ms for recv operation to complete" (an operation's own) or "Application
+  timeout caused pair closure" (a wait that gave up), a dead peer "[.../pair.cc:553]
+  Connection closed by peer [127.0.0.1]:5350. This is typically caused by ...
+  GLHF!". The address is the peer's gloo listener, which it published in the
+  group's store when the group connected (key ``<device>//<n>/<group rank>``,
+  a ``sockaddr`` per pair), its port printed byte-swapped (5350 is port
+  58900): ``failed_peer`` finds the rank there.
 
 Facts about speed (torch 2.13, 127.0.0.1, 2-4 ranks) and what follows:
 
@@ -39,7 +47,14 @@ Facts about speed (torch 2.13, 127.0.0.1, 2-4 ranks) and what follows:
 
 from __future__ import annotations
 
+import re
+import socket
+import struct
+import sys
+from typing import Any
+
 import torch
+import torch.distributed as dist
 
 from commlib.hookspecs import hookimpl
 from commlib_backends.direct_calls import DirectCalls
@@ -84,6 +99,128 @@ class GlooBackend(EngineGaps, DirectCalls):
             "all_to_all_single",
         }
     )
+
+    def is_timeout(self, exc: BaseException) -> bool:
+        """Whether gloo's ``exc`` says an operation or a wait ran out of time.
+
+        Args:
+            exc: what gloo (or torch around it) raised.
+
+        Returns:
+            ``True`` for gloo's timeouts and torch's store wait timeouts.
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo.is_timeout(RuntimeError(
+            ...     "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv"))
+            True
+            >>> gloo.is_timeout(RuntimeError("Connection closed by peer [127.0.0.1]:5350"))
+            False
+        """
+        return _GLOO_TIMEOUT.search(str(exc)) is not None or super().is_timeout(exc)
+
+    def describe_failure(self, exc: BaseException) -> str:
+        """gloo's message without its source location and its sign-off.
+
+        Args:
+            exc: what gloo raised.
+
+        Returns:
+            The message's first sentence, or the whole text when it has no
+            location to strip.
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo.describe_failure(RuntimeError(
+            ...     "[/src/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            ...     "[127.0.0.1]:5350. This is typically caused by a remote worker crashing."))
+            'Connection closed by peer [127.0.0.1]:5350'
+        """
+        text = str(exc)
+        located = _SOURCE_LOCATION.match(text)
+        if located is None:
+            return text
+        return text[located.end() :].split(". ", 1)[0].rstrip(".")
+
+    def failed_peer(self, exc: BaseException, group: Any) -> int | None:
+        """The rank of ``group`` whose gloo address ``exc`` names, read from the group's store.
+
+        Args:
+            exc: what gloo raised ("Connection closed by peer [host]:port", ...).
+            group: the gloo process group the call ran on.
+
+        Returns:
+            The group rank that published that address when the group
+            connected, or ``None`` when the message names no address or no
+            rank published it.
+
+        Examples:
+            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo.failed_peer(RuntimeError("Timed out waiting 3000ms"), None) is None
+            True
+        """
+        found = _PEER_ADDRESS.search(str(exc))
+        if found is None or group is None:
+            return None
+        pattern = _sockaddr_pattern(found.group(1), int(found.group(2)))
+        if pattern is None:
+            return None
+        store = _group_store(group)
+        for key, rank in _address_keys(store, dist.get_world_size(group)):
+            if pattern.search(store.get(key)) is not None:
+                return rank
+        return None
+
+
+# gloo's words for an operation (or a wait on it) that ran out of time
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting|Application timeout caused pair closure")
+# "[/path/to/gloo/transport/tcp/pair.cc:553] " before gloo's messages
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]*\.\w+:\d+\] ")
+# how gloo writes a peer's address: [127.0.0.1]:5350, [::1]:5350
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:(\d+)")
+# the store keys gloo's rendezvous publishes a rank's pair addresses under
+_ADDRESS_KEY = re.compile(r"[a-z]+//\d+/(\d+)")
+
+
+def _sockaddr_pattern(host: str, port: int) -> re.Pattern[bytes] | None:
+    """How ``host:port`` looks inside a ``sockaddr`` gloo published (family, port, address)."""
+    if not 0 <= port < 1 << 16:
+        return None
+    # gloo 2.13 prints the port as the sockaddr holds it, in network byte order read
+    # as a host number: the bytes are the printed number's in this machine's order
+    # (a gloo that prints it right: in network order)
+    ports = {port.to_bytes(2, sys.byteorder), port.to_bytes(2, "big")}
+    port_bytes = b"(?:" + b"|".join(re.escape(p) for p in sorted(ports)) + b")"
+    for family, flow in ((socket.AF_INET, b""), (socket.AF_INET6, b".{4}")):
+        try:
+            address = socket.inet_pton(family, host)
+        except OSError:
+            continue
+        # sockaddr_in: family, port, address; sockaddr_in6: family, port, flow info, address
+        head = re.escape(struct.pack("=H", family)) + port_bytes
+        return re.compile(head + flow + re.escape(address), re.DOTALL)
+    return None
+
+
+def _group_store(group: Any) -> Any:
+    """The store ``group``'s ranks connected through (torch's private table of groups)."""
+    return dist.distributed_c10d._world.pg_map[group][1]
+
+
+def _address_keys(store: Any, size: int) -> list[tuple[str, int]]:
+    """The keys (and their group ranks) under which the group's ranks published addresses."""
+    try:
+        keys = store.list_keys()
+    except (RuntimeError, AttributeError, NotImplementedError):
+        # a store that cannot list its keys: where torch 2.13 puts them for a CPU group
+        keys = [f"cpu//0/{rank}" for rank in range(size)]
+        keys = [key for key in keys if store.check([key])]
+    out = []
+    for key in keys:
+        matched = _ADDRESS_KEY.fullmatch(key)
+        if matched is not None and int(matched.group(1)) < size:
+            out.append((key, int(matched.group(1))))
+    return out
 
 
 @hookimpl

@@ -13,8 +13,12 @@ communicator's collectives share and nothing else:
   operation ends inside the engine too and the process can exit;
 * :meth:`Engine.map_errors`, the one place where what an engine raises
   (torch's ``DistError`` family, gloo's and NCCL's ``RuntimeError``) becomes a
-  commlib error: :class:`~commlib.errors.CommTimeoutError` naming the ranks
-  that held the call up, or :class:`~commlib.errors.CommError`;
+  commlib error, by type first (:mod:`commlib._error_map`), then by the
+  backend's reading of its own engine's text
+  (:meth:`~commlib.Backend.is_timeout`, :meth:`~commlib.Backend.failed_peer`):
+  :class:`~commlib.errors.CommTimeoutError` naming the ranks that held the
+  call up, or :class:`~commlib.errors.CommError` naming the rank whose
+  connection was lost where the backend can tell;
 * the group's health (:mod:`commlib._health`): the first engine failure marks
   the group broken, and every later call raises
   :class:`~commlib.errors.CommBrokenError` before anything is sent;
@@ -38,7 +42,9 @@ import torch
 import torch.distributed as dist
 
 from commlib import _failure_notes, _survivors, _waiting
+from commlib._error_map import Kind, kind_of
 from commlib._health import health_of
+from commlib._world import default_store, store_failed
 from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
@@ -56,6 +62,10 @@ POINT_TO_POINT = frozenset(
 # a wait that raised within this much of its limit ran out of time, whatever
 # the engine's message says
 _TIMEOUT_SLACK = 0.05
+
+
+# how long a failure looks for a peer process of this machine that ended
+_ENDED_GRACE = 0.5
 
 
 # the engine's own limit on an operation: a little after commlib's, so each
@@ -77,15 +87,6 @@ def engine_limit(limit: datetime.timedelta) -> datetime.timedelta:
     )
 
 
-def _looks_like_timeout(exc: BaseException, waited: float, limit: datetime.timedelta) -> bool:
-    text = str(exc).lower()
-    return (
-        "timed out" in text
-        or "timeout" in text
-        or waited >= limit.total_seconds() * (1 - _TIMEOUT_SLACK)
-    )
-
-
 class _MapErrors:
     """The context manager :meth:`Engine.map_errors` returns (a class: it runs on every call)."""
 
@@ -98,13 +99,17 @@ class _MapErrors:
         self.started = time.monotonic()
 
     def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:
-        # commlib's own errors pass through; torch's DistError family is RuntimeError too
-        if exc is None or isinstance(exc, CommError) or not isinstance(exc, RuntimeError):
+        if exc is None:
+            return
+        # by type (commlib._error_map): commlib's own errors and the caller's pass through
+        kind = kind_of(exc)
+        if kind is None:
             return
         waited = time.monotonic() - self.started
-        raise self.engine._translate(self.what, self.seq, self.limit, exc, waited) from exc
+        timed_out = self.engine._timed_out(exc, kind, waited, self.limit)
+        raise self.engine._translate(self.what, self.seq, self.limit, exc, timed_out) from exc
 
 
 class Pending:
@@ -197,12 +202,26 @@ class Engine:
         """
         return _MapErrors(self, what, seq, limit)
 
+    def _timed_out(
+        self, exc: BaseException, kind: Kind, waited: float, limit: datetime.timedelta
+    ) -> bool:
+        """Whether the failure ``exc`` (of ``kind``) is a timeout: by type, by time, by its text.
+
+        The text is the backend's to read (:meth:`~commlib.Backend.is_timeout`):
+        only it knows how its engine words a timeout.
+        """
+        return (
+            kind == "timeout"
+            or waited >= limit.total_seconds() * (1 - _TIMEOUT_SLACK)
+            or self.plugin.is_timeout(exc)
+        )
+
     def _translate(
-        self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, waited: float
+        self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, timed_out: bool
     ) -> CommError:
         if isinstance(exc, _waiting.PeerFailed):
             earlier: tuple[str, bool] | None = (exc.reason, exc.timed_out)
-        elif _looks_like_timeout(exc, waited, limit):
+        elif timed_out:
             earlier = None
         else:
             # a closed connection may be a peer that gave up or failed first: say why
@@ -221,7 +240,7 @@ class Engine:
                 error = CommError(
                     f"{what} failed on rank {self.rank}: another rank failed first: {text}"
                 )
-        elif _looks_like_timeout(exc, waited, limit):
+        elif timed_out:
             missing = _failure_notes.missing_ranks(
                 self.group, self.rank, self.world_size, seq, what
             )
@@ -233,13 +252,67 @@ class Engine:
             )
         else:
             _failure_notes.record(self.group, self.rank, seq, what, "failed")
-            error = CommError(f"{what} failed on rank {self.rank}: {exc}")
+            error = CommError(f"{what} failed on rank {self.rank}: {self._describe(exc)}")
         # the group's state is unknown now: a later call must not pair with this one
         if self.health.mark_broken(f"{what} #{seq}: {error}"):
             timed_out = isinstance(error, CommTimeoutError)
             _failure_notes.announce_broken(self.group, str(error), timed_out)
             self.plugin.abort(self.group)
         return error
+
+    def _describe(self, exc: BaseException) -> str:
+        """The engine's failure in words, naming the rank at fault where it can be told.
+
+        The backend may know the peer whose connection its engine lost
+        (:meth:`~commlib.Backend.failed_peer`); otherwise a rank of the group
+        whose process on this machine has ended is named. Only on the
+        failure path: the call path records nothing for it.
+        """
+        text = self.plugin.describe_failure(exc)
+        peer = self._failed_peer(exc)
+        if peer is not None:
+            return (
+                f"lost the connection to {self._rank_label(peer)}, which exited, crashed or "
+                f"gave up: see its output ({text})"
+            )
+        gone = self._ended_ranks()
+        if gone:
+            names = ", ".join(self._rank_label(r) for r in gone)
+            verb = "has" if len(gone) == 1 else "have"
+            return f"{names} {verb} exited (its process ended); see its output ({text})"
+        return text
+
+    def _ended_ranks(self) -> list[int]:
+        """The ranks of this group whose process on this machine ended (waiting a moment).
+
+        A peer killed a moment ago closes its connections before the kernel
+        reports its process as ended: look for up to :data:`_ENDED_GRACE`.
+        """
+        if self.group is None:
+            return []
+        try:
+            world_ranks = dist.get_process_group_ranks(self.group)
+        except Exception:  # a group torch cannot describe any more
+            return []
+        deadline = time.monotonic() + _ENDED_GRACE
+        while True:
+            gone = [r for r in _survivors.ended(world_ranks) if r != self.rank]
+            if gone or time.monotonic() >= deadline or default_store() is None:
+                return gone
+            time.sleep(0.05)
+
+    def _failed_peer(self, exc: BaseException) -> int | None:
+        """The rank of this group the backend says ``exc`` lost, if it can tell."""
+        if self.group is None or default_store() is None:
+            return None  # backends map addresses to ranks through the store: not a dead one
+        try:
+            peer = self.plugin.failed_peer(exc, self.group)
+        except Exception as lookup:  # naming the peer is a courtesy; the error goes up anyway
+            store_failed(lookup)
+            return None
+        if peer is None or peer == self.rank or not 0 <= peer < self.world_size:
+            return None
+        return peer
 
     def _rank_label(self, rank: int) -> str:
         """``rank 1``, or in a subgroup ``rank 1 (world rank 2)``: messages give both."""

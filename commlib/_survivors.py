@@ -65,8 +65,8 @@ def record_process() -> None:
     if where is not None and kv is not None:
         try:
             kv.set(f"commlib/proc/{dist.get_rank()}", f"{where} {os.getpid()}")
-        except Exception:  # only a shortcut for shrink; without it shrink waits
-            pass
+        except Exception as exc:  # only a shortcut for shrink; without it shrink waits
+            _world.store_failed(exc)
     _world.world.worlds_recorded.add(world)
 
 
@@ -88,8 +88,38 @@ def _dead_here(kv: Any, world_rank: int, seen: dict[int, str]) -> bool:
     return state in ("Z", "X")  # a zombie has ended; only its parent has not looked yet
 
 
+def ended(world_ranks: Sequence[int]) -> list[int]:
+    """Which of ``world_ranks`` (by index) are processes of this machine that have ended.
+
+    Read only on the failure path: the process ids ranks left in the store
+    (:func:`record_process`) and ``/proc``. A rank on another machine, or
+    one that left no id, is not counted.
+
+    Examples:
+        >>> ended([0, 1, 2])  # doctest: +SKIP
+        [2]
+    """
+    kv = store()
+    if kv is None:
+        return []
+    seen: dict[int, str] = {}
+    try:
+        return [i for i, world_rank in enumerate(world_ranks) if _dead_here(kv, world_rank, seen)]
+    except Exception as exc:  # the store is gone: nothing to tell by
+        _world.store_failed(exc)
+        return []
+
+
 def _ranks(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+def _store_gone(why: str) -> str:
+    return (
+        f"shrink: the store of the rendezvous cannot be reached ({why}). It lives in the "
+        "launcher's agent (torchrun) or in rank 0's process (env://); when that process is "
+        "gone the survivors cannot meet: restart the job"
+    )
 
 
 def agree(
@@ -113,6 +143,9 @@ def agree(
     """
     kv = store()
     if kv is None:
+        lost = _world.world.stores_lost.get(dist.group.WORLD) if dist.is_initialized() else None
+        if lost is not None:
+            raise CommError(_store_gone(lost))
         raise CommError("shrink: there is no store to meet the other ranks in")
     prefix = f"commlib/shrink/{name}"
     decision = f"{prefix}/decision"
@@ -140,11 +173,8 @@ def agree(
     except CommError:
         raise
     except Exception as exc:  # the store is gone: its host died (rank 0 with env://)
-        raise CommError(
-            f"shrink: the store of the rendezvous cannot be reached ({type(exc).__name__}: "
-            f"{exc}). It lives in the launcher's agent (torchrun) or in rank 0's process "
-            "(env://); when that process is gone the survivors cannot meet: restart the job"
-        ) from exc
+        _world.store_failed(exc)
+        raise CommError(_store_gone(f"{type(exc).__name__}: {exc}")) from exc
     if rank not in keep:
         raise CommError(
             f"shrink: rank {rank} was left out of the new group (ranks going on: {keep}): it "

@@ -551,6 +551,80 @@ class Backend:
         return self.batch_isend_irecv(requests, group, async_op)
 
     # -- failures and recovery -----------------------------------------------------
+    def is_timeout(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by this backend's engine, says an operation ran out of time.
+
+        Asked only on the failure path, and only where the exception's type
+        does not already tell (commlib reads torch's ``DistError`` family and
+        ``TimeoutError`` by type first, see :mod:`commlib._error_map`). A call
+        that failed after waiting its whole timeout counts as timed out
+        whatever this says. The default reads the words engines commonly use
+        ("timed out", "timeout"); a backend whose engine words it otherwise
+        overrides this, so the engine's wording lives in its backend only.
+
+        Args:
+            exc: what the engine raised (a ``RuntimeError`` or a subclass).
+
+        Returns:
+            ``True`` for a timeout (commlib raises
+            :class:`~commlib.errors.CommTimeoutError`), ``False`` for any
+            other failure (:class:`~commlib.errors.CommError`).
+
+        Examples:
+            >>> plugin = commlib.plugins.get_backend_plugin("single")
+            >>> plugin.is_timeout(RuntimeError("operation timed out after 30000ms"))
+            True
+            >>> plugin.is_timeout(RuntimeError("connection reset by peer"))
+            False
+        """
+        text = str(exc).lower()
+        return "timed out" in text or "timeout" in text
+
+    def describe_failure(self, exc: BaseException) -> str:
+        """The engine's failure ``exc`` in a few words, for a commlib error's message.
+
+        Asked only on the failure path. The default is the exception's text;
+        a backend whose engine adds source locations or boilerplate to its
+        messages overrides it to keep what a user needs.
+
+        Args:
+            exc: what the engine raised.
+
+        Returns:
+            One line of text; commlib puts it after the collective and rank.
+
+        Examples:
+            >>> plugin = commlib.plugins.get_backend_plugin("single")
+            >>> plugin.describe_failure(RuntimeError("connection reset by peer"))
+            'connection reset by peer'
+        """
+        return str(exc)
+
+    def failed_peer(self, exc: BaseException, group: Group) -> int | None:
+        """The rank of ``group`` whose connection the engine's failure ``exc`` says was lost.
+
+        Asked only on the failure path, so it may be slow (read the store,
+        parse the engine's text). commlib names that rank, and its world rank,
+        in the error every surviving rank raises. The default knows none: an
+        engine that names a peer only by its address overrides this to map
+        the address to a rank (the gloo backend reads the addresses gloo
+        published in the store at connection time).
+
+        Args:
+            exc: what the engine raised.
+            group: the process group the failed call ran on.
+
+        Returns:
+            The peer's rank in ``group``, or ``None`` when the failure names
+            no peer or the peer cannot be told.
+
+        Examples:
+            >>> plugin = commlib.plugins.get_backend_plugin("single")
+            >>> plugin.failed_peer(RuntimeError("connection reset by peer"), None) is None
+            True
+        """
+        return None
+
     def set_timeout(self, group: Group, timeout: datetime.timedelta) -> None:
         """Make the engine give up on ``group``'s operations issued from now on after ``timeout``.
 

@@ -105,6 +105,14 @@ def killed(comm: Communicator) -> None:
         comm.all_reduce(torch.ones(1 << 16))
 
 
+def killed_first(comm: Communicator) -> None:
+    """Row 6 again, rank 0 SIGKILLed: the others connected to it, and gloo names its address."""
+    if comm.rank == 0:
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    for _ in range(1_000_000):
+        comm.all_reduce(torch.ones(1 << 16))
+
+
 def store_host_dies(comm: Communicator) -> None:
     """Rank 0 holds the store (``env://``) and dies: shrink must say so, not hang."""
     if comm.rank == 0:
@@ -154,6 +162,7 @@ SCENARIOS = {
         stuck,
         retry,
         killed,
+        killed_first,
         store_host_dies,
         held_then_destroyed,
         held_at_exit,

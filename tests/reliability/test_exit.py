@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import subprocess
 import sys
 import time
@@ -89,6 +90,9 @@ def _run(scenario: str, world: int) -> list[dict]:
                 "returncode": p.returncode,
                 "ended_at": ended.get(r),
                 "stderr": stderr[-3000:],
+                # torch's C++ warnings: each call on a dead store logs one with its stack
+                "warnings": sum("[W" in line for line in stderr.splitlines()),
+                "stderr_lines": len(stderr.splitlines()),
             }
         )
     del store
@@ -198,6 +202,26 @@ def test_a_killed_rank_lets_every_survivor_raise_and_exit(world):
         (err,) = r["errors"]
         assert err["is_comm_error"], r
         assert err["seconds"] < TIMEOUT + 8, r
+        # the dead rank by its rank, not by gloo's address of it (the last rank connected
+        # to the others: they know its process ended, not its address)
+        last = world - 1
+        named = rf"lost the connection to rank {last}\b|rank {last} has exited"
+        assert re.search(named, err["message"]), r
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_killed_rank_0_is_named_too(world):
+    ranks = _run("killed_first", world)
+    _report("killed-first", ranks)
+    assert ranks[0]["returncode"] == -9 and not ranks[0]["errors"], ranks[0]
+    for r in ranks[1:]:
+        _ended_by_itself(r)
+        (err,) = r["errors"]
+        assert err["is_comm_error"], r
+        # by the gloo address in the message where it is rank 0's listener (read in the
+        # store), else by its process having ended: which side of a pair connects varies
+        named = r"lost the connection to rank 0, which exited|rank 0 has exited"
+        assert re.search(named, err["message"]), r
 
 
 @pytest.mark.parametrize("world", [3])
@@ -210,6 +234,8 @@ def test_shrink_says_when_the_store_died_with_rank_0(world):
         err = r["errors"][-1]
         assert err["error_type"] == "CommError", r
         assert "store" in err["message"] and "restart" in err["message"], r
+        # commlib stops asking a store that is gone: one warning, not one per look
+        assert r["warnings"] <= 2 and r["stderr_lines"] < 60, (r["warnings"], r["stderr"])
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,8 @@ class Engine:
         # costs microseconds a call
         self.kept: dict[str, Any] = {}
         self.on_cpu = plugin.device().type == "cpu"
+        # decided once: whether waits go in slices, watching for a failure announced
+        self._sliced = bool(plugin.interruptible_wait) and group is not None
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -339,7 +341,7 @@ class Engine:
 
     def _wait_work(self, work: Work, limit: datetime.timedelta) -> None:
         """``work.wait(limit)``, ended early when another rank announces the group broke."""
-        if self.plugin.interruptible_wait and self.group is not None:
+        if self._sliced:
             _waiting.wait_watching(work, limit, self.group)
         else:
             work.wait(limit)
@@ -400,12 +402,24 @@ class Engine:
             tensor([1., 1.])
         """
         limit = timeout or self.timeout
-        self.bound_engine_wait(limit)
-        # start and wait in one block: what the two steps do, for a call on the hot path
-        with self.map_errors(what, self._next(what), limit):
+        if self.health.engine_timeout != limit:
+            self.bound_engine_wait(limit)
+        seq = self._next(what)
+        # start and wait in one block, map_errors' work without its context manager
+        # on the way: a try costs nothing until something is raised
+        started = time.monotonic()
+        try:
             work = call(*args, group=self.group, async_op=True, **kwargs)
             if work is not None:
-                self._wait_work(work, limit)
+                if self._sliced:
+                    _waiting.wait_watching(work, limit, self.group)
+                else:
+                    work.wait(limit)
+        except BaseException as exc:
+            mapping = self.map_errors(what, seq, limit)
+            mapping.started = started
+            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            raise
 
     def submit(
         self,

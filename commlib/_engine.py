@@ -48,7 +48,7 @@ from commlib._world import default_store, store_failed
 from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
-from commlib.types import Group, Work
+from commlib.types import EngineOp, Group, Work
 
 #: what point-to-point calls name their engine calls: only the ranks involved make
 #: them, so they are numbered apart (:attr:`Engine.p2p_seq`) and the collectives'
@@ -165,6 +165,11 @@ class Engine:
         self.on_cpu = plugin.device().type == "cpu"
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
+        # the plugin's methods the typed calls make, bound once
+        self._all_reduce = plugin.all_reduce
+        self._broadcast = plugin.broadcast
+        self._send = plugin.send
+        self._recv = plugin.recv
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -453,6 +458,119 @@ class Engine:
         return Handle(
             lambda t: self.wait(pending, t or timeout), finish, pending.work, value=value
         )
+
+    # -- the hot collectives, one typed method each ------------------------------------
+    # What submit does, without the plugin's method passed in as a value nor its
+    # arguments packed: the plugin's bound methods are looked up once (__init__).
+    def _blocking(
+        self, what: str, limit: datetime.timedelta, call: Callable[[], Work | None]
+    ) -> None:
+        # the shared tail of a blocking call: run's steps, for a call already bound
+        if self.health.engine_timeout != limit:
+            self.bound_engine_wait(limit)
+        seq = self._next(what)
+        started = time.monotonic()
+        try:
+            work = call()
+            if work is not None:
+                if self._sliced:
+                    _waiting.wait_watching(work, limit, self.group)
+                else:
+                    work.wait(limit)
+        except BaseException as exc:
+            mapping = self.map_errors(what, seq, limit)
+            mapping.started = started
+            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: EngineOp,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """The plugin's all_reduce of ``tensor`` with ``op``, as :meth:`submit` runs a call.
+
+        Examples:
+            >>> t = torch.ones(2)
+            >>> engine.all_reduce(t, "sum")
+            >>> t
+            tensor([1., 1.])
+        """
+        if async_op:
+            return self.submit(
+                "all_reduce", self._all_reduce, tensor, op, finish=finish,
+                timeout=timeout, async_op=True, value=value,
+            )  # fmt: skip
+        group, call = self.group, self._all_reduce
+        self._blocking(
+            "all_reduce", timeout or self.timeout, lambda: call(tensor, op, group, True)
+        )
+        if finish is not None:
+            finish()
+        return None
+
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """The plugin's broadcast of ``src``'s ``tensor``, as :meth:`submit` runs a call.
+
+        Examples:
+            >>> t = torch.ones(2)
+            >>> engine.broadcast(t, 0)
+        """
+        if async_op:
+            return self.submit(
+                "broadcast", self._broadcast, tensor, src, finish=finish,
+                timeout=timeout, async_op=True, value=value,
+            )  # fmt: skip
+        group, call = self.group, self._broadcast
+        self._blocking(
+            "broadcast", timeout or self.timeout, lambda: call(tensor, src, group, True)
+        )
+        if finish is not None:
+            finish()
+        return None
+
+    def point_to_point(
+        self,
+        kind: str,
+        tensor: torch.Tensor,
+        peer: int,
+        tag: int,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """The plugin's send (``kind="send"``) or recv of ``tensor`` with ``peer``.
+
+        Examples:
+            >>> engine.point_to_point("send", torch.ones(2), 1, 0)  # 2 ranks  # doctest: +SKIP
+        """
+        call = self._send if kind == "send" else self._recv
+        if async_op:
+            return self.submit(
+                kind, call, tensor, peer, tag=tag, finish=finish,
+                timeout=timeout, async_op=True, value=value,
+            )  # fmt: skip
+        group = self.group
+        self._blocking(kind, timeout or self.timeout, lambda: call(tensor, peer, group, True, tag))
+        if finish is not None:
+            finish()
+        return None
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default).

@@ -607,9 +607,7 @@ class Communicator:
         if parts is not None:
             reduce_into(work_t, parts, engine_op)
             return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
-        return engine.submit(
-            "all_reduce",
-            self.plugin.all_reduce,
+        return engine.all_reduce(
             work_t,
             engine_op,
             finish=lambda: back(work_t, tensor, world),
@@ -817,9 +815,7 @@ class Communicator:
             if engine.rank != src:
                 work_t.copy_(parts[src])
             return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
-        return engine.submit(
-            "broadcast",
-            self.plugin.broadcast,
+        return engine.broadcast(
             work_t,
             src,
             finish=lambda: copy_back(work_t, tensor, world),
@@ -1299,13 +1295,11 @@ class Communicator:
         check.tag(tag)
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        call = self.plugin.send if kind == "send" else self.plugin.recv
-        return engine.submit(
+        return engine.point_to_point(
             kind,
-            call,
             work_t,
             peer,
-            tag=tag,
+            tag,
             finish=(lambda: copy_back(work_t, tensor, world)) if kind == "recv" else None,
             timeout=as_timedelta(timeout),
             async_op=async_op,

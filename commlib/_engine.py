@@ -251,6 +251,10 @@ class Engine:
             missing = _failure_notes.missing_ranks(
                 self.group, self.rank, self.world_size, seq, what
             )
+            if missing:  # a rank that did not arrive may be one that died: say so
+                for r in self._ended_ranks(grace=0.0):
+                    if r in missing:
+                        missing[r] += ": its process has exited"
             detail = "; ".join(f"{self._rank_label(r)}: {w}" for r, w in sorted(missing.items()))
             error = CommTimeoutError(
                 f"{what} did not complete within {limit.total_seconds():g}s on "
@@ -289,11 +293,11 @@ class Engine:
             return f"{names} {verb} exited (its process ended); see its output ({text})"
         return text
 
-    def _ended_ranks(self) -> list[int]:
+    def _ended_ranks(self, grace: float = _ENDED_GRACE) -> list[int]:
         """The ranks of this group whose process on this machine ended (waiting a moment).
 
         A peer killed a moment ago closes its connections before the kernel
-        reports its process as ended: look for up to :data:`_ENDED_GRACE`.
+        reports its process as ended: look again for up to ``grace`` seconds.
         """
         if self.group is None:
             return []
@@ -301,7 +305,7 @@ class Engine:
             world_ranks = dist.get_process_group_ranks(self.group)
         except Exception:  # a group torch cannot describe any more
             return []
-        deadline = time.monotonic() + _ENDED_GRACE
+        deadline = time.monotonic() + grace
         while True:
             gone = [r for r in _survivors.ended(world_ranks) if r != self.rank]
             if gone or time.monotonic() >= deadline or default_store() is None:

@@ -184,8 +184,8 @@ _ADDRESS_KEY = re.compile(r"[a-z]+//\d+/(\d+)")
 
 def _sockaddr_pattern(host: str, port: int) -> re.Pattern[bytes] | None:
     """How ``host:port`` looks inside a ``sockaddr`` gloo published (family, port, address)."""
-    if not 0 <= port < 1 << 16:
-        return None
+    if not 0 < port < 1 << 16:
+        return None  # no listener has port 0 (and its zeros would match padding)
     # gloo 2.13 prints the port as the sockaddr holds it, in network byte order read
     # as a host number: the bytes are the printed number's in this machine's order
     # (a gloo that prints it right: in network order)

@@ -9,6 +9,7 @@ first, by type; an engine's own wording only through its backend
 from __future__ import annotations
 
 import datetime
+import re
 import socket
 import struct
 import sys
@@ -225,6 +226,10 @@ def test_gloo_names_the_rank_whose_address_a_message_gives(monkeypatch, listable
     # and a gloo that prints the port right
     assert gloo.failed_peer(RuntimeError(CLOSED.replace("5350", "40765")), object()) == 2
     assert gloo.failed_peer(RuntimeError(CLOSED.replace("5350", "1")), object()) is None
+    assert (
+        gloo.failed_peer(RuntimeError(CLOSED.replace("127.0.0.1]:5350", "0.0.0.0]:0")), object())
+        is None
+    )
     assert gloo.failed_peer(RuntimeError("Timed out waiting 3000ms"), object()) is None
 
 
@@ -248,11 +253,14 @@ def _on_name_the_sender_of_own_address(comm):
     store = gloo_module._group_store(group)
     published = dict(gloo_module._address_keys(store, comm.world_size))
     key = next(k for k, r in published.items() if r == 0)
-    blob = store.get(key)
-    at = blob.index(struct.pack("=H", socket.AF_INET))
-    port = int.from_bytes(blob[at + 2 : at + 4], sys.byteorder)
-    host = socket.inet_ntop(socket.AF_INET, blob[at + 4 : at + 8])
-    text = f"[pair.cc:553] Connection closed by peer [{host}]:{port}. GLHF!"
+    # the ranks listen on 127.0.0.1: its sockaddr_in is family, port, address
+    found = re.search(
+        re.escape(struct.pack("=H", socket.AF_INET)) + rb"(..)\x7f\0\0\x01",
+        store.get(key),
+        re.DOTALL,
+    )
+    port = int.from_bytes(found.group(1), sys.byteorder)
+    text = f"[pair.cc:553] Connection closed by peer [127.0.0.1]:{port}. GLHF!"
     return GlooBackend().failed_peer(RuntimeError(text), group)
 
 

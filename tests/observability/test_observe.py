@@ -619,14 +619,14 @@ def test_the_watcher_stops_asking_a_store_that_is_gone(monkeypatch, tmp_path):
             raise RuntimeError("Connection was likely closed")
 
     store = GoneStore()
-    monkeypatch.setattr(alarm, "_store", lambda: store)
+    monkeypatch.setattr(alarm, "default_store", lambda: store)
     watcher = alarm.Alarm(FlightRecorder(directory=tmp_path))
     for _ in range(3):
         watcher._answer()
     assert store.asked == 1 and list(tmp_path.iterdir()) == []
     # the group started again (Fabric's teardown and setup): its new store is asked
     fresh = GoneStore()
-    monkeypatch.setattr(alarm, "_store", lambda: fresh)
+    monkeypatch.setattr(alarm, "default_store", lambda: fresh)
     watcher._answer()
     assert fresh.asked == 1
 

@@ -19,9 +19,8 @@ and received into one blob per sender) or ``"collective"`` (one padded
 all_gather / gather / broadcast). A payload with too many buffers for its
 table to fit the slot ("packed") first sends the table, then the segments.
 
-Segments are laid out with every buffer at a 16-byte aligned offset, in the
-slot and in the blob alike, so the receiver can view any dtype over them
-without a copy.
+The slot's wire format (header, statuses, the table, the aligned layout that
+lets the receiver view any dtype without a copy) is :mod:`commlib._slots`.
 
 Each protocol, ``*_steps``, is a generator of steps (:mod:`commlib._steps`):
 it runs blocking, or starts with ``async_op=True`` and finishes in its
@@ -33,19 +32,40 @@ point-to-point ``send_object_list`` / ``recv_object_list``
 
 from __future__ import annotations
 
-import mmap
-import struct
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from commlib import _validation as check
 from commlib._rooms import need_of, rooms_of
+from commlib._slots import (
+    ALL_GATHER,
+    BAD_ARGUMENT,
+    BROADCAST,
+    FAILED,
+    GATHER,
+    INLINE,
+    OP_CODES,
+    OP_NAMES,
+    PACKED,
+    PACKED_HEAD,
+    SLOT,
+    TABLE,
+    TABLE_HEAD,
+    Outgoing,
+    ReceivedSlots,
+    host_bytes,
+    landing,
+    layout,
+    messages,
+    prepare,
+    read_table,
+    root_field,
+    split_blob,
+)
 from commlib._steps import Steps, call, run
 from commlib.errors import DeserializationError, RemoteArgumentError, RemoteError
 from commlib.serialization import (
-    Payload,
     RefusedClassError,
     RefusedRemoteClassError,
     Serializer,
@@ -55,237 +75,20 @@ from commlib.serialization import (
 if TYPE_CHECKING:
     from commlib._engine import Engine
 
-# slot: status, collective, reserved, root (src/dst or -1), aux (list length), body length
-_SLOT = struct.Struct("<BBHiqQ")
-_META = struct.Struct("<QI")  # header length, number of buffers; then one u64 per buffer
-_PACKED = struct.Struct("<QQ")  # a packed payload's table length and blob length
-_ALIGN = 16  # the largest element size (complex128): any dtype can view an aligned buffer
-
-EMPTY, INLINE, TABLE, PACKED, FAILED, BAD_ARGUMENT = range(6)
-ALL_GATHER, GATHER, BROADCAST, SCATTER, SEND = 1, 2, 3, 4, 5
-OP_NAMES = {
-    ALL_GATHER: "all_gather_object",
-    GATHER: "gather_object",
-    BROADCAST: "broadcast_object_list",
-    SCATTER: "scatter_object_list",
-    SEND: "send_object_list",
-}
-
-# a collective's op in round one (broadcast_object is broadcast_object_list of one)
-_OP_CODES = {**{name: code for code, name in OP_NAMES.items()}, "broadcast_object": BROADCAST}
-
-# round two: buffers below SMALL are coalesced into messages of up to CAP bytes
-SMALL, CAP = 1 << 18, 1 << 20
 # a "p2p" backend's round two goes through one collective while every blob is below this
 # (on gloo a message costs a few milliseconds more than a collective round)
 P2P_MIN = 1 << 20
 
 
-def _layout(sizes: Sequence[int], start: int = 0) -> tuple[list[int], int]:
-    """Offsets of segments laid end to end from ``start`` (all but the first aligned), and the end.
+def round_one(engine: Engine, out: Outgoing, world: int) -> Steps[ReceivedSlots]:
+    """Round one: gather every rank's slot ``out`` (one ``all_gather_into_tensor``).
 
     Examples:
-        >>> _layout([5, 3, 8])
-        ([0, 16, 32], 40)
+        >>> from commlib._slots import ALL_GATHER, Outgoing
+        >>> slots = run(engine, round_one(engine, Outgoing(4096, ALL_GATHER, -1, 0), 1))
+        >>> len(slots.heads)
+        1
     """
-    offsets, pos = [], start
-    for i, n in enumerate(sizes):
-        if i:
-            pos = (pos + _ALIGN - 1) & -_ALIGN
-        offsets.append(pos)
-        pos += n
-    return offsets, pos
-
-
-def _meta(sizes: Sequence[int]) -> bytes:
-    count = len(sizes) - 1
-    return _META.pack(sizes[0], count) + struct.pack(f"<{count}Q", *sizes[1:])
-
-
-def _sizes(data: Any, pos: int = 0) -> list[int]:
-    """Segment sizes (header, then buffers) from a table at ``pos`` of ``data``."""
-    header_len, count = _META.unpack_from(data, pos)
-    return [header_len, *struct.unpack_from(f"<{count}Q", data, pos + _META.size)]
-
-
-def _coalesce(sizes: Sequence[int]) -> list[list[int]]:
-    """Group segment indices into messages: big segments alone, small ones together."""
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    cur_bytes = 0
-    for i, size in enumerate(sizes):
-        if size >= SMALL:
-            if cur:
-                groups.append(cur)
-                cur, cur_bytes = [], 0
-            groups.append([i])
-            continue
-        cur.append(i)
-        cur_bytes += size
-        if cur_bytes >= CAP:
-            groups.append(cur)
-            cur, cur_bytes = [], 0
-    if cur:
-        groups.append(cur)
-    return groups
-
-
-def _messages(sizes: Sequence[int]) -> list[tuple[int, int, list[int]]]:
-    """Round-two messages of a payload: (blob start, blob end, segment indices), none empty."""
-    offsets, _ = _layout(sizes)
-    out = []
-    for group in _coalesce(sizes):
-        start, end = offsets[group[0]], offsets[group[-1]] + sizes[group[-1]]
-        if end > start:
-            out.append((start, end, group))
-    return out
-
-
-# received blobs of at least this many host bytes land in memory mapped for huge pages
-HUGE = 4 << 20
-_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
-
-
-def landing(size: int, device: torch.device) -> torch.Tensor:
-    """An uninitialized 1-D uint8 tensor of ``size`` bytes to receive into, on ``device``.
-
-    A large one in host memory is its own anonymous mapping, advised to use
-    transparent huge pages where Linux offers them: the receive that fills it
-    then takes one page fault per 2 MiB instead of one per 4 KiB (on a VM,
-    faulting 64 MiB in 4 KiB pages cost about as much as moving it). The
-    tensor keeps the mapping alive; so do the arrays and tensors a serializer
-    builds over it, and the mapping is unmapped with the last of them.
-
-    Examples:
-        >>> landing(16, torch.device("cpu")).numel()
-        16
-    """
-    if device.type != "cpu" or size < HUGE or _MADV_HUGEPAGE is None:
-        return torch.empty(size, dtype=torch.uint8, device=device)
-    try:
-        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except (OSError, ValueError, AttributeError):
-        return torch.empty(size, dtype=torch.uint8, device=device)
-    try:
-        region.madvise(_MADV_HUGEPAGE)
-    except OSError:
-        pass  # a kernel without transparent huge pages: plain pages
-    return torch.frombuffer(region, dtype=torch.uint8)
-
-
-def _host(t: torch.Tensor) -> memoryview:
-    """The bytes of ``t`` (1-D uint8) in host memory."""
-    return (t if t.device.type == "cpu" else t.cpu()).contiguous().numpy().data
-
-
-class _Outgoing:
-    """A rank's slot for round one and, if needed, its segments for round two."""
-
-    def __init__(self, slot_size: int, op: int, root: int, aux: int):
-        self.slot = bytearray(slot_size)
-        self.head = (op, root, aux)
-        self.segments: list[torch.Tensor] = []  # header, then buffers
-        self.sizes: list[int] = []
-        self.meta = b""  # the table of a packed payload
-        self.error: BaseException | None = None  # what made a failed slot fail
-        self._seal(EMPTY, 0)
-
-    def _seal(self, status: int, body_len: int) -> None:
-        self.status = status
-        self.body_len = body_len
-        op, root, aux = self.head
-        _SLOT.pack_into(self.slot, 0, status, op, 0, root, aux, body_len)
-
-    def seal(self, status: int, body: Any) -> None:
-        """Put ``body`` after the slot's header, with ``status``."""
-        self._seal(status, self._put(_SLOT.size, body) - _SLOT.size)
-
-    def body(self) -> bytes:
-        """The slot's body (a failed slot's body is the error's text)."""
-        return bytes(self.slot[_SLOT.size : _SLOT.size + self.body_len])
-
-    def used(self) -> bytes:
-        """The slot's header and body, without the unused rest."""
-        return bytes(self.slot[: _SLOT.size + self.body_len])
-
-    def _put(self, pos: int, data: Any) -> int:
-        end = pos + len(data)
-        self.slot[pos:end] = data
-        return end
-
-    def fail(self, exc: BaseException, status: int = FAILED) -> None:
-        self.error = exc
-        room = len(self.slot) - _SLOT.size
-        text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:room]
-        self._seal(status, self._put(_SLOT.size, text) - _SLOT.size)
-
-    def payload(self, payload: Payload) -> None:
-        header, buffers = payload
-        for b in buffers:
-            if not isinstance(b, torch.Tensor) or b.dtype != torch.uint8 or b.dim() != 1:
-                raise TypeError("a serializer's buffers must be 1-D uint8 tensors")
-        sizes = [len(header), *(b.numel() for b in buffers)]
-        meta = _meta(sizes)
-        offsets, end = _layout(sizes, _SLOT.size + len(meta))
-        if end <= len(self.slot):
-            self._put(_SLOT.size, meta)
-            self._put(offsets[0], header)
-            for pos, b in zip(offsets[1:], buffers):
-                if b.numel():
-                    self._put(pos, _host(b))
-            self._seal(INLINE, end - _SLOT.size)
-            return
-        self.segments, self.sizes = [uint8_view(header), *buffers], sizes
-        if _SLOT.size + len(meta) <= len(self.slot):
-            self._seal(TABLE, self._put(_SLOT.size, meta) - _SLOT.size)
-        else:
-            self.meta = meta
-            body = _PACKED.pack(len(meta), _layout(sizes)[1])
-            self._seal(PACKED, self._put(_SLOT.size, body) - _SLOT.size)
-
-
-class _RoundOne:
-    """Every rank's slot, as gathered in round one (in host memory)."""
-
-    def __init__(self, host: torch.Tensor, raw: Any, slot_size: int, world: int):
-        self.host = host  # a CPU uint8 tensor over ``raw``
-        self.raw = memoryview(raw)
-        self.slot_size = slot_size
-        self.heads = [_SLOT.unpack_from(self.raw, r * slot_size) for r in range(world)]
-
-    def status(self, r: int) -> int:
-        return self.heads[r][0]
-
-    def body(self, r: int) -> memoryview:
-        start = r * self.slot_size + _SLOT.size
-        return self.raw[start : start + self.heads[r][5]]
-
-    def sizes(self, r: int) -> list[int]:
-        """The segment sizes in a TABLE slot."""
-        return _sizes(self.raw, r * self.slot_size + _SLOT.size)
-
-    def inline(self, r: int) -> tuple[memoryview, list[torch.Tensor]]:
-        """Header and buffers of an INLINE payload: views of the gathered slots."""
-        base = r * self.slot_size
-        sizes = _sizes(self.raw, base + _SLOT.size)
-        offsets, _ = _layout(sizes, _SLOT.size + _META.size + 8 * (len(sizes) - 1))
-        header = self.raw[base + offsets[0] : base + offsets[0] + sizes[0]]
-        buffers = [self.host[base + o : base + o + n] for o, n in zip(offsets[1:], sizes[1:])]
-        return header, buffers
-
-
-def read_slots(received: torch.Tensor, slot_size: int, count: int) -> _RoundOne:
-    """``count`` slots received in one uint8 tensor (on any device), readable here.
-
-    Examples:
-        >>> read_slots(torch.zeros(4096, dtype=torch.uint8), 4096, 1).status(0)
-        0
-    """
-    host = received if received.device.type == "cpu" else received.cpu()
-    return _RoundOne(host, host.numpy(), slot_size, count)
-
-
-def _round_one(engine: Engine, out: _Outgoing, world: int) -> Steps[_RoundOne]:
     size = len(out.slot)
     what = OP_NAMES[out.head[0]]
     mine = engine.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
@@ -294,11 +97,11 @@ def _round_one(engine: Engine, out: _Outgoing, world: int) -> Steps[_RoundOne]:
         raw: Any = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
         yield from call(engine, what, engine.plugin.all_gather_into_tensor, gathered, mine)
-        return _RoundOne(gathered, raw, size, world)
+        return ReceivedSlots(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
     yield from call(engine, what, engine.plugin.all_gather_into_tensor, gathered, mine)
     host = gathered.cpu()
-    return _RoundOne(host, host.numpy(), size, world)
+    return ReceivedSlots(host, host.numpy(), size, world)
 
 
 # what a slot of another protocol is (a checked tensor collective, all_gather's first
@@ -306,8 +109,13 @@ def _round_one(engine: Engine, out: _Outgoing, world: int) -> Steps[_RoundOne]:
 _OTHER = "another collective"
 
 
-def _agree(slots: _RoundOne, op: int) -> None:
-    """Raise on every rank if any rank failed or the ranks disagree."""
+def agree(slots: ReceivedSlots, op: int) -> None:
+    """Raise on every rank if any rank failed or the ranks disagree.
+
+    Examples:
+        >>> from commlib._slots import ALL_GATHER, read_slots
+        >>> agree(read_slots(torch.zeros(4096, dtype=torch.uint8), 4096, 1), ALL_GATHER)
+    """
     heads = slots.heads
     first = heads[0]
     if all(h[0] < FAILED and h[1] == first[1] and h[3:5] == first[3:5] for h in heads):
@@ -334,16 +142,21 @@ def _agree(slots: _RoundOne, op: int) -> None:
 
 
 # -- round two -------------------------------------------------------------------------
-def _outgoing_messages(engine: Engine, segments: list[torch.Tensor], sizes) -> list:
-    """The messages :func:`_messages` describes, on the backend's device.
+def outgoing_messages(engine: Engine, segments: list[torch.Tensor], sizes) -> list:
+    """The messages :func:`messages` describes, on the backend's device.
 
     A segment that is a message of its own is sent from its own memory; small
     ones are copied together (with their alignment padding).
+
+    Examples:
+        >>> segments = [torch.ones(10, dtype=torch.uint8), torch.ones(20, dtype=torch.uint8)]
+        >>> [m.numel() for m in outgoing_messages(engine, segments, [10, 20])]
+        [36]
     """
     to = engine.plugin.to_device
-    offsets, _ = _layout(sizes)
+    offsets, _ = layout(sizes)
     out = []
-    for start, end, group in _messages(sizes):
+    for start, end, group in messages(sizes):
         if len(group) == 1:
             out.append(to(segments[group[0]]).contiguous())
             continue
@@ -355,17 +168,23 @@ def _outgoing_messages(engine: Engine, segments: list[torch.Tensor], sizes) -> l
     return out
 
 
-def _blob(engine: Engine, segments: list[torch.Tensor], sizes, size: int) -> torch.Tensor:
-    """All segments at their offsets in one tensor of ``size`` bytes (zero padded)."""
+def pack_blob(engine: Engine, segments: list[torch.Tensor], sizes, size: int) -> torch.Tensor:
+    """All segments at their offsets in one tensor of ``size`` bytes (zero padded).
+
+    Examples:
+        >>> segments = [torch.ones(10, dtype=torch.uint8), torch.ones(20, dtype=torch.uint8)]
+        >>> int(pack_blob(engine, segments, [10, 20], 64).sum())
+        30
+    """
     device = engine.plugin.device()
-    offsets, _ = _layout(sizes)
+    offsets, _ = layout(sizes)
     if device.type == "cpu":
         # Python's memory copies: no tensor op per segment
         raw = bytearray(size)
         view = memoryview(raw)
         for pos, seg, n in zip(offsets, segments, sizes):
             if n:
-                view[pos : pos + n] = _host(seg)
+                view[pos : pos + n] = host_bytes(seg)
         return torch.frombuffer(raw, dtype=torch.uint8)
     blob = torch.zeros(size, dtype=torch.uint8, device=device)
     for pos, seg, n in zip(offsets, segments, sizes):
@@ -406,13 +225,13 @@ def transfer_p2p(
     recvs = []
     for sender, receiver in routes:
         if receiver == me:
-            blob = landing(_layout(sizes[sender])[1], dev)
+            blob = landing(layout(sizes[sender])[1], dev)
             blobs[sender] = blob
-            recvs += [(blob[start:end], sender) for start, end, _ in _messages(sizes[sender])]
+            recvs += [(blob[start:end], sender) for start, end, _ in messages(sizes[sender])]
     targets = [r for s, r in routes if s == me]
     sends = []
     if targets:
-        msgs = _outgoing_messages(engine, segments, sizes[me])
+        msgs = outgoing_messages(engine, segments, sizes[me])
         sends = [(m, r) for r in targets for m in msgs]
     yield from call(engine, what, engine.plugin.exchange, sends, recvs)
     return blobs
@@ -424,11 +243,11 @@ def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> 
     receivers = {r for _, r in routes}
     # every rank pads to the same size, so the caller gives every rank every
     # sender's sizes (not only those of the senders it receives from)
-    size = max(_layout(sizes[s])[1] for s in senders)
+    size = max(layout(sizes[s])[1] for s in senders)
 
     def mine() -> torch.Tensor:
         if me in senders:
-            return _blob(engine, segments, sizes[me], size)
+            return pack_blob(engine, segments, sizes[me], size)
         return torch.zeros(size, dtype=torch.uint8, device=dev)
 
     if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
@@ -451,7 +270,7 @@ def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> 
 
 
 def _round_two(
-    engine: Engine, out: _Outgoing, slots: _RoundOne, routes: list[tuple[int, int]]
+    engine: Engine, out: Outgoing, slots: ReceivedSlots, routes: list[tuple[int, int]]
 ) -> Steps[dict[int, tuple[Any, list[torch.Tensor]]]]:
     """Move the payloads that did not fit; returns sender -> (header, buffers) here."""
     me = engine.rank
@@ -462,43 +281,26 @@ def _round_two(
     transport = engine.plugin.large_payload_transport
     if transport == "p2p":
         # every rank reads the same slots, so every rank chooses the same way
-        blob_lengths = [_layout(sizes[s])[1] for s in sizes]
-        blob_lengths += [_PACKED.unpack_from(slots.body(s))[1] for s in packed]
+        blob_lengths = [layout(sizes[s])[1] for s in sizes]
+        blob_lengths += [PACKED_HEAD.unpack_from(slots.body(s))[1] for s in packed]
         if max(blob_lengths, default=0) < P2P_MIN:
             transport = "collective"
     if packed:
         # the tables that did not fit the slots go first, then the segments
         meta_routes = [(s, r) for s, r in routes if s in packed]
-        meta_sizes = {s: [_PACKED.unpack_from(slots.body(s))[0]] for s in packed}
+        meta_sizes = {s: [PACKED_HEAD.unpack_from(slots.body(s))[0]] for s in packed}
         mine = [uint8_view(out.meta)] if me in packed else []
         tables = yield from _transfer(engine, meta_routes, meta_sizes, mine, what, transport)
         for s, blob in tables.items():
-            sizes[s] = _sizes(_host(blob))
+            sizes[s] = read_table(host_bytes(blob))
         if me in packed:
             sizes[me] = out.sizes
         if transport != "p2p":
             # the collective transport pads to the largest blob: every rank needs it
             for s in packed:
-                sizes.setdefault(s, [0, _PACKED.unpack_from(slots.body(s))[1]])
+                sizes.setdefault(s, [0, PACKED_HEAD.unpack_from(slots.body(s))[1]])
     blobs = yield from _transfer(engine, routes, sizes, out.segments, what, transport)
     return {s: split_blob(blob, sizes[s]) for s, blob in blobs.items()}
-
-
-def split_blob(blob: torch.Tensor, sizes: Sequence[int]) -> tuple[Any, list[torch.Tensor]]:
-    """A received blob's header (host bytes) and buffers (views of the blob).
-
-    Examples:
-        >>> header, buffers = split_blob(torch.zeros(48, dtype=torch.uint8), [12, 20])
-        >>> len(header), [b.numel() for b in buffers]
-        (12, [20])
-    """
-    offsets, _ = _layout(sizes)
-    if blob.is_cpu:  # one view of the whole blob: no tensor op for the header
-        header = _host(blob)[offsets[0] : offsets[0] + sizes[0]]
-    else:
-        header = _host(blob[offsets[0] : offsets[0] + sizes[0]])
-    buffers = [blob[o : o + n] for o, n in zip(offsets[1:], sizes[1:])]
-    return header, buffers
 
 
 def load_payload(
@@ -521,47 +323,14 @@ def load_payload(
         ) from exc
 
 
-def _load(ser: Serializer, engine: Engine, slots: _RoundOne, received: dict, sender: int) -> Any:
+def _load(
+    ser: Serializer, engine: Engine, slots: ReceivedSlots, received: dict, sender: int
+) -> Any:
     if slots.status(sender) == INLINE:
         header, buffers = slots.inline(sender)
     else:
         header, buffers = received[sender]
     return load_payload(ser, engine.rank, sender, header, buffers)
-
-
-def _root_field(rank: Any) -> int:
-    """``src``/``dst`` as the slot's int32 field; anything invalid becomes -2.
-
-    The invalid value is reported by the argument check, not by ``struct``.
-    """
-    if isinstance(rank, int) and not isinstance(rank, bool) and -(2**31) <= rank < 2**31:
-        return rank
-    return -2
-
-
-def _prepare(
-    slot_size: int,
-    op: int,
-    root: int,
-    aux: int,
-    obj: Any,
-    ser: Serializer,
-    serialize: bool,
-    arg_check: Callable[[], object] | None = None,
-) -> _Outgoing:
-    out = _Outgoing(slot_size, op, root, aux)
-    try:
-        if arg_check is not None:
-            arg_check()
-    except (TypeError, ValueError) as exc:
-        out.fail(exc, BAD_ARGUMENT)
-        return out
-    if serialize:
-        try:
-            out.payload(ser.dumps(obj))
-        except Exception as exc:
-            out.fail(exc)
-    return out
 
 
 def refusal_steps(engine: Engine, what: str, error: BaseException, slot_size: int) -> Steps[None]:
@@ -576,30 +345,30 @@ def refusal_steps(engine: Engine, what: str, error: BaseException, slot_size: in
         >>> run(engine, refusal_steps(engine, "all_gather_object", ValueError("bad"), 4096))
         >>> # on 2 ranks, rank 1 in all_gather_object: RemoteArgumentError on both
     """
-    op = _OP_CODES[what]
-    out = _Outgoing(slot_size, op, -1, 0)
+    op = OP_CODES[what]
+    out = Outgoing(slot_size, op, -1, 0)
     out.fail(error, BAD_ARGUMENT)
-    slots = yield from _round_one(engine, out, engine.world_size)
+    slots = yield from round_one(engine, out, engine.world_size)
     ranks = range(engine.world_size)
     if all(slots.heads[r][:2] == (BAD_ARGUMENT, op) for r in ranks) and (
         len({bytes(slots.body(r)) for r in ranks}) == 1
     ):
         return
-    _agree(slots, op)
+    agree(slots, op)
 
 
-def _need(slots: _RoundOne, r: int) -> int:
+def _need(slots: ReceivedSlots, r: int) -> int:
     """Bytes rank ``r``'s payload needs in a slot (0: none, or too many buffers to count)."""
     status = slots.status(r)
     if status == INLINE:
-        return _SLOT.size + slots.heads[r][5]
+        return SLOT.size + slots.heads[r][5]
     if status == TABLE:
         sizes = slots.sizes(r)
-        return _layout(sizes, _SLOT.size + _META.size + 8 * (len(sizes) - 1))[1]
+        return layout(sizes, SLOT.size + TABLE_HEAD.size + 8 * (len(sizes) - 1))[1]
     return 0
 
 
-def _learn(engine: Engine, slots: _RoundOne, world: int) -> None:
+def _learn(engine: Engine, slots: ReceivedSlots, world: int) -> None:
     """Let the group's slot learn this call's payloads (the same slots on every rank).
 
     Only up to ``_rooms.PAD_UP_TO`` (128 KiB): the slot is the first round of
@@ -610,7 +379,7 @@ def _learn(engine: Engine, slots: _RoundOne, world: int) -> None:
     rooms_of(engine).learn(need_of(largest, everyone_needs_all=False), world)
 
 
-def _large(slots: _RoundOne, world: int) -> list[int]:
+def _large(slots: ReceivedSlots, world: int) -> list[int]:
     """Ranks whose payload needs round two."""
     return [r for r in range(world) if slots.heads[r][0] in (TABLE, PACKED)]
 
@@ -629,9 +398,9 @@ def all_gather_object_steps(
         >>> # on 2 ranks: [{'rank': 0}, {'rank': 1}]
     """
     world, me = engine.world_size, engine.rank
-    out = _prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
-    slots = yield from _round_one(engine, out, world)
-    _agree(slots, ALL_GATHER)
+    out = prepare(slot_size, ALL_GATHER, -1, 0, obj, ser, True)
+    slots = yield from round_one(engine, out, world)
+    agree(slots, ALL_GATHER)
     _learn(engine, slots, world)
     routes = [(s, r) for s in _large(slots, world) for r in range(world) if r != s]
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
@@ -651,12 +420,12 @@ def gather_object_steps(
         >>> # on 2 ranks: [0, 1] on rank 0, None on rank 1
     """
     world, me = engine.world_size, engine.rank
-    root = _root_field(dst)
-    out = _prepare(
+    root = root_field(dst)
+    out = prepare(
         slot_size, GATHER, root, 0, obj, ser, True, lambda: check.rank_in_range(dst, world, "dst")
     )
-    slots = yield from _round_one(engine, out, world)
-    _agree(slots, GATHER)
+    slots = yield from round_one(engine, out, world)
+    agree(slots, GATHER)
     _learn(engine, slots, world)
     routes = [(s, dst) for s in _large(slots, world) if s != dst]
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}
@@ -677,7 +446,7 @@ def broadcast_object_list_steps(
         [{'lr': 0.1}]
     """
     world, me = engine.world_size, engine.rank
-    root = _root_field(src)
+    root = root_field(src)
     is_list = isinstance(object_list, list)
 
     def arg_check() -> None:
@@ -688,9 +457,9 @@ def broadcast_object_list_steps(
         check.rank_in_range(src, world, "src")
 
     aux = len(object_list) if is_list else -1
-    out = _prepare(slot_size, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
-    slots = yield from _round_one(engine, out, world)
-    _agree(slots, BROADCAST)
+    out = prepare(slot_size, BROADCAST, root, aux, object_list, ser, me == root, arg_check)
+    slots = yield from round_one(engine, out, world)
+    agree(slots, BROADCAST)
     _learn(engine, slots, world)
     routes = [(src, r) for r in range(world) if r != src] if _large(slots, world) else []
     received = (yield from _round_two(engine, out, slots, routes)) if routes else {}

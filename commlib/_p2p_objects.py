@@ -1,7 +1,7 @@
 """Objects point to point: ``send_object_list`` and ``recv_object_list``.
 
 The sender's first message is one slot (the communicator's ``slot_size``, as
-in the object collectives, :mod:`commlib._objects`): its status, the list
+in the object collectives, :mod:`commlib._slots`): its status, the list
 length and, when it fits, the serialized list. A list that does not fit
 follows by send/recv: its table of segment sizes (first, when even that does
 not fit the slot), then the segments, large buffers straight from the
@@ -19,21 +19,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib._objects import (
-    _PACKED,
+    load_payload,
+    transfer_p2p,
+)
+from commlib._slots import (
     BAD_ARGUMENT,
     FAILED,
     INLINE,
     OP_NAMES,
     PACKED,
+    PACKED_HEAD,
     SEND,
     TABLE,
-    _host,
-    _prepare,
-    _sizes,
-    load_payload,
+    host_bytes,
+    prepare,
     read_slots,
+    read_table,
     split_blob,
-    transfer_p2p,
 )
 from commlib._steps import Steps, call
 from commlib.errors import CommError, RemoteArgumentError, RemoteError
@@ -69,7 +71,7 @@ def send_object_list_steps(
     """
     me = engine.rank
     length = len(objects) if isinstance(objects, list) else -1
-    out = _prepare(slot_size, SEND, me, length, objects, ser, True, lambda: _list_length(objects))
+    out = prepare(slot_size, SEND, me, length, objects, ser, True, lambda: _list_length(objects))
     slot = engine.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     yield from call(engine, WHAT, engine.plugin.send, slot, dst)
     if out.status in (FAILED, BAD_ARGUMENT):
@@ -111,9 +113,9 @@ def recv_object_list_steps(
         header, buffers = slots.inline(0)
     else:
         if status == PACKED:
-            table_len = _PACKED.unpack_from(slots.body(0))[0]
+            table_len = PACKED_HEAD.unpack_from(slots.body(0))[0]
             tables = yield from transfer_p2p(engine, [(src, me)], {src: [table_len]}, [], WHAT)
-            sizes = _sizes(_host(tables[src]))
+            sizes = read_table(host_bytes(tables[src]))
         elif status == TABLE:
             sizes = slots.sizes(0)
         else:

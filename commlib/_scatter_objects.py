@@ -1,8 +1,9 @@
 """``scatter_object_list``: ``src``'s ``i``-th object to rank ``i``, on the object slots.
 
-Round one is that of the other object collectives (:mod:`commlib._objects`):
-an all_gather of one slot per rank, so every rank's arguments and ``src``'s
-serialization are agreed on and a failure anywhere is raised by every rank.
+Round one is that of the other object collectives (:mod:`commlib._objects`,
+on the slots of :mod:`commlib._slots`): an all_gather of one slot per rank,
+so every rank's arguments and ``src``'s serialization are agreed on and a
+failure anywhere is raised by every rank.
 ``src`` serializes each object on its own into a slot of its own (a "part").
 When every part fits in ``src``'s round-one slot, the parts travel in it and
 the call completes in that one round. Otherwise round two scatters the parts
@@ -20,30 +21,33 @@ import torch
 
 from commlib import _validation as check
 from commlib._objects import (
-    _PACKED,
-    _SLOT,
+    agree,
+    load_payload,
+    outgoing_messages,
+    pack_blob,
+    round_one,
+    transfer_p2p,
+)
+from commlib._rooms import rooms_of
+from commlib._slots import (
+    ALIGN,
     BAD_ARGUMENT,
     EMPTY,
     INLINE,
     OP_NAMES,
     PACKED,
+    PACKED_HEAD,
     SCATTER,
+    SLOT,
     TABLE,
-    _agree,
-    _blob,
-    _host,
-    _layout,
-    _Outgoing,
-    _outgoing_messages,
-    _root_field,
-    _round_one,
-    _sizes,
-    load_payload,
+    Outgoing,
+    host_bytes,
+    layout,
     read_slots,
+    read_table,
+    root_field,
     split_blob,
-    transfer_p2p,
 )
-from commlib._rooms import rooms_of
 from commlib._steps import Steps, call
 from commlib.serialization import Serializer, uint8_view
 
@@ -53,20 +57,19 @@ if TYPE_CHECKING:
 WHAT = OP_NAMES[SCATTER]
 _INDEX = struct.Struct("<II")  # where one part lies in src's round-one body: offset, length
 _LARGEST = struct.Struct("<QQ")  # the largest table and the largest blob among the parts
-_ALIGN = 16
 
 
-def _pack(out: _Outgoing, parts: list[_Outgoing]) -> bool:
+def _pack(out: Outgoing, parts: list[Outgoing]) -> bool:
     """Put every part in ``out``'s body (an index, then the parts); False if they do not fit."""
     if any(p.status not in (INLINE, EMPTY) for p in parts):
         return False
     used = [p.used() for p in parts]
     body = bytearray(len(parts) * _INDEX.size)
     for i, part in enumerate(used):
-        body += bytes(-len(body) % _ALIGN)
+        body += bytes(-len(body) % ALIGN)
         _INDEX.pack_into(body, i * _INDEX.size, len(body), len(part))
         body += part
-    if _SLOT.size + len(body) > len(out.slot):
+    if SLOT.size + len(body) > len(out.slot):
         return False
     out.seal(INLINE, body)
     return True
@@ -82,17 +85,17 @@ def _unpack(slots: Any, src: int, me: int, slot_size: int) -> Any:
 
 
 def _prepare_src(
-    out: _Outgoing, objects: list[Any], me: int, ser: Serializer, slot_size: int
-) -> list[_Outgoing]:
+    out: Outgoing, objects: list[Any], me: int, ser: Serializer, slot_size: int
+) -> list[Outgoing]:
     """Serialize each object into a part; fill ``out`` with them or with their largest sizes."""
-    parts = [_Outgoing(slot_size, SCATTER, out.head[1], 0) for _ in objects]
+    parts = [Outgoing(slot_size, SCATTER, out.head[1], 0) for _ in objects]
     for r, obj in enumerate(objects):
         if r != me:  # src keeps its own object as it is
             parts[r].payload(ser.dumps(obj))
     if not _pack(out, parts):
         large = [p for p in parts if p.status in (TABLE, PACKED)]
         table = max((len(p.meta) for p in large), default=0)
-        blob = max((_layout(p.sizes)[1] for p in large), default=0)
+        blob = max((layout(p.sizes)[1] for p in large), default=0)
         out.seal(TABLE, _LARGEST.pack(table, blob))
     return parts
 
@@ -116,8 +119,8 @@ def scatter_object_list_steps(
         [{'shard': 0}]
     """
     world, me = engine.world_size, engine.rank
-    out = _Outgoing(slot_size, SCATTER, _root_field(src), 0)
-    parts: list[_Outgoing] = []
+    out = Outgoing(slot_size, SCATTER, root_field(src), 0)
+    parts: list[Outgoing] = []
     try:
         check_arguments(output_list, input_list, src, world, me)
     except (TypeError, ValueError) as exc:
@@ -128,8 +131,8 @@ def scatter_object_list_steps(
                 parts = _prepare_src(out, list(input_list), me, ser, slot_size)
             except Exception as exc:
                 out.fail(exc)
-    slots = yield from _round_one(engine, out, world)
-    _agree(slots, SCATTER)
+    slots = yield from round_one(engine, out, world)
+    agree(slots, SCATTER)
     rooms_of(engine).learn(0, world)  # each rank needs its part alone: padding only costs
     if me == src:
         output_list[0] = input_list[src]
@@ -177,7 +180,7 @@ def check_arguments(output_list: Any, input_list: Any, src: Any, world: int, me:
 
 
 def _rest_p2p(
-    engine: Engine, src: int, parts: list[_Outgoing], mine: torch.Tensor, slot_size: int
+    engine: Engine, src: int, parts: list[Outgoing], mine: torch.Tensor, slot_size: int
 ) -> Steps[Any]:
     """Parts that did not fit their slot, by send/recv from ``src``; (header, buffers) here."""
     me = engine.rank
@@ -190,7 +193,7 @@ def _rest_p2p(
             (msg, r)
             for r, p in enumerate(parts)
             if p.status in (TABLE, PACKED)
-            for msg in _outgoing_messages(engine, p.segments, p.sizes)
+            for msg in outgoing_messages(engine, p.segments, p.sizes)
         ]
         if sends:
             yield from call(engine, WHAT, engine.plugin.exchange, sends, [])
@@ -199,9 +202,9 @@ def _rest_p2p(
     if part.status(0) == INLINE:
         return part.inline(0)
     if part.status(0) == PACKED:
-        table_len = _PACKED.unpack_from(part.body(0))[0]
+        table_len = PACKED_HEAD.unpack_from(part.body(0))[0]
         tables = yield from transfer_p2p(engine, [(src, me)], {src: [table_len]}, [], WHAT)
-        sizes = _sizes(_host(tables[src]))
+        sizes = read_table(host_bytes(tables[src]))
     else:
         sizes = part.sizes(0)
     blobs = yield from transfer_p2p(engine, [(src, me)], {src: sizes}, [], WHAT)
@@ -211,7 +214,7 @@ def _rest_p2p(
 def _rest_collective(
     engine: Engine,
     src: int,
-    parts: list[_Outgoing],
+    parts: list[Outgoing],
     mine: torch.Tensor,
     slot_size: int,
     largest_table: int,
@@ -231,13 +234,13 @@ def _rest_collective(
                 t[: len(p.meta)].copy_(uint8_view(p.meta))
         yield from call(engine, WHAT, engine.plugin.scatter, table, sent, src)
         if status == PACKED:
-            sizes = _sizes(_host(table))
+            sizes = read_table(host_bytes(table))
     blob = torch.zeros(largest_blob, dtype=torch.uint8, device=dev)
     if largest_blob:  # else every part fitted a slot of its own
         blobs = None
         if me == src:
             blobs = [
-                _blob(engine, p.segments, p.sizes, largest_blob)
+                pack_blob(engine, p.segments, p.sizes, largest_blob)
                 if p.status in (TABLE, PACKED)
                 else torch.zeros_like(blob)
                 for p in parts

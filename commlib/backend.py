@@ -246,7 +246,7 @@ class Backend:
     def default_priority(self) -> int | None:
         """How strongly this backend claims the machine when the user names none.
 
-        :func:`commlib.plugins.default_backend` picks the available backend
+        :func:`commlib.plugins.backend_for_group` picks the available backend
         with the highest number; ``None`` never serves by default. The
         default: 0 for a backend that drives a torch backend (a CPU one
         such as gloo is the fallback), ``None`` for ``single``. Accelerator

@@ -26,7 +26,7 @@ def info(out=None) -> int:
         file=out,
     )
     try:
-        default = plugins.default_backend()
+        default = plugins.backend_for_group()
         line = f"default backend: {default.name} (torch backend {default.torch_backend}, "
         line += f"device {default.current_device()})"
     except Exception as exc:  # a machine with no working backend still gets its table

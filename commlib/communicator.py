@@ -195,7 +195,7 @@ class Communicator:
                     "(`commlib info` lists the backends and why)"
                 )
         elif not self._distributed:
-            plugin = plugins.get_backend_plugin("single")
+            plugin = plugins.resolve_backend("single")
         else:
             # a non-member cannot ask its group; the world's engine is the best answer
             torch_backend = torch_backend_name(group if self.is_member else None)

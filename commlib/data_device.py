@@ -42,7 +42,7 @@ def _serving(kind: str) -> list[Backend]:
     """Registered plugins for device type ``kind``, those that can run here first."""
     infos = [b for b in plugins.list_backends() if b.torch_backend and b.device_type == kind]
     infos.sort(key=lambda b: (not b.available, b.name))
-    return [plugins.get_backend_plugin(b.name) for b in infos]
+    return [plugins.resolve_backend(b.name) for b in infos]
 
 
 def _unavailable(device: Any, serving: list[Backend]) -> BackendUnavailableError:

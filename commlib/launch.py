@@ -42,14 +42,14 @@ _LAUNCHER_ENV = {
 def default_torch_backend() -> str:
     """The torch.distributed backend ``init_dist`` uses when none is named.
 
-    The plugins decide (:func:`commlib.plugins.default_backend`): an
+    The plugins decide (:func:`commlib.plugins.backend_for_group`): an
     accelerator backend whose device is visible, gloo otherwise.
 
     Examples:
         >>> default_torch_backend()      # on a CPU-only machine  # doctest: +SKIP
         'gloo'
     """
-    return str(plugins.default_backend().torch_backend)
+    return str(plugins.backend_for_group().torch_backend)
 
 
 def infer_launcher() -> str:
@@ -215,6 +215,6 @@ def _plugin(backend: str | Backend | None) -> Backend:
     if isinstance(backend, Backend):
         return backend
     if backend is None:
-        return plugins.default_backend()
+        return plugins.backend_for_group()
     # a plugin name, a torch backend ("nccl", "cpu:gloo,cuda:nccl") or a device ("npu")
     return plugins.resolve_backend(backend)

@@ -1,4 +1,4 @@
-"""The plugin manager: a backend name maps to an implementation.
+"""The backend registry: a backend name maps to an implementation.
 
 Built-in backends and third-party ones arrive the same way: every entry point
 of the ``commlib.backends`` group is loaded and asked for its backends through
@@ -10,17 +10,19 @@ another plugin offers too breaks nothing else: it becomes a row of
 :func:`list_backends` (and ``commlib info``) that says why, and an error only
 for whoever selects that backend.
 
-The same manager serves observers (plugins that implement the
-``commlib_collective_*`` hooks, :mod:`commlib.observe`): the built-in ones are
-registered into it when it starts, as the environment asks
-(``COMMLIB_TRACE_DIR``, ``COMMLIB_STATS``), and any change of registrations
-tells :mod:`commlib.observe.dispatch` to look for observers again.
+Two resolvers pick a backend: :func:`resolve_backend` from what a user
+names (a plugin, a torch backend or multi-device spec, a device type) and
+:func:`backend_for_group` for a process group's torch backend, or this
+machine's default when there is none.
+
+The pluggy manager and the entry points are :mod:`commlib._manager`; the same
+manager serves observers (plugins that implement the ``commlib_collective_*``
+hooks, :mod:`commlib.observe`), which notice a change of registrations by
+themselves: this module never calls them.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -29,16 +31,12 @@ import pluggy
 import torch
 import torch.distributed as dist
 
-from commlib import hookspecs
+from commlib import _manager, serialization
+from commlib._manager import lock as _lock
 from commlib.backend import Backend
 from commlib.errors import BackendUnavailableError
-from commlib.observe import builtin as builtin_observers
-from commlib.observe import dispatch as observers
+from commlib.observe.builtin import started_manager
 
-_lock = threading.RLock()
-_pm: pluggy.PluginManager | None = None
-_entry_point_owner: dict[int, str] = {}  # id(plugin object) -> "name (dist version)"
-_load_failures: dict[str, str] = {}  # entry point name -> why it did not load
 _registry: _Registry | None = None
 _runtime: dict[str, Backend] = {}
 
@@ -70,38 +68,8 @@ class _Registry:
     broken: dict[str, tuple[str, str]]  # name -> (owner, reason)
 
 
-def _distribution_label(ep: importlib.metadata.EntryPoint) -> str:
-    dist_ = getattr(ep, "dist", None)
-    if dist_ is None or dist_.metadata["name"] == "commlib":
-        return ep.name
-    return f"{ep.name} ({dist_.metadata['name']} {dist_.version})"
-
-
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    return list(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
-
-
-class _PluginManager(pluggy.PluginManager):
-    """pluggy's manager; a change of registrations makes commlib look for observers again."""
-
-    def register(self, plugin: object, name: str | None = None) -> str | None:
-        try:
-            return super().register(plugin, name)
-        finally:
-            observers.invalidate()
-
-    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        try:
-            gone = super().unregister(plugin, name)
-            # an observer disabled for raising starts afresh if registered again
-            observers.forget_disabled(gone)
-            return gone
-        finally:
-            observers.invalidate()
-
-
 def plugin_manager() -> pluggy.PluginManager:
-    """The process-wide pluggy manager, with the entry points that load registered.
+    """The process-wide pluggy manager: entry points and built-in observers registered.
 
     An entry point that fails to import is remembered (see
     :func:`list_backends`) instead of breaking the others.
@@ -113,25 +81,7 @@ def plugin_manager() -> pluggy.PluginManager:
         >>> pm.register(my_plugin_module)   # with a commlib_backends hook  # doctest: +SKIP
         >>> commlib.plugins.refresh()
     """
-    global _pm
-    with _lock:
-        if _pm is None:
-            pm = _PluginManager(hookspecs.PROJECT)
-            pm.add_hookspecs(hookspecs)
-            for ep in _entry_points():
-                if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
-                    continue
-                label = _distribution_label(ep)
-                try:
-                    plugin = ep.load()
-                    pm.register(plugin, name=ep.name)
-                except Exception as exc:  # one broken plugin must not break the others
-                    _load_failures[ep.name] = f"{label}: {type(exc).__name__}: {exc}"
-                    continue
-                _entry_point_owner[id(plugin)] = label
-            builtin_observers.register_from_env(pm)
-            _pm = pm
-        return _pm
+    return cast(pluggy.PluginManager, started_manager())
 
 
 def _instantiate(item: type[Backend] | Backend) -> Backend:
@@ -146,12 +96,12 @@ def _instantiate(item: type[Backend] | Backend) -> Backend:
 def _collect() -> _Registry:
     pm = plugin_manager()
     reg = _Registry({}, {}, {})
-    for name, reason in _load_failures.items():
+    for name, reason in _manager.load_failures().items():
         reg.broken[name] = (reason.split(":", 1)[0], f"plugin failed to load: {reason}")
     # pluggy calls hooks newest-registered first; walk the implementations
     # ourselves so that one failing hook, or a duplicate name, names its plugin
     for impl in pm.hook.commlib_backends.get_hookimpls():
-        owner = _entry_point_owner.get(id(impl.plugin)) or pm.get_name(impl.plugin) or "?"
+        owner = _manager.plugin_label(impl.plugin) or "?"
         try:
             items = cast(Iterable[Any], impl.function() or ())
             offered = [_instantiate(item) for item in items]
@@ -255,11 +205,49 @@ def _refuse_broken(name: str) -> None:
         raise BackendUnavailableError(f"backend {name!r} cannot be used: {broken[name][1]}")
 
 
-def get_backend_plugin(name: str) -> Backend:
-    """The registered backend called ``name``.
+def resolve_backend(name: str | torch.device) -> Backend:
+    """A plugin from a plugin name, a torch backend (or multi-device spec) or a device.
 
+    Tried in that order: a registered plugin called ``name``; the plugin serving
+    a process group of torch backend ``name`` (``"gloo"``, ``"cpu:gloo,cuda:nccl"``,
+    see :func:`backend_for_group`); the plugin for the device (type) ``name``
+    (``"cuda"``, ``"npu:1"``, ``torch.device("cpu")``): torch's own choice for
+    the device decides, else an available plugin whose ``device_type`` matches.
     A backend whose plugin is broken raises
     :class:`~commlib.errors.BackendUnavailableError` saying why.
+
+    Examples:
+        >>> resolve_backend("gloo").name, resolve_backend("cpu").name
+        ('gloo', 'gloo')
+        >>> resolve_backend("cpu:gloo,cuda:nccl").torch_backend
+        'cpu:gloo,cuda:nccl'
+        >>> resolve_backend("npu:1").name      # without torch_npu too
+        'hccl'
+    """
+    backends = _backends()
+    if not isinstance(name, str):
+        return _for_device(name)
+    if name in backends:
+        return backends[name]
+    _refuse_broken(name)
+    try:
+        return backend_for_group(name)
+    except ValueError:
+        pass
+    try:
+        return _for_device(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown commlib backend {name!r}: not a plugin, torch.distributed backend "
+            f"or device; registered: {sorted(backends)}"
+        ) from None
+
+
+def get_backend_plugin(name: str) -> Backend:
+    """The registered plugin called ``name`` (:func:`resolve_backend` looks it up first).
+
+    Kept for plugins written against it (the ``commlib-traced`` example wraps
+    the plugin it names): a name that is no plugin is an error here.
 
     Examples:
         >>> get_backend_plugin("gloo").torch_backend
@@ -272,16 +260,48 @@ def get_backend_plugin(name: str) -> Backend:
     raise ValueError(f"unknown commlib backend {name!r}; registered: {sorted(backends)}")
 
 
-def backend_for_torch(torch_backend: str) -> Backend:
-    """The plugin that drives torch.distributed backend ``torch_backend``.
+def backend_for_group(torch_backend: str | None = None) -> Backend:
+    """The plugin serving a process group started with ``torch_backend``; None: the default.
 
-    A plugin whose own name equals ``torch_backend`` wins over others that
-    drive the same engine (e.g. a tracing wrapper around gloo).
+    A plugin whose own name equals the torch backend wins over others that
+    drive the same engine (e.g. a tracing wrapper around gloo). A multi-device
+    spec (``"cpu:gloo,cuda:nccl"``) is served by the plugin of its accelerator
+    part, which decides through :meth:`Backend.for_group` how to use the CPU
+    part. Without a torch backend, the backend for this machine: each
+    available backend says how strongly it claims the machine
+    (:meth:`Backend.default_priority`: an accelerator whose device is visible
+    above gloo); the highest wins, and among equals the one whose name is the
+    torch backend it drives (gloo over a wrapper of gloo), then by name.
 
     Examples:
-        >>> backend_for_torch("gloo").name
+        >>> backend_for_group("cpu:gloo,cuda:nccl").name
+        'nccl'
+        >>> backend_for_group("gloo").name
+        'gloo'
+        >>> backend_for_group().name        # a machine without accelerators  # doctest: +SKIP
         'gloo'
     """
+    if torch_backend is None:
+        return _default()
+    if "," not in torch_backend and ":" not in torch_backend:
+        return _driver(torch_backend).for_group(torch_backend)
+    pairs = [part.split(":", 1) for part in torch_backend.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"not a device:backend list: {torch_backend!r}")
+    ordered = [b for d, b in pairs if d != "cpu"] + [b for d, b in pairs if d == "cpu"]
+    for name in ordered:
+        try:
+            return _driver(name).for_group(torch_backend)
+        except ValueError:
+            continue
+    raise ValueError(
+        f"no commlib backend drives any part of {torch_backend!r}; "
+        f"registered: {sorted(_backends())}"
+    )
+
+
+def _driver(torch_backend: str) -> Backend:
+    """The plugin that drives torch.distributed backend ``torch_backend`` (its name's first)."""
     backends = _backends()
     if torch_backend in backends and backends[torch_backend].torch_backend == torch_backend:
         return backends[torch_backend]
@@ -295,46 +315,8 @@ def backend_for_torch(torch_backend: str) -> Backend:
     )
 
 
-def backend_for_group(torch_backend: str) -> Backend:
-    """The plugin serving a process group started with ``torch_backend``.
-
-    A multi-device spec (``"cpu:gloo,cuda:nccl"``) is served by the plugin of
-    its accelerator part, which decides through :meth:`Backend.for_group` how
-    to use the CPU part.
-
-    Examples:
-        >>> backend_for_group("cpu:gloo,cuda:nccl").name
-        'nccl'
-    """
-    if "," not in torch_backend and ":" not in torch_backend:
-        return backend_for_torch(torch_backend).for_group(torch_backend)
-    pairs = [part.split(":", 1) for part in torch_backend.split(",")]
-    if any(len(p) != 2 for p in pairs):
-        raise ValueError(f"not a device:backend list: {torch_backend!r}")
-    ordered = [b for d, b in pairs if d != "cpu"] + [b for d, b in pairs if d == "cpu"]
-    for name in ordered:
-        try:
-            return backend_for_torch(name).for_group(torch_backend)
-        except ValueError:
-            continue
-    raise ValueError(
-        f"no commlib backend drives any part of {torch_backend!r}; "
-        f"registered: {sorted(_backends())}"
-    )
-
-
-def backend_for_device(device: Any) -> Backend:
-    """The plugin for ``device`` (``"cuda"``, ``torch.device("npu", 1)``, ...).
-
-    torch's own choice (``torch.distributed.get_default_backend_for_device``)
-    decides; without it, an available plugin whose ``device_type`` matches.
-
-    Examples:
-        >>> backend_for_device("cpu").name
-        'gloo'
-        >>> backend_for_device("npu:1").name      # without torch_npu too
-        'hccl'
-    """
+def _for_device(device: Any) -> Backend:
+    """The plugin for ``device``: torch's choice, else an available plugin of its type."""
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError):
@@ -359,18 +341,8 @@ def backend_for_device(device: Any) -> Backend:
     raise ValueError(f"no commlib backend serves device type {kind!r}")
 
 
-def default_backend() -> Backend:
-    """The backend for this machine when the user names none.
-
-    Each available backend says how strongly it claims the machine
-    (:meth:`Backend.default_priority`: an accelerator whose device is visible
-    above gloo); the highest wins, and among equals the one whose name is the
-    torch backend it drives (gloo over a wrapper of gloo), then by name.
-
-    Examples:
-        >>> default_backend().name        # a machine without accelerators  # doctest: +SKIP
-        'gloo'
-    """
+def _default() -> Backend:
+    """The backend for this machine when the user names none (see :func:`backend_for_group`)."""
     ranked = []
     for name, backend in _backends().items():
         try:
@@ -385,15 +357,8 @@ def default_backend() -> Backend:
     return min(ranked, key=lambda r: r[:3])[3]
 
 
-def backend_serving(device_type: str) -> Backend | None:
-    """The available backend whose device is ``device_type``, if any.
-
-    Examples:
-        >>> backend_serving("cpu").name
-        'gloo'
-        >>> backend_serving("xpu") is None
-        True
-    """
+def _serving(device_type: str) -> Backend | None:
+    """The available backend whose device is ``device_type``, if any."""
     matches = [b for b in _backends().values() if b.device_type == device_type and b.torch_backend]
     matches.sort(key=lambda b: b.name != b.torch_backend)
     for backend in matches:
@@ -405,30 +370,14 @@ def backend_serving(device_type: str) -> Backend | None:
     return None
 
 
-def resolve_backend(name: str) -> Backend:
-    """A plugin from a plugin name, a torch backend (or multi-device spec) or a device type.
+def _current_device(device_type: str) -> torch.device | None:
+    backend = _serving(device_type)
+    return None if backend is None else backend.current_device()
 
-    Examples:
-        >>> resolve_backend("gloo").name, resolve_backend("cpu").name
-        ('gloo', 'gloo')
-        >>> resolve_backend("cpu:gloo,cuda:nccl").torch_backend
-        'cpu:gloo,cuda:nccl'
-    """
-    backends = _backends()
-    if name in backends:
-        return backends[name]
-    _refuse_broken(name)
-    try:
-        return backend_for_group(name)
-    except ValueError:
-        pass
-    try:
-        return backend_for_device(name)
-    except ValueError:
-        raise ValueError(
-            f"unknown commlib backend {name!r}: not a plugin, torch.distributed backend "
-            f"or device; registered: {sorted(backends)}"
-        ) from None
+
+# the receiver's device for a tensor arriving for ``device_type``: the backend serving it
+# knows which one is current (serialization asks through this, never importing the registry)
+serialization.set_current_device_lookup(_current_device)
 
 
 def list_backends() -> list[BackendInfo]:
@@ -480,18 +429,51 @@ def list_observers() -> list[str]:
         for impl in caller.get_hookimpls():
             if id(impl.plugin) not in seen:
                 seen.add(id(impl.plugin))
-                name = _entry_point_owner.get(id(impl.plugin)) or pm.get_name(impl.plugin)
+                name = _manager.plugin_label(impl.plugin)
                 if not name or name == str(id(impl.plugin)):  # registered without a name
                     name = type(impl.plugin).__name__
                 names.append(name)
     return names
 
 
-def _reset_for_tests(pm: Any = None) -> None:
-    global _pm, _registry
+@dataclass(frozen=True)
+class RegistryState:
+    """What :func:`saved_state` keeps: the plugins' backends and those added at run time.
+
+    ``runtime`` is name -> instance of every :func:`register_backend` backend.
+    """
+
+    registry: Any
+    runtime: dict[str, Backend]
+
+
+def saved_state() -> RegistryState:
+    """The registry as it is now, to put back with :func:`restore_state` (for tests).
+
+    Examples:
+        >>> state = saved_state()
+        >>> refresh()                       # the next lookup makes new plugin instances
+        >>> restore_state(state)            # the same instances again
+        >>> get_backend_plugin("gloo") is state.registry.backends["gloo"]
+        True
+    """
     with _lock:
-        _pm, _registry = pm, None
-        observers.invalidate()
+        return RegistryState(_current(), dict(_runtime))
+
+
+def restore_state(state: RegistryState) -> None:
+    """Put back the registry :func:`saved_state` returned: its backends and its run-time ones.
+
+    Examples:
+        >>> state = saved_state()
+        >>> gloo = type(get_backend_plugin("gloo"))
+        >>> _ = register_backend(type("Scratch", (gloo,), {"name": "scratch"}))
+        >>> restore_state(state)
+        >>> "scratch" in {b.name for b in list_backends()}
+        False
+    """
+    global _registry
+    with _lock:
+        _registry = state.registry
         _runtime.clear()
-        _load_failures.clear()
-        _entry_point_owner.clear()
+        _runtime.update(state.runtime)

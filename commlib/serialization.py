@@ -29,7 +29,7 @@ import io
 import pickle
 import struct
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -170,6 +170,24 @@ def _dense_strides(shape: Sequence[int], stride: Sequence[int]) -> bool:
     return True
 
 
+_current_device_lookup: Callable[[str], torch.device | None] | None = None
+
+
+def set_current_device_lookup(lookup: Callable[[str], torch.device | None]) -> None:
+    """Say how :func:`landing_device` finds the current device of a device type.
+
+    ``lookup(device_type)`` returns the device the backend serving that type
+    calls current, or None when no backend serves it. The backend registry
+    sets it when it is imported (this module never imports the registry,
+    which imports the backends, which import this module).
+
+    Examples:
+        >>> set_current_device_lookup(lambda device_type: None)   # doctest: +SKIP
+    """
+    global _current_device_lookup
+    _current_device_lookup = lookup
+
+
 def landing_device(device_type: str) -> torch.device:
     """The receiver's current device of ``device_type`` (never the sender's index).
 
@@ -184,11 +202,11 @@ def landing_device(device_type: str) -> torch.device:
     """
     if device_type == "cpu":
         return torch.device("cpu")
-    from commlib import plugins  # the registry imports backends, which import this module
-
-    backend = plugins.backend_serving(device_type)
-    if backend is not None:
-        return backend.current_device()
+    # set by commlib.plugins, which ``import commlib`` imports before this is called
+    lookup = _current_device_lookup
+    found = lookup(device_type) if lookup is not None else None
+    if found is not None:
+        return found
     try:
         module = torch.get_device_module(device_type)
         return torch.device(device_type, module.current_device())

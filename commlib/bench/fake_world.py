@@ -44,7 +44,7 @@ def dispatch_plugin(base: Backend) -> Backend:
     (``"<base>@fake"``) and its size-based engine-path choices differ.
 
     Examples:
-        >>> base = commlib.plugins.default_backend()
+        >>> base = commlib.plugins.backend_for_group()
         >>> plugin = dispatch_plugin(base)
         >>> plugin.name == f"{base.name}@fake", plugin.torch_backend
         (True, 'fake')
@@ -85,7 +85,7 @@ def fake_world(world_size: int, plugin: Backend) -> Iterator[Communicator]:
     for the rest of the process.
 
     Examples:
-        >>> plugin = dispatch_plugin(commlib.plugins.default_backend())
+        >>> plugin = dispatch_plugin(commlib.plugins.backend_for_group())
         >>> with fake_world(8, plugin) as comm:  # doctest: +SKIP
         ...     comm.world_size, comm.rank, comm.checks
         (8, 0, 'off')

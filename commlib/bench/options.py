@@ -211,13 +211,10 @@ def backend_plugin(name: str | None) -> Backend:
     from commlib import plugins
 
     if name is None:
-        plugin = plugins.default_backend()
+        plugin = plugins.backend_for_group()
         name = plugin.name
     else:
-        try:
-            plugin = plugins.get_backend_plugin(name)
-        except ValueError:
-            plugin = plugins.backend_for_torch(name)  # its ValueError lists what is registered
+        plugin = plugins.resolve_backend(name)  # its ValueError lists what is registered
     if plugin.torch_backend is None:
         raise ValueError(f"backend {name!r} runs without a process group: nothing to compare")
     reason = plugin.unavailable_reason()

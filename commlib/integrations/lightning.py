@@ -45,7 +45,7 @@ from commlib.functional import (
     set_default_communicator,
 )
 from commlib.integrations._clients import require
-from commlib.plugins import default_backend, resolve_backend
+from commlib.plugins import backend_for_group, resolve_backend
 from commlib.types import ReduceOp
 
 # what TorchCollective passes on to torch.distributed.new_group that commlib takes
@@ -461,7 +461,7 @@ class CommlibCollective:
             ...                              world_size=2, rank=rank)   # doctest: +SKIP
         """
         backend = kwargs.pop("backend", None)
-        plugin = default_backend() if backend is None else resolve_backend(backend)
+        plugin = backend_for_group() if backend is None else resolve_backend(backend)
         plugin.init_process_group(**kwargs)
         _destroy_at_exit()
         set_default_communicator(Communicator(backend=plugin))

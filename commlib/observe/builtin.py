@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from commlib import _manager
 from commlib.observe.alarm import Alarm
 from commlib.observe.recorder import DEFAULT_CAPACITY, FlightRecorder
 from commlib.observe.stats import CollectiveStats
@@ -33,12 +34,30 @@ _alarm: Alarm | None = None
 _stats: CollectiveStats | None = None
 
 
-def _manager(pm: Any) -> Any:
-    if pm is not None:
-        return pm
-    from commlib import plugins  # the manager imports this module when it starts
+_env_registered_at_start = 0  # the manager start whose environment was read
 
-    return plugins.plugin_manager()
+
+def started_manager() -> Any:
+    """The plugin manager, with the built-in observers the environment asks for registered.
+
+    The environment (``COMMLIB_TRACE_DIR``, ``COMMLIB_STATS``) is read once per
+    manager start: the manager itself knows nothing of observers.
+
+    Examples:
+        >>> started_manager().get_plugin("gloo") is not None
+        True
+    """
+    global _env_registered_at_start
+    pm = _manager.plugin_manager()
+    with _manager.lock:
+        if _env_registered_at_start != _manager.registrations.starts:
+            _env_registered_at_start = _manager.registrations.starts
+            register_from_env(pm)
+    return pm
+
+
+def _manager_of(pm: Any) -> Any:
+    return started_manager() if pm is None else pm
 
 
 def _register(pm: Any, plugin: Any, name: str) -> None:
@@ -100,7 +119,7 @@ def enable_flight_recorder(
     if _recorder.directory is not None and _alarm is None:
         _alarm = Alarm(_recorder)
         _alarm.arm()
-    _register(_manager(pm), _recorder, RECORDER_NAME)
+    _register(_manager_of(pm), _recorder, RECORDER_NAME)
     return _recorder
 
 
@@ -111,7 +130,7 @@ def disable_flight_recorder(pm: Any = None) -> None:
         >>> from commlib.observe import disable_flight_recorder
         >>> disable_flight_recorder()
     """
-    manager = _manager(pm)
+    manager = _manager_of(pm)
     if _recorder is not None and manager.is_registered(_recorder):
         manager.unregister(_recorder)
 
@@ -165,7 +184,7 @@ def enable_stats(destination: str | None = "1", *, pm: Any = None) -> Collective
         _stats = CollectiveStats()
         if destination:
             atexit.register(_report_stats, _stats, destination)
-    _register(_manager(pm), _stats, STATS_NAME)
+    _register(_manager_of(pm), _stats, STATS_NAME)
     return _stats
 
 

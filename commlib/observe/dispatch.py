@@ -3,8 +3,10 @@
 Every public collective of :class:`~commlib.Communicator` is wrapped by
 :func:`observed`. With no observer registered and no ``torch.profiler``
 running, the wrapper calls the method and does nothing else: which plugins
-observe is looked up once per change of registrations (:func:`invalidate`,
-called by the plugin manager), never per call.
+observe is looked up once per change of registrations, never per call. The
+manager tells nobody: each registration bumps its generation
+(:data:`commlib._manager.registrations`), and the wrapper compares that int
+with the one its observers were looked up at.
 
 What an observer sees is the *user-level* collective. Its engine calls (an
 object collective's two rounds, a ragged ``all_gather``'s shape exchange,
@@ -35,8 +37,10 @@ import torch.autograd.profiler as _profiler
 import torch.distributed as dist
 
 from commlib._engine import POINT_TO_POINT
+from commlib._manager import registered_at, registrations
 from commlib.errors import CommTimeoutError
 from commlib.handle import Handle, ResultHandle
+from commlib.observe import builtin
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
 if TYPE_CHECKING:
@@ -46,40 +50,47 @@ F = TypeVar("F", bound=Callable[..., Any])
 _Call = tuple[Any, Callable[..., Any], bool]  # (plugin, hook function, takes the event)
 
 _lock = threading.Lock()
-# id(plugin) -> (plugin, why it no longer observes); the plugin is held so that
-# its id cannot be reused while it is here, and dropped once it is unregistered
-_disabled: dict[int, tuple[Any, str]] = {}
+# id(plugin) -> (plugin, why it no longer observes, the registration it was disabled in);
+# the plugin is held so that its id cannot be reused while it is here, and dropped once
+# it is unregistered (registered again, it observes again)
+_disabled: dict[int, tuple[Any, str, int | None]] = {}
 _labels: weakref.WeakKeyDictionary[Any, tuple[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
 _label_counts: dict[str, int] = {}
 
 
 class _Observers:
-    """The start and end hooks to call, newest-registered first, as pluggy would."""
+    """The start and end hooks to call, newest-registered first, as pluggy would.
 
-    __slots__ = ("ends", "starts")
+    ``generation``: the manager's registrations they were looked up at.
+    """
 
-    def __init__(self, starts: list[_Call], ends: list[_Call]):
+    __slots__ = ("ends", "generation", "starts")
+
+    def __init__(self, starts: list[_Call], ends: list[_Call], generation: int):
         self.starts = starts
         self.ends = ends
+        self.generation = generation
 
     def __bool__(self) -> bool:
         return bool(self.starts or self.ends)
 
 
-_observers: _Observers | None = None  # None: registrations changed, look again
+_STALE = _Observers([], [], -1)  # no generation: look again
+_observers = _STALE
 
 
 def invalidate() -> None:
     """Forget which plugins observe; the next collective looks again.
 
-    The plugin manager calls it on every registration change.
+    A change of registrations needs no call: it is seen by its generation.
+    This is for a change the manager cannot see (an observer disabled here).
 
     Examples:
         >>> from commlib.observe import dispatch
         >>> dispatch.invalidate()
     """
     global _observers
-    _observers = None
+    _observers = _STALE
 
 
 def _calls(caller: Any) -> list[_Call]:
@@ -93,7 +104,7 @@ def _calls(caller: Any) -> list[_Call]:
 
 
 def current() -> _Observers:
-    """The observers to tell, looked up again only after :func:`invalidate`.
+    """The observers to tell, looked up again only after registrations changed.
 
     Examples:
         >>> from commlib.observe import dispatch
@@ -104,12 +115,11 @@ def current() -> _Observers:
     """
     global _observers
     found = _observers
-    if found is None:
-        from commlib import plugins  # the manager imports this module
-
-        pm = plugins.plugin_manager()
-        for key, (plugin, _) in list(_disabled.items()):
-            if not pm.is_registered(plugin):
+    if found.generation != registrations.generation:
+        pm = builtin.started_manager()
+        generation = registrations.generation
+        for key, (plugin, _, registration) in list(_disabled.items()):
+            if not pm.is_registered(plugin) or registered_at(plugin) != registration:
                 del _disabled[key]
         hook = pm.hook
         # a manager made without commlib's hookspecs has no observers, not an error
@@ -118,20 +128,10 @@ def current() -> _Observers:
         found = _Observers(
             _calls(starts) if starts is not None else [],
             _calls(ends) if ends is not None else [],
+            generation,
         )
         _observers = found
     return found
-
-
-def forget_disabled(plugin: Any) -> None:
-    """Forget that ``plugin`` was disabled (it was unregistered): registered again, it observes.
-
-    Examples:
-        >>> from commlib.observe import dispatch
-        >>> dispatch.forget_disabled(object())
-    """
-    with _lock:
-        _disabled.pop(id(plugin), None)
 
 
 def disabled() -> dict[str, str]:
@@ -142,18 +142,16 @@ def disabled() -> dict[str, str]:
         >>> dispatch.disabled()
         {}
     """
-    from commlib import plugins
-
     current()  # forgets the ones unregistered since
-    pm = plugins.plugin_manager()
-    return {pm.get_name(plugin) or repr(plugin): why for plugin, why in _disabled.values()}
+    pm = builtin.started_manager()
+    return {pm.get_name(plugin) or repr(plugin): why for plugin, why, _ in _disabled.values()}
 
 
 def _disable(plugin: Any, exc: Exception) -> None:
     with _lock:
         if id(plugin) in _disabled:
             return
-        _disabled[id(plugin)] = (plugin, f"{type(exc).__name__}: {exc}")
+        _disabled[id(plugin)] = (plugin, f"{type(exc).__name__}: {exc}", registered_at(plugin))
     invalidate()
     warnings.warn(
         f"commlib observer {plugin!r} raised {type(exc).__name__}: {exc}; it is disabled",
@@ -407,7 +405,7 @@ def observed(
         @functools.wraps(fn)
         def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
             found = _observers
-            if found is None:
+            if found.generation != registrations.generation:
                 found = current()
             if not found and not _profiler._is_profiler_enabled:
                 return fn(comm, *args, **kwargs)

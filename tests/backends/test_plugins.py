@@ -68,7 +68,7 @@ def test_register_backend_at_run_time(clean_registry):
     again = commlib.register_backend(Echo(), replace=True)
     assert plugins.get_backend_plugin("echo-test") is again
     # the engine's own plugin still serves gloo groups
-    assert plugins.backend_for_torch("gloo").name == "gloo"
+    assert plugins.backend_for_group("gloo").name == "gloo"
 
 
 def test_register_builtin_name_needs_replace():
@@ -95,7 +95,7 @@ def test_unknown_backend_lists_known_ones():
     with pytest.raises(ValueError, match=r"registered: .*gloo"):
         plugins.get_backend_plugin("nope")
     with pytest.raises(ValueError, match="drives"):
-        plugins.backend_for_torch("nope")
+        plugins.backend_for_group("nope")
 
 
 @pytest.mark.parametrize("name", ["nccl", "hccl", "cncl"])
@@ -112,7 +112,7 @@ def test_selecting_a_backend_this_machine_lacks_says_why(name):
     # and by its device's name, which torch itself may not know without the extension
     device = f"{plugin.device_type}:1"
     assert plugins.resolve_backend(plugin.device_type) is plugin
-    assert plugins.backend_for_device(device) is plugin
+    assert plugins.resolve_backend(device) is plugin
     with pytest.raises(commlib.BackendUnavailableError, match=re.escape(reason)):
         commlib.Communicator(backend=plugin.device_type)
 

@@ -85,7 +85,7 @@ def _process_state() -> dict[str, Any]:
     """What an example could change for the rest of the pytest process."""
     return {
         "backends": [(b.name, b.plugin, b.available) for b in plugins.list_backends()],
-        "backends registered at run time": dict(plugins._runtime),
+        "backends registered at run time": plugins.saved_state().runtime,
         "observers": plugins.list_observers(),
         "conformance checks": sorted(CHECKS),
         "sample object sources": list(samples._extra_sources),
@@ -105,7 +105,7 @@ def check_examples(module: types.ModuleType) -> int:
     before = _process_state()
     world.reset()  # each module's examples start in the state of a fresh process
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    registry = plugins._registry  # commlib.plugins.refresh() makes new plugin instances
+    registry = plugins.saved_state()  # commlib.plugins.refresh() makes new plugin instances
     try:
         failed, tried, report = run_doctests(module)
     finally:
@@ -113,13 +113,11 @@ def check_examples(module: types.ModuleType) -> int:
         # what examples may change by design (the default communicator, seeds, the
         # plugin cache) is put back, commlib's process state as a fresh process has it;
         # so is the rest, so that one failure does not spread
-        plugins._registry = registry
+        plugins.restore_state(registry)
         world.reset()
         random.setstate(rng[0])
         np.random.set_state(rng[1])
         torch.set_rng_state(rng[2])
-        plugins._runtime.clear()
-        plugins._runtime.update(before["backends registered at run time"])
         os.environ.clear()
         os.environ.update(before["environment"])
     assert not failed, f"{failed} docstring example(s) of {module.__name__} failed:\n{report}"

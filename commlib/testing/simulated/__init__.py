@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from commlib.backend import Backend
-from commlib.plugins import get_backend_plugin, register_backend
+from commlib.plugins import register_backend, resolve_backend
 from commlib.testing.simulated.devices import (
     SimulatedDevices,
     patch_accelerator,
@@ -98,7 +98,7 @@ def install(
         raise ValueError(f"cannot simulate {kind!r}; simulated backends: {sorted(KINDS)}")
     if kind in _installed:
         return _installed[kind]
-    real: Any = type(get_backend_plugin(kind))  # an AcceleratorBackend subclass
+    real: Any = type(resolve_backend(kind))  # an AcceleratorBackend subclass
     state = SimulatedDevices(real.device_type, devices, current)
     if real.vendor_package is None:  # built into torch: CUDA
         patch_module(getattr(torch, real.vendor_attr), state)
@@ -127,11 +127,11 @@ def simulated_plugin(real: Any) -> type[Backend]:
     sliced), since gloo is the engine underneath.
 
     Examples:
-        >>> cls = simulated_plugin(type(get_backend_plugin("hccl")))
+        >>> cls = simulated_plugin(type(resolve_backend("hccl")))
         >>> cls.name, cls().accelerator_device()
         ('hccl', device(type='cpu'))
     """
-    gloo: Any = get_backend_plugin("gloo")  # an EngineGaps: it states its dtype facts
+    gloo: Any = resolve_backend("gloo")  # an EngineGaps: it states its dtype facts
 
     def accelerator_device(self: Backend) -> torch.device:
         return torch.device("cpu")

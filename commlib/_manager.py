@@ -6,10 +6,11 @@ cannot be imported is remembered (:func:`load_failures`) instead of breaking
 the others. The backends the plugins offer are read by :mod:`commlib.plugins`;
 the observers by :mod:`commlib.observe.dispatch`.
 
-Nobody is told when registrations change: each registration bumps
-:data:`registrations`'s ``generation``, and whoever caches something read
-from the manager compares that int with the one it read at (pluggy's
-``_manager`` keeps the hook calls; this keeps only what commlib adds).
+Nobody is told when registrations change: each change bumps
+:data:`registrations`'s ``generation`` and empties its ``cache`` slot, where
+the observers' lookup (:mod:`commlib.observe.dispatch`) keeps what it found,
+so that a collective checks one slot for None (pluggy's ``_manager`` keeps
+the hook calls; this keeps only what commlib adds).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ lock = threading.RLock()
 
 
 class Registrations:
-    """How the manager's registrations have changed, as cheap ints to compare.
+    """How the manager's registrations have changed, cheap to check.
 
     ``generation`` grows on every register, unregister and new manager;
-    ``starts`` on every new manager.
+    ``starts`` on every new manager; ``cache`` is a reader's value derived from
+    the registrations (the observers to call), None again after every change.
 
     Examples:
         >>> before, pm, plugin = registrations.generation, plugin_manager(), object()
@@ -39,11 +41,23 @@ class Registrations:
         True
     """
 
-    __slots__ = ("generation", "starts")
+    __slots__ = ("cache", "generation", "starts")
 
     def __init__(self) -> None:
         self.generation = 0
         self.starts = 0
+        self.cache: Any = None
+
+    def changed(self) -> None:
+        """Count a change of registrations; forget what was derived from them.
+
+        Examples:
+            >>> registrations.changed()
+            >>> registrations.cache is None
+            True
+        """
+        self.generation += 1
+        self.cache = None
 
 
 registrations = Registrations()
@@ -74,7 +88,7 @@ class _PluginManager(pluggy.PluginManager):
                 _registered_at[id(plugin)] = registrations.generation + 1
             return registered
         finally:
-            registrations.generation += 1
+            registrations.changed()
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         try:
@@ -82,7 +96,7 @@ class _PluginManager(pluggy.PluginManager):
             _registered_at.pop(id(gone), None)
             return gone
         finally:
-            registrations.generation += 1
+            registrations.changed()
 
 
 def plugin_manager() -> pluggy.PluginManager:
@@ -113,7 +127,7 @@ def plugin_manager() -> pluggy.PluginManager:
                 _entry_point_owner[id(plugin)] = label
             _pm = pm
             registrations.starts += 1
-            registrations.generation += 1
+            registrations.changed()
         return _pm
 
 
@@ -168,4 +182,4 @@ def restart(pm: pluggy.PluginManager | None = None) -> None:
         _registered_at.clear()
         if pm is not None:
             registrations.starts += 1
-        registrations.generation += 1
+        registrations.changed()

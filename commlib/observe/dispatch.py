@@ -4,9 +4,9 @@ Every public collective of :class:`~commlib.Communicator` is wrapped by
 :func:`observed`. With no observer registered and no ``torch.profiler``
 running, the wrapper calls the method and does nothing else: which plugins
 observe is looked up once per change of registrations, never per call. The
-manager tells nobody: each registration bumps its generation
-(:data:`commlib._manager.registrations`), and the wrapper compares that int
-with the one its observers were looked up at.
+manager tells nobody: each change empties the slot where the lookup is kept
+(``cache`` of :data:`commlib._manager.registrations`), and the wrapper
+checks that slot for None.
 
 What an observer sees is the *user-level* collective. Its engine calls (an
 object collective's two rounds, a ragged ``all_gather``'s shape exchange,
@@ -59,38 +59,29 @@ _label_counts: dict[str, int] = {}
 
 
 class _Observers:
-    """The start and end hooks to call, newest-registered first, as pluggy would.
+    """The start and end hooks to call, newest-registered first, as pluggy would."""
 
-    ``generation``: the manager's registrations they were looked up at.
-    """
+    __slots__ = ("ends", "starts")
 
-    __slots__ = ("ends", "generation", "starts")
-
-    def __init__(self, starts: list[_Call], ends: list[_Call], generation: int):
+    def __init__(self, starts: list[_Call], ends: list[_Call]):
         self.starts = starts
         self.ends = ends
-        self.generation = generation
 
     def __bool__(self) -> bool:
         return bool(self.starts or self.ends)
 
 
-_STALE = _Observers([], [], -1)  # no generation: look again
-_observers = _STALE
-
-
 def invalidate() -> None:
     """Forget which plugins observe; the next collective looks again.
 
-    A change of registrations needs no call: it is seen by its generation.
+    A change of registrations needs no call: the manager empties the slot itself.
     This is for a change the manager cannot see (an observer disabled here).
 
     Examples:
         >>> from commlib.observe import dispatch
         >>> dispatch.invalidate()
     """
-    global _observers
-    _observers = _STALE
+    registrations.cache = None
 
 
 def _calls(caller: Any) -> list[_Call]:
@@ -113,11 +104,9 @@ def current() -> _Observers:
         >>> dispatch.current() is dispatch.current()   # looked up once
         True
     """
-    global _observers
-    found = _observers
-    if found.generation != registrations.generation:
+    found = registrations.cache
+    if found is None:
         pm = builtin.started_manager()
-        generation = registrations.generation
         for key, (plugin, _, registration) in list(_disabled.items()):
             if not pm.is_registered(plugin) or registered_at(plugin) != registration:
                 del _disabled[key]
@@ -128,9 +117,8 @@ def current() -> _Observers:
         found = _Observers(
             _calls(starts) if starts is not None else [],
             _calls(ends) if ends is not None else [],
-            generation,
         )
-        _observers = found
+        registrations.cache = found
     return found
 
 
@@ -404,8 +392,8 @@ def observed(
 
         @functools.wraps(fn)
         def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
-            found = _observers
-            if found.generation != registrations.generation:
+            found = registrations.cache
+            if found is None:
                 found = current()
             if not found and not _profiler._is_profiler_enabled:
                 return fn(comm, *args, **kwargs)

@@ -1,8 +1,10 @@
 """The shape of the code: the layering rules a reader relies on, checked.
 
-* no import cycles among commlib's modules (imports at module level, those
-  under ``TYPE_CHECKING`` included; an import inside a function runs later
-  and is allowed);
+* no import cycles among commlib's modules, counting every import (module
+  level, under ``TYPE_CHECKING`` and inside functions): with no cycle, every
+  arrow points down the layers;
+* imports inside functions only in the entry points that must load light;
+* no module uses another module's private names;
 * only the communicator reaches into a communicator's internals;
 * the core names no device or vendor: that knowledge lives in ``backends/``.
 """
@@ -30,46 +32,61 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in CORE.rglob("*.py")}
 
 
-def _top_level_imports(path: Path, known: set[str]) -> set[str]:
-    """commlib modules imported at module level (also under ``if TYPE_CHECKING:``)."""
+class _Import:
+    """One import of a commlib module: where it stands and whether it runs later."""
+
+    def __init__(self, target: str, line: int, in_function: bool):
+        self.target, self.line, self.in_function = target, line, in_function
+
+
+def _imports(path: Path, known: set[str]) -> list[_Import]:
+    """Every import of a commlib module in ``path``: module level, under
+    ``if TYPE_CHECKING:``, and inside functions alike."""
     tree = ast.parse(path.read_text())
-    found: set[str] = set()
+    found: list[_Import] = []
     this = _module_name(path)
     package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
 
-    def visit(stmts: list[ast.stmt]) -> None:
-        for node in stmts:
-            if isinstance(node, ast.If):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name in known)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
-                    base = f"{base}.{node.module}" if node.module else base
-                for alias in node.names:
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name in known and alias.name != this:
+                        found.append(_Import(alias.name, child.lineno, in_function))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - child.level + 1])
+                    base = f"{base}.{child.module}" if child.module else base
+                for alias in child.names:
                     sub = f"{base}.{alias.name}"
-                    found.add(sub if sub in known else base)
+                    target = sub if sub in known else base
+                    if target in known and target != this:
+                        found.append(_Import(target, child.lineno, in_function))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
-    visit(tree.body)
-    return {m for m in found if m in known and m != this}
+    visit(tree, False)
+    return found
+
+
+def _graph() -> dict[str, list[_Import]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(path, known) for name, path in modules.items()}
 
 
 def test_no_import_cycles_among_commlib_modules():
-    modules = _modules()
-    known = set(modules)
-    graph = {name: _top_level_imports(path, known) for name, path in modules.items()}
+    # every import counts: one inside a function only runs later, and hiding a cycle
+    # there leaves the layers tangled all the same
+    graph = {name: sorted({i.target for i in imports}) for name, imports in _graph().items()}
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def walk(node: str) -> None:
         state[node] = 1
         stack.append(node)
-        for dep in sorted(graph[node]):
+        for dep in graph[node]:
             if state.get(dep) == 1:
                 cycle = [*stack[stack.index(dep) :], dep]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
@@ -81,6 +98,66 @@ def test_no_import_cycles_among_commlib_modules():
     for name in sorted(graph):
         if name not in state:
             walk(name)
+
+
+#: the modules that may import commlib modules inside functions, and why: each is an
+#: entry point whose own import must stay light (a command line, a benchmark runner,
+#: the pytest plugin pytest loads in every session), and imports only downward
+_LAZY_IMPORTERS = {
+    "commlib.cli": "`commlib --help` and `commlib trace` start without torch.distributed",
+    "commlib.bench": "the runner imports a case's machinery only when it runs",
+    "commlib.bench.options": "the backend list is read only when --backend is parsed",
+    "commlib.bench.report": "the report builds what it prints on demand",
+    "commlib.bench.dispatch_report": "imports commlib only when the dispatch table is built",
+    "commlib.testing.pytest_plugin": "pytest loads it in every session: commlib stays unloaded",
+    "commlib.testing.conformance": "the kit loads the backend under test when it runs",
+    "commlib.testing.harness": "the rank processes import commlib after they start",
+    "commlib.testing.checks.tensors": "checks import what they exercise when they run",
+    "commlib.testing.samples": "hypothesis strategies only when a property test draws",
+}
+
+
+def test_imports_inside_functions_only_where_allowed():
+    # anywhere else an import in a function has been a hidden cycle or an upward arrow
+    offenders = [
+        f"{name}:{i.line} imports {i.target}"
+        for name, imports in sorted(_graph().items())
+        for i in imports
+        if i.in_function and name not in _LAZY_IMPORTERS
+    ]
+    assert not offenders, offenders
+
+
+def test_no_module_uses_another_modules_private_names():
+    # an internal module is imported whole (``from commlib import _guard``); what it
+    # lends others is public inside it
+    offenders = []
+    for path in [*CORE.rglob("*.py"), *(ROOT / "backends").rglob("*.py")]:
+        tree = ast.parse(path.read_text())
+        modules: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("commlib"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}".replace("commlib_backends", "backends")
+                    is_module = (ROOT / (full.replace(".", "/") + ".py")).exists() or (
+                        ROOT / full.replace(".", "/")
+                    ).is_dir()
+                    if is_module:
+                        modules.add(alias.asname or alias.name)
+                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                offenders.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}"
+                )
+    assert not offenders, offenders
 
 
 # what only the communicator may touch on a communicator

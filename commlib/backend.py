@@ -25,15 +25,13 @@ import datetime
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 
+from commlib.serialization import Serializer, default_serializer
 from commlib.types import EngineOp, Group, P2PRequest, Work
-
-if TYPE_CHECKING:
-    from commlib.serialization import Serializer
 
 # torch 2.13 renamed the flat collectives and warns on every call of the old
 # names; the old names are what older torch has.
@@ -335,8 +333,6 @@ class Backend:
             >>> commlib.plugins.get_backend_plugin("gloo").serializer()
             <OutOfBandSerializer 'pickle5'>
         """
-        from commlib.serialization import default_serializer
-
         return default_serializer()
 
     # -- process groups ------------------------------------------------------------

@@ -15,6 +15,7 @@ module, so every layer may ask it.
 from __future__ import annotations
 
 import atexit
+import gc
 import threading
 import weakref
 from collections.abc import Callable
@@ -175,6 +176,12 @@ class World:
                 dist.destroy_process_group()
             except Exception:  # exiting anyway; a failed teardown must not mask the exit code
                 pass
+        # a group still held by garbage cycles (a caught error's traceback: its frames hold
+        # the engine, the object collective's handle holds the error) would outlive this,
+        # and a gloo thread that still has to drop a finished work's tensors then needs the
+        # GIL of an interpreter being finalised: "terminate called without an active
+        # exception". Collected here, the group's destructor joins its threads while Python runs
+        gc.collect()
 
 
 #: this process's commlib state

@@ -1,0 +1,58 @@
+"""One rank of ``test_exit_after_caught_error.py``, started by torchrun.
+
+Usage::
+
+    torchrun --nproc-per-node N caught_error_rank.py {broadcast|gather} [teardown]
+
+Every rank refuses its own root (``src``/``dst`` = its rank), catches the
+RemoteArgumentError every rank raises, checks that the group still works and
+exits. With ``teardown`` it runs commlib's exit teardown itself and prints how
+many of gloo's worker threads are left (``pt_gloo_runloop``): none, once the
+process group was destroyed while Python still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import commlib
+from commlib.errors import RemoteArgumentError
+
+
+def _gloo_workers() -> int:
+    tasks = os.listdir("/proc/self/task")
+    names = []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names.count("pt_gloo_runloop")
+
+
+def main() -> None:
+    which, rest = sys.argv[1], sys.argv[2:]
+    commlib.init_dist("pytorch")
+    rank, world = commlib.get_dist_info()
+    try:
+        if which == "gather":
+            commlib.gather_object(rank, dst=rank)
+        else:
+            commlib.broadcast_object_list([rank], src=rank)
+    except RemoteArgumentError as exc:
+        assert "disagree on the src/dst" in str(exc), exc
+    else:
+        raise AssertionError("no RemoteArgumentError")
+    assert commlib.all_gather_object(rank) == list(range(world))
+    if "teardown" in rest:
+        from commlib._world import world as state
+
+        state._teardown()  # what runs at exit
+        print(f"gloo workers left: {_gloo_workers()}", flush=True)
+    print(f"rank {rank} finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()

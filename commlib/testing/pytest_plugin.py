@@ -69,6 +69,28 @@ class ConformanceItem(pytest.Item):
 _KITS = pytest.StashKey[Any]()  # a conformance.KitPool
 
 
+def _refuse_unknown(name: str) -> None:
+    """Stop the session with one clear error when ``name`` is no backend commlib knows.
+
+    Examples:
+        >>> _refuse_unknown("gloo")
+        >>> _refuse_unknown("no-such-backend")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        pytest.UsageError: --commlib-backend no-such-backend: unknown commlib backend ...
+    """
+    from commlib.errors import BackendUnavailableError
+    from commlib.plugins import resolve_backend
+
+    try:
+        resolve_backend(name)
+    except (ValueError, BackendUnavailableError) as exc:
+        raise pytest.UsageError(
+            f"--commlib-backend {name}: {exc} (is the plugin installed in this "
+            "interpreter's environment? `commlib info` lists what it finds)"
+        ) from None
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect
 def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> None:
     backends = config.getoption("commlib_backend")
@@ -80,6 +102,11 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list) -> Non
         sizes = [int(s) for s in config.getoption("commlib_world_sizes").split(",") if s]
     except ValueError:
         raise pytest.UsageError("--commlib-world-sizes wants numbers like 1,2,3") from None
+    if not config.getoption("commlib_setup"):
+        # a setup function may register the backend in the ranks; without one an
+        # unknown name is one usage error here, not one failure per check
+        for backend in backends:
+            _refuse_unknown(backend)
     config.stash[_KITS] = KitPool()
     # one world size after the other, so each backend keeps one world of ranks alive
     for backend in backends:

@@ -1230,6 +1230,36 @@ class Communicator:
         """
         return self._p2p("send", tensor, dst, tag, async_op, timeout)
 
+    @overload
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        *,
+        tag: int = ...,
+        async_op: Literal[False] = ...,
+        timeout: Timeout = ...,
+    ) -> int: ...
+    @overload
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        *,
+        tag: int = ...,
+        async_op: Literal[True],
+        timeout: Timeout = ...,
+    ) -> Handle: ...
+    @overload
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        *,
+        tag: int = ...,
+        async_op: bool = ...,
+        timeout: Timeout = ...,
+    ) -> int | Handle: ...
     @_collective("recv", payload="tensor", peer="src")
     def recv(
         self,
@@ -1239,15 +1269,19 @@ class Communicator:
         tag: int = 0,
         async_op: bool = False,
         timeout: Timeout = None,
-    ) -> Handle | None:
+    ) -> int | Handle:
         """Receive into ``tensor`` what rank ``src`` sends with :meth:`send`.
+
+        Returns the sender's rank (``src``), as torch's ``recv`` does; with
+        ``async_op=True``, a handle to wait on.
 
         Examples:
             >>> x = torch.empty(3)
             >>> if comm.rank == 1:                 # rank 0 sends it with send(x, dst=1)
-            ...     comm.recv(x, src=0)
+            ...     sender = comm.recv(x, src=0)     # 0
         """
-        return self._p2p("recv", tensor, src, tag, async_op, timeout)
+        handle = self._p2p("recv", tensor, src, tag, async_op, timeout)
+        return src if handle is None else handle
 
     @_collective("isend", payload="tensor", peer="dst")
     def isend(
@@ -1648,6 +1682,36 @@ class Communicator:
         steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self._slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
+    @overload
+    def recv_object_list(
+        self,
+        object_list: list[Any],
+        src: int,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[False] = ...,
+    ) -> int: ...
+    @overload
+    def recv_object_list(
+        self,
+        object_list: list[Any],
+        src: int,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: Literal[True],
+    ) -> ResultHandle[int]: ...
+    @overload
+    def recv_object_list(
+        self,
+        object_list: list[Any],
+        src: int,
+        *,
+        serializer: Serializer | None = ...,
+        timeout: Timeout = ...,
+        async_op: bool = ...,
+    ) -> int | ResultHandle[int]: ...
     @_collective("recv_object_list", payload="object_list", peer="src")
     def recv_object_list(
         self,
@@ -1657,9 +1721,11 @@ class Communicator:
         serializer: Serializer | None = None,
         timeout: Timeout = None,
         async_op: bool = False,
-    ) -> ResultHandle[None] | None:
+    ) -> int | ResultHandle[int]:
         """Fill ``object_list`` with what rank ``src`` sends with :meth:`send_object_list`.
 
+        Returns the sender's rank (``src``), as torch's ``recv_object_list``
+        does; with ``async_op=True``, a handle whose ``wait()`` returns it.
         ``object_list`` must have the length of the list sent; a different
         one raises ``ValueError`` after the message is received (so the
         sender never blocks).
@@ -1667,18 +1733,10 @@ class Communicator:
         Examples:
             >>> box = [None]
             >>> if comm.rank == 1:
-            ...     comm.recv_object_list(box, src=0)   # box: [{'step': 3}]
+            ...     sender = comm.recv_object_list(box, src=0)   # 0; box: [{'step': 3}]
         """
         engine = self._member("recv_object_list")
         check.peer(src, engine.world_size, engine.rank, "src")
         ser = serializer or self._serializer
-        steps = _received_nothing(
-            _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self._slot_size)
-        )
-        return self._run_objects(engine, steps, timeout, async_op)
-
-
-def _received_nothing(steps: _steps.Steps[int]) -> _steps.Steps[None]:
-    """``steps`` with its result (the sender's rank) dropped: the communicator returns None."""
-    yield from steps
-    return None
+        steps = _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self._slot_size)
+        return cast("int | ResultHandle[int]", self._run_objects(engine, steps, timeout, async_op))

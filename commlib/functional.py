@@ -908,7 +908,8 @@ def recv_object_list(
     """Fill ``object_list`` with what ``src`` sends with :func:`send_object_list`.
 
     Returns the sender's rank, numbered as ``src`` is (a world rank with a
-    torch ProcessGroup), or a handle with ``async_op=True``.
+    torch ProcessGroup), or with ``async_op=True`` a handle whose ``wait()``
+    returns it.
 
     Examples:
         >>> box = [None]
@@ -917,10 +918,35 @@ def recv_object_list(
     """
     comm = _collective_comm(group)
     peer = _peer(comm, "recv_object_list", "src", src, group_src, group)
-    handle = comm.recv_object_list(object_list, peer, timeout=timeout, async_op=async_op)
+    sender = comm.ranks[peer] if rank_args.is_torch_group(group) else peer
     if async_op:
-        return handle
-    return comm.ranks[peer] if rank_args.is_torch_group(group) else peer
+        handle = comm.recv_object_list(object_list, peer, timeout=timeout, async_op=True)
+        return handle if sender == peer else _Sender(handle, sender)
+    comm.recv_object_list(object_list, peer, timeout=timeout)
+    return sender
+
+
+class _Sender:
+    """An async ``recv_object_list``'s handle whose ``wait()`` names the sender by world rank."""
+
+    def __init__(self, handle: ResultHandle[int], rank: int):
+        self._handle, self._rank = handle, rank
+
+    def wait(self, timeout: Timeout = None) -> int:
+        self._handle.wait(timeout)
+        return self._rank
+
+    def complete(self, timeout: Timeout = None) -> None:
+        self._handle.complete(timeout)
+
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        self._handle.add_done_callback(callback)
+
+    def __repr__(self) -> str:
+        return repr(self._handle)
 
 
 # -- helpers ---------------------------------------------------------------------

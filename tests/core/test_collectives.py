@@ -121,13 +121,22 @@ def _on_subgroup(comm):
     if r == 1:
         dist.send(torch.tensor([5.0]), dst=2, group=pg)
         dist.send_object_list(["hello"], group_dst=1, group=pg)
+        sub.send(torch.tensor([6.0]), dst=1)
+        dist.send_object_list(["async"], dst=2, group=pg)
+        sub.send_object_list(["comm"], dst=1)
         out["p2p"] = None
     else:
         got = torch.zeros(1)
         sender = dist.recv(got, src=1, group=pg)
         box = [None]
         sender2 = dist.recv_object_list(box, group_src=0, group=pg)
-        out["p2p"] = (sender, got.item(), sender2, box[0])
+        # the Communicator names the sender by group rank, the functions as src is numbered
+        comm_sender = sub.recv(torch.zeros(1), src=0)
+        pending = dist.recv_object_list([None], src=1, group=pg, async_op=True)
+        box2 = [None]
+        comm_sender2 = sub.recv_object_list(box2, src=0)
+        out["p2p"] = (sender, got.item(), sender2, box[0], comm_sender, pending.wait())
+        out["p2p"] += (comm_sender2, box2[0])
     box = [None]
     dist.scatter_object_list(box, ["for 1", "for 2"] if r == 2 else None, src=2, group=pg)
     out["scatter_object_list"] = box[0]
@@ -157,7 +166,7 @@ def test_subgroup_of_world_ranks_1_and_2(world3):
         assert got["comm reduce"] == (3.0 if r == 1 else float(r))
         assert got["scatter"] == (10.0 if r == 1 else 20.0)
         assert got["all_to_all_single"] == [1.0, 2.0]
-        assert got["p2p"] == (None if r == 1 else (1, 5.0, 1, "hello"))
+        assert got["p2p"] == (None if r == 1 else (1, 5.0, 1, "hello", 0, 1, 0, "comm"))
         assert got["scatter_object_list"] == f"for {r}"
         assert got["batch"] == float(3 - r)
         assert (

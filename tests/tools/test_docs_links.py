@@ -135,6 +135,16 @@ def test_readme_is_short_and_starts_with_the_quick_start():
     assert text.count("\n## ") >= 3 and text.index("## Quick start") == text.index("\n## ") + 1
 
 
+def test_the_site_index_lists_every_page_the_readme_lists():
+    # the README's contents table links docs/X.md, the site's index X.md: the same pages
+    readme = set(
+        re.findall(r"^\| \[[^\]]*\]\(docs/([^)#]+)\)", (ROOT / "README.md").read_text(), re.M)
+    )
+    index = set(re.findall(r"^\| \[[^\]]*\]\(([^)#]+)\)", (DOCS / "index.md").read_text(), re.M))
+    assert len(readme) >= 10
+    assert readme - index == set(), f"docs/index.md lacks the README's rows for {readme - index}"
+
+
 def test_api_overview_lists_every_export():
     tree = ast.parse((ROOT / "commlib" / "__init__.py").read_text())
     exports = next(

@@ -47,7 +47,7 @@ def _send_recv(comm: Any, ctx: dict) -> None:
             if r > 0:
                 ptr = got.data_ptr()
                 ret = comm.recv(got, src=r - 1)
-                expect(ret is None, f"recv returned {ret!r}")
+                expect(ret == r - 1, f"recv returned {ret!r}, not the sender's rank {r - 1}")
                 expect(got.data_ptr() == ptr, "recv did not fill its tensor in place")
                 expect_tensor(got, rank_tensor(r - 1, dtype, device=dev), f"recv {dtype} {dev}")
             if r < n - 1:
@@ -141,7 +141,7 @@ def _send_recv_object_list(comm: Any, ctx: dict) -> None:
         if r > 0:
             box: list = [None, None]
             ret = comm.recv_object_list(box, src=r - 1)
-            expect(ret is None, f"recv_object_list returned {ret!r:.60}")
+            expect(ret == r - 1, f"recv_object_list returned {ret!r:.60}, not the sender's rank")
             expect(deep_equal(box, [_payload(r - 1, size), size]), f"{size} list from {r - 1}")
         if r < n - 1:
             comm.send_object_list([_payload(r, size), size], dst=r + 1)
@@ -152,7 +152,7 @@ def _send_recv_object_list(comm: Any, ctx: dict) -> None:
     elif r == n - 1:
         box = [None]
         h = comm.recv_object_list(box, src=0, async_op=True)
-        expect(h is not None and h.wait() is None and box == [{"async": True}], "async recv")
+        expect(h is not None and h.wait() == 0 and box == [{"async": True}], "async recv")
     comm.barrier()
 
 

@@ -12,8 +12,10 @@ import pytest
 def test_an_unknown_backend_is_one_usage_error(tmp_path):
     (tmp_path / "test_trivial.py").write_text("def test_nothing():\n    pass\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-        + ["--commlib-backend", "no-such-backend", "--commlib-world-sizes", "1,2"],
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"),
+            *("--commlib-backend", "no-such-backend", "--commlib-world-sizes", "1,2"),
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -17,6 +17,27 @@ guarantees them before it calls in:
   ``None`` when they have finished already.
 
 The types used here are in :mod:`commlib.types`.
+
+The minimum a plugin implements:
+
+* **an engine that torch.distributed drives** (gloo, nccl, a vendor's
+  ``torch.distributed`` backend): three class attributes, ``name``,
+  ``torch_backend`` and ``device_type``; every method has a working default.
+  Derive from ``commlib_backends.engine_gaps.EngineGaps`` instead of
+  ``Backend`` when the engine lacks dtypes or reductions (gloo has no int16,
+  uint16/32/64 or float8 reductions): it fills them, and the conformance kit
+  passes.
+* **another engine** (no ``torch.distributed`` process group): ``name`` and
+  ``device_type``, and the 21 methods whose default calls
+  ``torch.distributed``: ``unavailable_reason``, ``init_process_group``,
+  ``new_group``, ``rank``, ``world_size``, ``torch_reduce_op``, ``all_reduce``,
+  ``all_gather``, ``all_gather_into_tensor``, ``gather``, ``broadcast``,
+  ``reduce_scatter``, ``reduce``, ``scatter``, ``all_to_all``,
+  ``all_to_all_single``, ``barrier``, ``send``, ``recv``,
+  ``batch_isend_irecv`` and ``shrink_group`` (only for fault-tolerant
+  shrinking); ``to_device`` too when its tensors live elsewhere. The
+  ``single`` backend (``backends/single.py``) is such an engine and
+  overrides all but ``shrink_group``.
 """
 
 from __future__ import annotations

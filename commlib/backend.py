@@ -391,7 +391,21 @@ class Backend:
     def all_reduce(
         self, tensor: torch.Tensor, op: EngineOp, group: Group, async_op: bool = False
     ) -> Work | None:
-        """Reduce ``tensor`` in place across ``group`` with ``op``."""
+        """Reduce ``tensor`` in place across ``group`` with ``op``.
+
+        Args:
+            tensor: contiguous, on :meth:`device`; the core has checked it matches
+                on every rank.
+            op: one of ``sum product min max band bor bxor`` (``avg`` only when
+                :attr:`native_avg`); valid for the dtype.
+            group: the ``torch.distributed`` process group the caller belongs to
+                (``None`` only for an engine without process groups, such as ``single``).
+            async_op: ``True`` from the Communicator: start the operation and
+                return its work handle.
+        Returns:
+            A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
+            result visible), or ``None`` when the operation has already finished.
+        """
         return dist.all_reduce(tensor, self.torch_reduce_op(op), group=group, async_op=async_op)
 
     def all_gather(
@@ -401,13 +415,40 @@ class Backend:
         group: Group,
         async_op: bool = False,
     ) -> Work | None:
-        """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` (equal shapes)."""
+        """Fill ``tensor_list[i]`` with rank ``i``'s ``tensor`` (equal shapes).
+
+        Args:
+            tensor_list: ``world_size`` outputs shaped and typed like ``tensor``,
+                on :meth:`device`.
+            tensor: contiguous, on :meth:`device`; the core has checked it matches
+                on every rank.
+            group: the ``torch.distributed`` process group the caller belongs to
+                (``None`` only for an engine without process groups, such as ``single``).
+            async_op: ``True`` from the Communicator: start the operation and
+                return its work handle.
+        Returns:
+            A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
+            result visible), or ``None`` when the operation has already finished.
+        """
         return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, group: Group, async_op: bool = False
     ) -> Work | None:
-        """Concatenate every rank's ``tensor`` along dim 0 into ``output``."""
+        """Concatenate every rank's ``tensor`` along dim 0 into ``output``.
+
+        Args:
+            output: ``world_size`` times ``tensor``'s rows, same dtype, on :meth:`device`.
+            tensor: contiguous, on :meth:`device`; the core has checked it matches
+                on every rank.
+            group: the ``torch.distributed`` process group the caller belongs to
+                (``None`` only for an engine without process groups, such as ``single``).
+            async_op: ``True`` from the Communicator: start the operation and
+                return its work handle.
+        Returns:
+            A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
+            result visible), or ``None`` when the operation has already finished.
+        """
         return _all_gather_single(output, tensor, group=group, async_op=async_op)
 
     def all_gather_slots(
@@ -433,7 +474,22 @@ class Backend:
         group: Group,
         async_op: bool = False,
     ) -> Work | None:
-        """Collect every rank's ``tensor`` into ``gather_list`` on ``dst``."""
+        """Collect every rank's ``tensor`` into ``gather_list`` on ``dst``.
+
+        Args:
+            tensor: contiguous, on :meth:`device`; the core has checked it matches
+                on every rank.
+            gather_list: on ``dst``, ``world_size`` outputs like ``tensor``;
+                ``None`` on every other rank.
+            dst: the receiving rank, within ``group`` (not a global rank).
+            group: the ``torch.distributed`` process group the caller belongs to
+                (``None`` only for an engine without process groups, such as ``single``).
+            async_op: ``True`` from the Communicator: start the operation and
+                return its work handle.
+        Returns:
+            A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
+            result visible), or ``None`` when the operation has already finished.
+        """
         return dist.gather(
             tensor, gather_list, dst=global_rank(group, dst), group=group, async_op=async_op
         )
@@ -441,7 +497,20 @@ class Backend:
     def broadcast(
         self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False
     ) -> Work | None:
-        """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
+        """Copy ``src``'s ``tensor`` into ``tensor`` on every rank.
+
+        Args:
+            tensor: ``src``'s data on ``src``; on the others, a buffer of the same
+                shape and dtype that receives it; on :meth:`device`.
+            src: the sending rank, within ``group``.
+            group: the ``torch.distributed`` process group the caller belongs to
+                (``None`` only for an engine without process groups, such as ``single``).
+            async_op: ``True`` from the Communicator: start the operation and
+                return its work handle.
+        Returns:
+            A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
+            result visible), or ``None`` when the operation has already finished.
+        """
         return dist.broadcast(tensor, src=global_rank(group, src), group=group, async_op=async_op)
 
     def reduce_scatter(
@@ -452,7 +521,20 @@ class Backend:
         group: Group,
         async_op: bool = False,
     ) -> Work | None:
-        """Reduce ``input`` (world_size chunks along dim 0) and keep chunk ``rank``."""
+        """Reduce ``input`` (world_size chunks along dim 0) and keep chunk ``rank``.
+
+        Args:
+            output: one chunk's shape, same dtype, on :meth:`device`.
+            input: ``world_size`` chunks along dim 0, contiguous, on :meth:`device`.
+            op: as for :meth:`all_reduce`.
+            group: the ``torch.distributed`` process group the caller belongs to
+                (``None`` only for an engine without process groups, such as ``single``).
+            async_op: ``True`` from the Communicator: start the operation and
+                return its work handle.
+        Returns:
+            A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
+            result visible), or ``None`` when the operation has already finished.
+        """
         return _reduce_scatter_single(
             output, input, op=self.torch_reduce_op(op), group=group, async_op=async_op
         )

@@ -27,12 +27,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from commlib._engine import POINT_TO_POINT
+from commlib.observe._lines import shorten
 from commlib.observe.event import describe
 from commlib.observe.trace_files import read_all
 
 _BAD_STATES = ("failed", "timed out")
 _UNKNOWN = 1 << 62  # known from: a number no group reaches
 _RANK_FILE = re.compile(r"rank(\d+)\.json:")
+# how much of an error's first line, and of why a file was written, a line shows (the
+# recorder's own reasons, an error's first 200 characters and what they are about, fit)
+_ERROR_WIDTH, _REASON_WIDTH = 160, 320
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -397,7 +401,7 @@ def render(diagnosis: dict[str, Any]) -> str:
     for r, why in d["written_because"].items():
         reasons.setdefault(why, []).append(int(r))
     for why, rs in reasons.items():
-        lines.append(f"  written by {_ranks(rs)} because: {why}")
+        lines.append(f"  written by {_ranks(rs)} because: {shorten(why, _REASON_WIDTH)}")
     for g in d["groups"]:
         lines.append("")
         lines.append(f"group {g['group']} ({_ranks(g['ranks'])})")
@@ -420,7 +424,7 @@ def render(diagnosis: dict[str, Any]) -> str:
         for r, last in g["last"].items():
             text = f"{_call(last)}: {_state_words(last)}" if last else "none"
             if last and last.get("error"):
-                text += f": {last['error'].splitlines()[0][:160]}"
+                text += f": {shorten(last['error'], _ERROR_WIDTH)}"
             lines.append(f"    rank {r}: {text}")
     lines.append("diagnosis:")
     lines += [f"  {v}" for v in d["verdict"]]

@@ -25,6 +25,7 @@ from commlib._world import default_store
 from commlib.errors import CommError, RemoteArgumentError
 from commlib.hookspecs import hookimpl
 from commlib.observe import trace_files
+from commlib.observe._lines import shorten
 from commlib.observe.event import CollectiveEvent
 
 DEFAULT_CAPACITY = 2000
@@ -157,7 +158,7 @@ class FlightRecorder:
             if self.on_failure is not None and not _refused(event.error):
                 self.on_failure(
                     f"{event.name} #{event.seq} {event.state} on rank {self.rank} "
-                    f"(group {event.group}): {text.splitlines()[0][:200]}"
+                    f"(group {event.group}): {shorten(text, 200)}"
                 )
 
     def _learn_rank(self, event: CollectiveEvent) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -643,3 +644,30 @@ def test_a_relative_trace_directory_is_taken_from_where_the_program_started(tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "traces" / "commlib_trace_rank0.json").exists()
+
+
+def test_trace_cuts_long_errors_and_reasons_between_words_with_an_ellipsis(tmp_path, capsys):
+    words = " ".join(f"word{i:03d}" for i in range(80))  # 639 characters, no line break
+    error = f"CommError: {words}\nsecond line"
+    reason = f"all_reduce #2 failed on rank 0 (group world): {words}"
+    for r in (0, 1):
+        entries = [_entry(1, "all_reduce"), _entry(2, "all_reduce", "failed", error=error)]
+        _write(tmp_path, r, entries, world=2, reason=reason)
+    assert cli(["trace", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cut = [line for line in lines if "word000" in line]
+    assert len(cut) == 3  # why the files were written, and each rank's last call
+    for line in cut:
+        assert line.endswith("...") and len(line) <= 360, line
+        # the last word shown is whole: a word, then the ellipsis
+        assert re.search(r" word\d{3}\.\.\.$", line), line
+    assert "second line" not in "\n".join(lines)
+
+
+def test_shorten_keeps_short_lines_and_cuts_one_long_word_inside_it():
+    from commlib.observe._lines import shorten
+
+    assert shorten("all fine", 20) == "all fine"
+    assert shorten("", 20) == ""
+    assert shorten("/a/very/long/path/without/any/spaces/at/all", 20) == "/a/very/long/path..."
+    assert len(shorten("x " * 200, 50)) <= 50

@@ -221,14 +221,36 @@ class Backend:
     """
 
     name: ClassVar[str] = ""
+    """Required. What users pass (``init_dist(backend=name)``); unique among the registered
+    plugins.
+    """
     torch_backend: str | None = None  # an instance may serve a multi-device group
+    """Required for a ``torch.distributed`` engine: the name of the torch.distributed backend it
+    drives, or a multi-device spec (``"DEVICE:BACKEND,..."``); ``None`` for an engine without
+    process groups.
+    """
     device_type: ClassVar[str] = "cpu"
+    """Required. The device type its collectives want tensors on (a ``torch.device`` type)."""
     description: ClassVar[str] = ""
+    """One line for ``commlib info``."""
     native_avg: ClassVar[bool] = False
+    """Whether the engine reduces with ``avg`` itself; ``False``: commlib computes a mean as sum,
+    then divide.
+    """
     large_payload_transport: ClassVar[Literal["collective", "p2p"]] = "collective"
+    """How object collectives move large payloads: ``"collective"`` or ``"p2p"`` (send/recv)."""
     mismatch_aborts: ClassVar[bool] = True
+    """Whether the engine kills the process on mismatched sizes; ``True``: commlib checks
+    arguments across ranks by default.
+    """
     interruptible_wait: ClassVar[bool] = False
+    """Whether ``Work.wait(timeout)`` only waits; ``True``: commlib watches for failures announced
+    elsewhere while it waits.
+    """
     completed_by_check: ClassVar[frozenset[str]] = frozenset()
+    """Collectives whose small results the argument check may compute from its own round; a
+    subclass overriding one drops it, so its method is called.
+    """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -565,7 +587,20 @@ class Backend:
         group: Group,
         async_op: bool = False,
     ) -> Work | None:
-        """Fill ``tensor`` on each rank ``i`` with ``src``'s ``scatter_list[i]``."""
+        """Fill ``tensor`` on each rank ``i`` with ``src``'s ``scatter_list[i]``.
+
+        Args:
+            tensor: the receiving buffer, on :meth:`device`.
+            scatter_list: on ``src``, ``world_size`` tensors like ``tensor``;
+                ``None`` on every other rank.
+            src: the sending rank, within ``group``.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`: a :class:`~commlib.types.Work`, or ``None``
+            when finished already.
+        """
         return dist.scatter(
             tensor, scatter_list, src=global_rank(group, src), group=group, async_op=async_op
         )
@@ -596,21 +631,49 @@ class Backend:
         )
 
     def barrier(self, group: Group, timeout: datetime.timedelta | None = None) -> None:
-        """Block until every rank of ``group`` has arrived."""
+        """Block until every rank of ``group`` has arrived.
+
+        Args:
+            group: as for :meth:`all_reduce`.
+            timeout: how long to wait; ``None``: the group's timeout.
+        """
         dist.barrier(group=group, timeout=timeout)
 
     # -- point to point ------------------------------------------------------------
     def send(
         self, tensor: torch.Tensor, dst: int, group: Group, async_op: bool = False, tag: int = 0
     ) -> Work | None:
-        """Send ``tensor`` to rank ``dst`` of ``group``."""
+        """Send ``tensor`` to rank ``dst`` of ``group``.
+
+        Args:
+            tensor: contiguous, on :meth:`device`.
+            dst: the receiving rank, within ``group``, never this rank.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+            tag: matches a send with its receive.
+
+        Returns:
+            As for :meth:`all_reduce`.
+        """
         work = dist.isend(tensor, dst=global_rank(group, dst), group=group, tag=tag)
         return WorkList([work]).result(async_op)
 
     def recv(
         self, tensor: torch.Tensor, src: int, group: Group, async_op: bool = False, tag: int = 0
     ) -> Work | None:
-        """Receive into ``tensor`` what rank ``src`` of ``group`` sends."""
+        """Receive into ``tensor`` what rank ``src`` of ``group`` sends.
+
+        Args:
+            tensor: the receiving buffer, shaped and typed like the sent tensor,
+                on :meth:`device`.
+            src: the sending rank, within ``group``, never this rank.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+            tag: matches a send with its receive.
+
+        Returns:
+            As for :meth:`all_reduce`.
+        """
         work = dist.irecv(tensor, src=global_rank(group, src), group=group, tag=tag)
         return WorkList([work]).result(async_op)
 

@@ -406,7 +406,15 @@ class Backend:
         return dist.get_world_size(group)
 
     def torch_reduce_op(self, op: EngineOp) -> Any:
-        """Map one of commlib's op names (``sum``, ``avg``, ...) to the engine's op."""
+        """Map one of commlib's op names (``sum``, ``avg``, ...) to the engine's op.
+
+        Args:
+            op: a :data:`~commlib.types.EngineOp` name.
+
+        Returns:
+            What the engine's calls take as their reduction (the defaults: a
+            ``torch.distributed.ReduceOp``).
+        """
         return getattr(dist.ReduceOp, _TORCH_OPS[op])
 
     # -- tensor collectives --------------------------------------------------------
@@ -612,7 +620,18 @@ class Backend:
         group: Group,
         async_op: bool = False,
     ) -> Work | None:
-        """Send ``input_list[i]`` to rank ``i``; receive rank ``i``'s into ``output_list[i]``."""
+        """Send ``input_list[i]`` to rank ``i``; receive rank ``i``'s into ``output_list[i]``.
+
+        Args:
+            output_list: ``world_size`` receiving buffers, on :meth:`device`.
+            input_list: ``world_size`` tensors, contiguous, on :meth:`device`.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`: a :class:`~commlib.types.Work`, or ``None``
+            when finished already.
+        """
         return dist.all_to_all(output_list, input_list, group=group, async_op=async_op)
 
     def all_to_all_single(
@@ -625,7 +644,21 @@ class Backend:
         async_op: bool = False,
     ) -> Work | None:
         """Split ``input`` along dim 0 (``input_split_sizes`` rows to each rank, equal
-        parts when ``None``) and concatenate what each rank sends here into ``output``."""
+        parts when ``None``) and concatenate what each rank sends here into ``output``.
+
+        Args:
+            output: the rows received from every rank, in rank order, on :meth:`device`.
+            input: the rows to send, contiguous, on :meth:`device`.
+            output_split_sizes: rows from each rank (one entry per rank, adding up
+                to ``output``'s rows); ``None``: equal parts.
+            input_split_sizes: rows to each rank, likewise; ``None``: equal parts.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`: a :class:`~commlib.types.Work`, or ``None``
+            when finished already.
+        """
         return dist.all_to_all_single(
             output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
         )

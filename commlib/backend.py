@@ -576,6 +576,17 @@ class Backend:
 
         On the other ranks the engine may use ``tensor`` as scratch space; the
         Communicator hands it a copy there.
+
+        Args:
+            tensor: contiguous, on :meth:`device`; the result on ``dst``.
+            dst: the receiving rank, within ``group``.
+            op: as for :meth:`all_reduce`.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`: a :class:`~commlib.types.Work`, or ``None``
+            when finished already.
         """
         # torch reduces complex tensors as pairs of reals in all_reduce, not in reduce
         wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor
@@ -718,6 +729,16 @@ class Backend:
         The default posts them one by one, which engines with asynchronous
         point-to-point (gloo) complete in any order; an engine that deadlocks
         on unbatched two-way exchange (NCCL) posts them as one group.
+
+        Args:
+            requests: :class:`~commlib.types.P2PRequest` items (kind, tensor on
+                :meth:`device`, peer within ``group`` and never this rank, tag).
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`: a :class:`~commlib.types.Work`, or ``None``
+            when finished already.
         """
         works = [
             (dist.isend if r.kind == "send" else dist.irecv)(

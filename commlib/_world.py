@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -176,6 +177,11 @@ class World:
                 dist.destroy_process_group()
             except Exception:  # exiting anyway; a failed teardown must not mask the exit code
                 pass
+        # the uncaught error that ends the script was printed already; its traceback's
+        # frames (kept as sys.last_*) would hold their engines' groups past this point
+        for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
         # a group still held by garbage cycles (a caught error's traceback: its frames hold
         # the engine, the object collective's handle holds the error) would outlive this,
         # and a gloo thread that still has to drop a finished work's tensors then needs the

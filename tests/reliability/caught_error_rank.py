@@ -2,17 +2,19 @@
 
 Usage::
 
-    torchrun --nproc-per-node N caught_error_rank.py {broadcast|gather} [teardown]
+    torchrun --nproc-per-node N caught_error_rank.py {broadcast|gather} [uncaught] [teardown]
 
 Every rank refuses its own root (``src``/``dst`` = its rank), catches the
 RemoteArgumentError every rank raises, checks that the group still works and
-exits. With ``teardown`` it runs commlib's exit teardown itself and prints how
-many of gloo's worker threads are left (``pt_gloo_runloop``): none, once the
-process group was destroyed while Python still runs.
+exits; with ``uncaught`` the error ends the script instead. With ``teardown``
+it prints, at exit after commlib's teardown, how many of gloo's worker
+threads are left (``pt_gloo_runloop``): none, once the process group was
+destroyed while Python still runs.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 
@@ -34,6 +36,9 @@ def _gloo_workers() -> int:
 
 def main() -> None:
     which, rest = sys.argv[1], sys.argv[2:]
+    if "teardown" in rest:
+        # registered before commlib's teardown, so it runs after it (last in, first out)
+        atexit.register(lambda: print(f"gloo workers left: {_gloo_workers()}", flush=True))
     commlib.init_dist("pytorch")
     rank, world = commlib.get_dist_info()
     try:
@@ -43,14 +48,11 @@ def main() -> None:
             commlib.broadcast_object_list([rank], src=rank)
     except RemoteArgumentError as exc:
         assert "disagree on the src/dst" in str(exc), exc
+        if "uncaught" in rest:
+            raise
     else:
         raise AssertionError("no RemoteArgumentError")
     assert commlib.all_gather_object(rank) == list(range(world))
-    if "teardown" in rest:
-        from commlib._world import world as state
-
-        state._teardown()  # what runs at exit
-        print(f"gloo workers left: {_gloo_workers()}", flush=True)
     print(f"rank {rank} finished", flush=True)
 
 

@@ -263,6 +263,12 @@ class Backend:
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here, or ``None`` when it can.
 
+        Returns:
+            A sentence for the user (shown by ``commlib info`` and in
+            :class:`~commlib.errors.BackendUnavailableError`), or ``None``.
+            The default checks that torch has ``torch.distributed`` and
+            :attr:`torch_backend`; a plugin adds its own needs (a driver, a device).
+
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").unavailable_reason() is None
             True
@@ -277,6 +283,10 @@ class Backend:
 
     def is_available(self) -> bool:
         """Whether this backend can run here.
+
+        Returns:
+            ``True`` when :meth:`unavailable_reason` is ``None``; a plugin
+            overrides :meth:`unavailable_reason`, not this.
 
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").is_available()
@@ -293,6 +303,9 @@ class Backend:
         such as gloo is the fallback), ``None`` for ``single``. Accelerator
         backends answer higher while their device is visible.
 
+        Returns:
+            The priority (higher wins), or ``None`` to serve only when named.
+
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").default_priority()
             0
@@ -302,6 +315,11 @@ class Backend:
     # -- devices -------------------------------------------------------------------
     def device(self) -> torch.device:
         """The device this backend's collectives need, for the current process.
+
+        Returns:
+            The device its tensor arguments are on (the core moves them there
+            with :meth:`to_device`): ``device_type`` with this process's index
+            for an accelerator.
 
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").device()
@@ -315,6 +333,12 @@ class Backend:
         Called by :func:`commlib.init_dist`. Accelerator backends set the
         current device from ``local_rank`` unless the user already chose one.
         The default (CPU) does nothing.
+
+        Args:
+            local_rank: this process's rank on its machine (``LOCAL_RANK``).
+
+        Returns:
+            Nothing.
         """
 
     def current_device(self) -> torch.device:
@@ -322,6 +346,9 @@ class Backend:
 
         Unlike :meth:`device`, it is the device type's own current device even
         where the backend's buffers live elsewhere (a multi-device group).
+
+        Returns:
+            A ``torch.device`` of :attr:`device_type`.
 
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").current_device()
@@ -334,12 +361,21 @@ class Backend:
 
         Nothing to wait for on the CPU, the default.
 
+        Returns:
+            Nothing; it returns once the device's queued work is done.
+
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").synchronize()
         """
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Return ``tensor`` on :meth:`device` (the same object when it is there).
+
+        Args:
+            tensor: any tensor, on any device.
+
+        Returns:
+            ``tensor`` itself when already on :meth:`device`, else a copy there.
 
         Examples:
             >>> gloo = commlib.plugins.get_backend_plugin("gloo")
@@ -361,6 +397,12 @@ class Backend:
         a plugin can return a variant that handles such a group differently.
         The default serves every group the same way.
 
+        Args:
+            torch_backend: the group's ``torch.distributed`` backend string.
+
+        Returns:
+            A :class:`Backend` (``self`` by default).
+
         Examples:
             >>> gloo = commlib.plugins.get_backend_plugin("gloo")
             >>> gloo.for_group("gloo") is gloo
@@ -372,6 +414,10 @@ class Backend:
     def serializer(self) -> Serializer:
         """The object-serialization strategy this backend uses by default.
 
+        Returns:
+            A :class:`~commlib.serialization.Serializer`; the object
+            collectives use it unless the caller passes another.
+
         Examples:
             >>> commlib.plugins.get_backend_plugin("gloo").serializer()
             <OutOfBandSerializer 'pickle5'>
@@ -382,6 +428,15 @@ class Backend:
     def init_process_group(self, **kwargs: Any) -> None:
         """Start the default process group for this backend (``env://`` etc.).
 
+        Args:
+            **kwargs: what ``torch.distributed.init_process_group`` takes
+                (``init_method``, ``rank``, ``world_size``, ``timeout``, ...),
+                already chosen by :func:`commlib.init_dist`; the default adds
+                ``backend=``:attr:`torch_backend`.
+
+        Returns:
+            Nothing; the default group exists afterwards.
+
         Examples:
             >>> backend = commlib.plugins.get_backend_plugin("gloo")
             >>> backend.init_process_group(init_method="env://")  # torchrun  # doctest: +SKIP
@@ -391,6 +446,17 @@ class Backend:
     def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Group:
         """Create a subgroup of the world; every world rank must call it.
 
+        Args:
+            ranks: world ranks of the new group, non-empty, in range and
+                without duplicates, the same list on every rank (the core
+                checked all that and agreed on it before the call).
+            timeout: the new group's operation timeout; ``None``: the world's.
+
+        Returns:
+            The new group (what the collectives receive as ``group``); on a
+            rank outside ``ranks``, whatever the engine returns for a
+            non-member (torch: ``GroupMember.NON_GROUP_MEMBER``).
+
         Examples:
             >>> backend = commlib.plugins.get_backend_plugin("gloo")
             >>> pair = backend.new_group([0, 1])  # every rank of 2 or more  # doctest: +SKIP
@@ -398,11 +464,25 @@ class Backend:
         return dist.new_group(list(ranks), timeout=timeout, backend=self.torch_backend)
 
     def rank(self, group: Group) -> int:
-        """This process's rank in ``group`` (-1 when it is not a member)."""
+        """This process's rank in ``group`` (-1 when it is not a member).
+
+        Args:
+            group: as for :meth:`all_reduce`.
+
+        Returns:
+            The rank, ``0`` to ``world_size - 1``, or -1.
+        """
         return dist.get_rank(group)
 
     def world_size(self, group: Group) -> int:
-        """The number of ranks in ``group``."""
+        """The number of ranks in ``group``.
+
+        Args:
+            group: as for :meth:`all_reduce`.
+
+        Returns:
+            The group's size, at least 1.
+        """
         return dist.get_world_size(group)
 
     def torch_reduce_op(self, op: EngineOp) -> Any:
@@ -493,6 +573,15 @@ class Backend:
         write small slots into every row, so that an engine that gathers small
         tensors fastest with its all_to_all sends them as they are, without
         building an input. The default gathers the first row.
+
+        Args:
+            output: ``(world_size, n)`` uint8 on :meth:`device`, written in place.
+            slots: ``(k, n)`` uint8 on :meth:`device`, as above.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`.
         """
         return self.all_gather_into_tensor(output, slots[0], group, async_op)
 
@@ -680,6 +769,9 @@ class Backend:
         Args:
             group: as for :meth:`all_reduce`.
             timeout: how long to wait; ``None``: the group's timeout.
+
+        Returns:
+            Nothing; it returns once every rank arrived (no async form).
         """
         dist.barrier(group=group, timeout=timeout)
 
@@ -761,6 +853,16 @@ class Backend:
         on; otherwise it blocks until all complete. Both sides must agree on
         sizes; the object collectives guarantee that through their first round.
         The default is :meth:`batch_isend_irecv`, receives first.
+
+        Args:
+            sends: ``(tensor, peer)`` pairs, tensors on :meth:`device`, peers
+                ranks of ``group`` other than this one.
+            recvs: ``(buffer, peer)`` pairs, received into in place.
+            group: as for :meth:`all_reduce`.
+            async_op: as for :meth:`all_reduce`.
+
+        Returns:
+            As for :meth:`all_reduce`.
         """
         requests = [P2PRequest("recv", t, peer) for t, peer in recvs]
         requests += [P2PRequest("send", t, peer) for t, peer in sends]
@@ -850,6 +952,13 @@ class Backend:
         group's own timeout (``ProcessGroup.set_timeout``); an engine without
         one keeps its own.
 
+        Args:
+            group: as for :meth:`all_reduce` (``None``: nothing to do).
+            timeout: the call's timeout, positive.
+
+        Returns:
+            Nothing; an engine that cannot do it silently keeps its own.
+
         Examples:
             >>> plugin.set_timeout(group, datetime.timedelta(seconds=30))  # doctest: +SKIP
         """
@@ -866,6 +975,12 @@ class Backend:
         The default asks the process group to abort (``ProcessGroup.abort``):
         engines that have it end their pending operations; the others end them
         by the timeout :meth:`set_timeout` gave them.
+
+        Args:
+            group: the broken group (``None``: nothing to do).
+
+        Returns:
+            Nothing; it must not raise or block.
 
         Examples:
             >>> plugin.abort(group)  # doctest: +SKIP
@@ -891,6 +1006,20 @@ class Backend:
         works for engines that connect through the store (gloo, and custom
         engines registered with torch). A backend whose engine can shrink
         its communicators itself overrides it.
+
+        Args:
+            group: the broken group, as for :meth:`all_reduce`.
+            keep: surviving ranks of ``group``, the same list on every
+                survivor (agreed by the core), this rank among them.
+            name: a unique group name, the same on every survivor.
+            timeout: the new group's operation timeout.
+
+        Returns:
+            The new group, on which this rank is ``keep.index(own rank)``.
+
+        Raises:
+            NotImplementedError: the engine cannot build a group this way
+                (``RuntimeError`` also; the core reports either as a ``CommError``).
 
         Examples:
             >>> survivors = plugin.shrink_group(group, [0, 2, 3], "0.shrunk0", timedelta(60))

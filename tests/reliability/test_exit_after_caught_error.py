@@ -75,8 +75,9 @@ def test_the_teardown_at_exit_destroys_the_group_an_error_held(tmp_path, which, 
 def test_every_rank_exits_0_after_a_caught_object_collective_error(tmp_path):
     # the abort was a race (2 of 5 runs for a new user; 5 of 70 at 3 ranks here, under
     # load, 0 of 36 after the fix):
-    # 10 runs at 2 ranks and 10 at 3, two at a time
-    runs = [(2, "broadcast"), (3, "broadcast"), (2, "gather"), (3, "gather")] * 5
+    # 4 runs at 2 ranks and 4 at 3, two at a time: the deterministic test above guards
+    # the cause; these runs are the symptom a user saw (20 runs took 2 min of the suite)
+    runs = [(2, "broadcast"), (3, "broadcast"), (2, "gather"), (3, "gather")] * 2
     with ThreadPoolExecutor(2) as pool:
         done = list(
             pool.map(

@@ -145,7 +145,7 @@ class AcceleratorBackend(EngineGaps):
         """The device module (``torch.cuda``, ``torch.npu``, ...), importing its package.
 
         Examples:
-            >>> hccl = commlib.plugins.get_backend_plugin("hccl")
+            >>> hccl = commlib.plugins.resolve_backend("hccl")
             >>> hccl.vendor_module()   # with torch_npu  # doctest: +SKIP
             <module 'torch_npu.npu' ...>
         """
@@ -162,7 +162,7 @@ class AcceleratorBackend(EngineGaps):
         """The first missing piece: vendor package, torch's engine, a visible device.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("cncl").unavailable_reason()
+            >>> commlib.plugins.resolve_backend("cncl").unavailable_reason()
             'torch_mlu is not installed'
         """
         if self.vendor_package is not None:
@@ -200,7 +200,7 @@ class AcceleratorBackend(EngineGaps):
         this device type; the vendor module otherwise.
 
         Examples:
-            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
             >>> nccl.runtime()   # a CUDA build of torch  # doctest: +SKIP
             <DeviceRuntime cuda via torch.accelerator>
         """
@@ -215,7 +215,7 @@ class AcceleratorBackend(EngineGaps):
         """This process's current accelerator device (e.g. ``cuda:1``).
 
         Examples:
-            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
             >>> nccl.accelerator_device()   # GPU rank 1  # doctest: +SKIP
             device(type='cuda', index=1)
         """
@@ -225,7 +225,7 @@ class AcceleratorBackend(EngineGaps):
         """The current device of this type (e.g. ``cuda:1``).
 
         Examples:
-            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
             >>> nccl.current_device()   # GPU rank 1  # doctest: +SKIP
             device(type='cuda', index=1)
         """
@@ -235,7 +235,7 @@ class AcceleratorBackend(EngineGaps):
         """Wait for the work queued on this process's device.
 
         Examples:
-            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
             >>> nccl.synchronize()      # with a GPU  # doctest: +SKIP
         """
         if self.accelerator_device().type == self.device_type:
@@ -245,7 +245,7 @@ class AcceleratorBackend(EngineGaps):
         """10 while a device is visible: an accelerator serves its machine before gloo.
 
         Examples:
-            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
             >>> nccl.default_priority()  # a GPU visible  # doctest: +SKIP
             10
         """
@@ -269,7 +269,7 @@ class AcceleratorBackend(EngineGaps):
         """Index of the device this process's collectives use.
 
         Examples:
-            >>> nccl = commlib.plugins.get_backend_plugin("nccl")
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
             >>> nccl.accelerator_index()   # GPU rank 1  # doctest: +SKIP
             1
         """
@@ -281,7 +281,7 @@ class AcceleratorBackend(EngineGaps):
         A device the user already made current (any but 0) is kept.
 
         Examples:
-            >>> plugin = commlib.plugins.get_backend_plugin("nccl")
+            >>> plugin = commlib.plugins.resolve_backend("nccl")
             >>> plugin.setup_device(int(os.environ["LOCAL_RANK"]))   # torchrun  # doctest: +SKIP
         """
         reason = self.unavailable_reason()
@@ -346,7 +346,7 @@ class AcceleratorBackend(EngineGaps):
         device memory and no device synchronisation.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("nccl").for_group("cpu:gloo,cuda:nccl").device()
+            >>> commlib.plugins.resolve_backend("nccl").for_group("cpu:gloo,cuda:nccl").device()
             device(type='cpu')
         """
         parts = dict(part.split(":", 1) for part in torch_backend.split(",") if ":" in part)

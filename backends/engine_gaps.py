@@ -99,7 +99,7 @@ class EngineGaps(Backend):
         """Whether the library reduces ``dtype`` with ``op`` (an engine op name).
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("nccl").reduces_natively("band", torch.int64)
+            >>> commlib.plugins.resolve_backend("nccl").reduces_natively("band", torch.int64)
             False
         """
         if dtype.is_complex:
@@ -120,7 +120,7 @@ class EngineGaps(Backend):
         the gathers need to be the same everywhere.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.gathers_p2p(torch.empty(16 << 20, dtype=torch.uint8), None)
             True
             >>> gloo.gathers_p2p(torch.empty(1024, dtype=torch.uint8), None)
@@ -136,7 +136,7 @@ class EngineGaps(Backend):
         collectives need to be the same everywhere).
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.exchanges_small(torch.empty(1024, dtype=torch.uint8), group)  # doctest: +SKIP
             True
             >>> gloo.exchanges_small(torch.empty(8 << 20, dtype=torch.uint8), group)  # 2 ranks
@@ -159,7 +159,7 @@ class EngineGaps(Backend):
         rank: what an all_gather does, in the engine's all_to_all.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> out = torch.empty(2 * 4)                                # doctest: +SKIP
             >>> gloo.gather_by_all_to_all(out, torch.ones(4), group)  # every rank of 2
             ... # doctest: +SKIP
@@ -195,7 +195,7 @@ class EngineGaps(Backend):
         2 ranks, faster at 3 and 4.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> parts = [torch.empty(4) for _ in range(2)]              # doctest: +SKIP
             >>> gloo.gather_p2p(parts, torch.ones(4), None, group)    # every rank of 2
             ... # doctest: +SKIP

@@ -110,7 +110,7 @@ class GlooBackend(EngineGaps, DirectCalls):
             ``True`` for gloo's timeouts and torch's store wait timeouts.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.is_timeout(RuntimeError(
             ...     "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv"))
             True
@@ -130,7 +130,7 @@ class GlooBackend(EngineGaps, DirectCalls):
             location to strip.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.describe_failure(RuntimeError(
             ...     "[/src/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
             ...     "[127.0.0.1]:5350. This is typically caused by a remote worker crashing."))
@@ -155,7 +155,7 @@ class GlooBackend(EngineGaps, DirectCalls):
             rank published it.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.failed_peer(RuntimeError("Timed out waiting 3000ms"), None) is None
             True
         """

@@ -70,7 +70,7 @@ class NcclBackend(AcceleratorBackend):
         """Whether torch and NCCL here shrink ``group``'s communicator in place.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("nccl").can_shrink(None)  # no group here
+            >>> commlib.plugins.resolve_backend("nccl").can_shrink(None)  # no group here
             False
         """
         if getattr(dist, "shrink_group", None) is None or group is None:

@@ -132,7 +132,7 @@ class Engine:
         timeout: how long a call may wait for its peers unless it says otherwise.
 
     Examples:
-        >>> plugin = commlib.plugins.get_backend_plugin("single")   # a world of one
+        >>> plugin = commlib.plugins.resolve_backend("single")   # a world of one
         >>> engine = Engine(plugin, None, timeout=datetime.timedelta(seconds=30))
         >>> t = torch.ones(2)
         >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")

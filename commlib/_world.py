@@ -123,7 +123,7 @@ class World:
         """Note that ``plugin`` started the current (just initialised) world.
 
         Examples:
-            >>> world.started(plugins.get_backend_plugin("gloo"))  # after init  # doctest: +SKIP
+            >>> world.started(plugins.resolve_backend("gloo"))  # after init  # doctest: +SKIP
         """
         self._started_world = id(dist.group.WORLD)
         self._started_torch_backend = str(dist.get_backend())

@@ -270,9 +270,9 @@ class Backend:
             :attr:`torch_backend`; a plugin adds its own needs (a driver, a device).
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").unavailable_reason() is None
+            >>> commlib.plugins.resolve_backend("gloo").unavailable_reason() is None
             True
-            >>> commlib.plugins.get_backend_plugin("nccl").unavailable_reason()  # doctest: +SKIP
+            >>> commlib.plugins.resolve_backend("nccl").unavailable_reason()  # doctest: +SKIP
             'torch was built without NCCL'
         """
         if not dist.is_available():
@@ -289,7 +289,7 @@ class Backend:
             overrides :meth:`unavailable_reason`, not this.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").is_available()
+            >>> commlib.plugins.resolve_backend("gloo").is_available()
             True
         """
         return self.unavailable_reason() is None
@@ -307,7 +307,7 @@ class Backend:
             The priority (higher wins), or ``None`` to serve only when named.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").default_priority()
+            >>> commlib.plugins.resolve_backend("gloo").default_priority()
             0
         """
         return 0 if self.torch_backend else None
@@ -322,7 +322,7 @@ class Backend:
             for an accelerator.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").device()
+            >>> commlib.plugins.resolve_backend("gloo").device()
             device(type='cpu')
         """
         return _device(self.device_type)
@@ -351,7 +351,7 @@ class Backend:
             A ``torch.device`` of :attr:`device_type`.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").current_device()
+            >>> commlib.plugins.resolve_backend("gloo").current_device()
             device(type='cpu')
         """
         return torch.device(self.device_type)
@@ -365,7 +365,7 @@ class Backend:
             Nothing; it returns once the device's queued work is done.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").synchronize()
+            >>> commlib.plugins.resolve_backend("gloo").synchronize()
         """
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -378,7 +378,7 @@ class Backend:
             ``tensor`` itself when already on :meth:`device`, else a copy there.
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> x = torch.ones(2)
             >>> gloo.to_device(x) is x                 # already there
             True
@@ -404,7 +404,7 @@ class Backend:
             A :class:`Backend` (``self`` by default).
 
         Examples:
-            >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.for_group("gloo") is gloo
             True
         """
@@ -419,7 +419,7 @@ class Backend:
             collectives use it unless the caller passes another.
 
         Examples:
-            >>> commlib.plugins.get_backend_plugin("gloo").serializer()
+            >>> commlib.plugins.resolve_backend("gloo").serializer()
             <OutOfBandSerializer 'pickle5'>
         """
         return default_serializer()
@@ -438,7 +438,7 @@ class Backend:
             Nothing; the default group exists afterwards.
 
         Examples:
-            >>> backend = commlib.plugins.get_backend_plugin("gloo")
+            >>> backend = commlib.plugins.resolve_backend("gloo")
             >>> backend.init_process_group(init_method="env://")  # torchrun  # doctest: +SKIP
         """
         dist.init_process_group(backend=self.torch_backend, **kwargs)
@@ -458,7 +458,7 @@ class Backend:
             non-member (torch: ``GroupMember.NON_GROUP_MEMBER``).
 
         Examples:
-            >>> backend = commlib.plugins.get_backend_plugin("gloo")
+            >>> backend = commlib.plugins.resolve_backend("gloo")
             >>> pair = backend.new_group([0, 1])  # every rank of 2 or more  # doctest: +SKIP
         """
         return dist.new_group(list(ranks), timeout=timeout, backend=self.torch_backend)
@@ -889,7 +889,7 @@ class Backend:
             other failure (:class:`~commlib.errors.CommError`).
 
         Examples:
-            >>> plugin = commlib.plugins.get_backend_plugin("single")
+            >>> plugin = commlib.plugins.resolve_backend("single")
             >>> plugin.is_timeout(RuntimeError("operation timed out after 30000ms"))
             True
             >>> plugin.is_timeout(RuntimeError("connection reset by peer"))
@@ -912,7 +912,7 @@ class Backend:
             One line of text; commlib puts it after the collective and rank.
 
         Examples:
-            >>> plugin = commlib.plugins.get_backend_plugin("single")
+            >>> plugin = commlib.plugins.resolve_backend("single")
             >>> plugin.describe_failure(RuntimeError("connection reset by peer"))
             'connection reset by peer'
         """
@@ -937,7 +937,7 @@ class Backend:
             no peer or the peer cannot be told.
 
         Examples:
-            >>> plugin = commlib.plugins.get_backend_plugin("single")
+            >>> plugin = commlib.plugins.resolve_backend("single")
             >>> plugin.failed_peer(RuntimeError("connection reset by peer"), None) is None
             True
         """

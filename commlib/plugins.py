@@ -23,6 +23,7 @@ themselves: this module never calls them.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -244,16 +245,31 @@ def resolve_backend(name: str | torch.device) -> Backend:
 
 
 def get_backend_plugin(name: str) -> Backend:
-    """The registered plugin called ``name`` (:func:`resolve_backend` looks it up first).
+    """Deprecated: use :func:`resolve_backend` (which looks a plugin name up first).
 
-    Kept for plugins written against it (the ``commlib-traced`` example wraps
-    the plugin it names): a name that is no plugin is an error here.
+    Kept because plugins written against the plugin guide before it named
+    :func:`resolve_backend` call it. As before, only a plugin's name is looked
+    up: a torch backend or device that is no plugin's name is an error here.
 
     Examples:
-        >>> get_backend_plugin("gloo").torch_backend
-        'gloo'
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     get_backend_plugin("gloo") is resolve_backend("gloo")
+        True
+        >>> caught[0].category.__name__
+        'DeprecationWarning'
     """
-    backends = _backends()
+    warnings.warn(
+        "commlib.plugins.get_backend_plugin is deprecated; use commlib.plugins.resolve_backend",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return _plugin_named(name, _backends())
+
+
+def _plugin_named(name: str, backends: dict[str, Backend]) -> Backend:
+    """The registered plugin called ``name``; a broken one's reason, else ValueError."""
     if name in backends:
         return backends[name]
     _refuse_broken(name)
@@ -454,7 +470,7 @@ def saved_state() -> RegistryState:
         >>> state = saved_state()
         >>> refresh()                       # the next lookup makes new plugin instances
         >>> restore_state(state)            # the same instances again
-        >>> get_backend_plugin("gloo") is state.registry.backends["gloo"]
+        >>> resolve_backend("gloo") is state.registry.backends["gloo"]
         True
     """
     with _lock:
@@ -466,7 +482,7 @@ def restore_state(state: RegistryState) -> None:
 
     Examples:
         >>> state = saved_state()
-        >>> gloo = type(get_backend_plugin("gloo"))
+        >>> gloo = type(resolve_backend("gloo"))
         >>> _ = register_backend(type("Scratch", (gloo,), {"name": "scratch"}))
         >>> restore_state(state)
         >>> "scratch" in {b.name for b in list_backends()}

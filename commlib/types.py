@@ -34,7 +34,7 @@ class Work(Protocol):
     """What an asynchronous collective returns; torch's ``Work`` is one.
 
     Examples:
-        >>> gloo = commlib.plugins.get_backend_plugin("gloo")
+        >>> gloo = commlib.plugins.resolve_backend("gloo")
         >>> work = gloo.all_reduce(torch.ones(2), "sum", None, async_op=True)  # doctest: +SKIP
         >>> work.wait(datetime.timedelta(seconds=30))   # in a gloo world  # doctest: +SKIP
         True

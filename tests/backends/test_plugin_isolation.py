@@ -137,7 +137,7 @@ with warnings.catch_warnings():  # under a launcher, before init_dist: a world o
     assert commlib.get_backend() is None or commlib.get_world_size() == 1
 for name in ("broken", "hookfail", "twin"):
     try:
-        plugins.get_backend_plugin(name)
+        plugins.resolve_backend(name)
     except commlib.BackendUnavailableError as exc:
         print(name, "->", exc)
     else:

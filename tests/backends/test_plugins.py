@@ -61,12 +61,12 @@ def test_core_imports_no_backend_module_by_name():
 
 def test_register_backend_at_run_time(clean_registry):
     inst = commlib.register_backend(Echo)
-    assert plugins.get_backend_plugin("echo-test") is inst
+    assert plugins.resolve_backend("echo-test") is inst
     assert "echo-test" in [b.name for b in commlib.list_backends()]
     with pytest.raises(ValueError, match="already registered"):
         commlib.register_backend(Echo)
     again = commlib.register_backend(Echo(), replace=True)
-    assert plugins.get_backend_plugin("echo-test") is again
+    assert plugins.resolve_backend("echo-test") is again
     # the engine's own plugin still serves gloo groups
     assert plugins.backend_for_group("gloo").name == "gloo"
 
@@ -93,14 +93,24 @@ def test_register_rejects_non_backends():
 
 def test_unknown_backend_lists_known_ones():
     with pytest.raises(ValueError, match=r"registered: .*gloo"):
-        plugins.get_backend_plugin("nope")
+        plugins.resolve_backend("nope")
     with pytest.raises(ValueError, match="drives"):
         plugins.backend_for_group("nope")
 
 
+def test_get_backend_plugin_is_a_deprecated_alias_for_plugin_names():
+    # plugins written against the older plugin guide call it: same plugin, a warning
+    with pytest.warns(DeprecationWarning, match="resolve_backend"):
+        assert plugins.get_backend_plugin("gloo") is plugins.resolve_backend("gloo")
+    # and, as before, only a plugin's name: a device is resolve_backend's
+    assert plugins.resolve_backend("cpu").name == "gloo"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"registered: .*gloo"):
+        plugins.get_backend_plugin("cpu")
+
+
 @pytest.mark.parametrize("name", ["nccl", "hccl", "cncl"])
 def test_selecting_a_backend_this_machine_lacks_says_why(name):
-    plugin = commlib.plugins.get_backend_plugin(name)
+    plugin = commlib.plugins.resolve_backend(name)
     reason = plugin.unavailable_reason()
     if reason is None:
         pytest.skip(f"{name} is available here")
@@ -140,8 +150,8 @@ def test_pluggy_plugin_registration(clean_registry):
         assert not row.available and "registered twice" in row.reason
         assert "echo-plugin" in row.reason and "twin" in row.reason
         with pytest.raises(commlib.BackendUnavailableError, match="registered twice"):
-            plugins.get_backend_plugin("echo-test")
-        assert plugins.get_backend_plugin("gloo").name == "gloo"
+            plugins.resolve_backend("echo-test")
+        assert plugins.resolve_backend("gloo").name == "gloo"
         pm.unregister(name="twin")
     finally:
         pm.unregister(p)

@@ -45,7 +45,7 @@ def test_info_lists_every_backend_with_its_reason(capsys):
 
 
 def test_what_each_vendor_library_lacks_is_declared():
-    nccl, hccl, cncl = (plugins.get_backend_plugin(n) for n in ("nccl", "hccl", "cncl"))
+    nccl, hccl, cncl = (plugins.resolve_backend(n) for n in ("nccl", "hccl", "cncl"))
     # bitwise ops: no vendor library has them
     for plugin in (nccl, hccl, cncl):
         assert not plugin.reduces_natively("band", torch.int64)
@@ -69,7 +69,7 @@ def test_multi_device_spec_picks_the_accelerator_plugin():
     variant = plugins.backend_for_group("cpu:gloo,cuda:nccl")
     assert variant.name == "nccl" and variant.torch_backend == "cpu:gloo,cuda:nccl"
     assert variant.cpu_part == "gloo"
-    assert plugins.get_backend_plugin("nccl").torch_backend == "nccl"  # the original is intact
+    assert plugins.resolve_backend("nccl").torch_backend == "nccl"  # the original is intact
     assert plugins.backend_for_group("gloo").name == "gloo"
     assert plugins.resolve_backend("cpu").name == "gloo"
     with pytest.raises(ValueError, match="unknown commlib backend 'nope': not a plugin"):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from commlib.plugins import get_backend_plugin, list_backends
+from commlib.plugins import list_backends, resolve_backend
 from commlib.serialization import (
     OutOfBandSerializer,
     PickleSerializer,
@@ -40,7 +40,7 @@ PROPERTY = settings(
 
 def serializers():
     """Every registered backend's serializer, plus the restricted one."""
-    found = {info.name: get_backend_plugin(info.name).serializer() for info in list_backends()}
+    found = {info.name: resolve_backend(info.name).serializer() for info in list_backends()}
     found["restricted"] = RestrictedSerializer()
     return found
 
@@ -54,7 +54,7 @@ def round_trip(ser, obj):
 
 def test_backends_default_to_out_of_band():
     assert isinstance(default_serializer(), OutOfBandSerializer)
-    assert isinstance(get_backend_plugin("gloo").serializer(), OutOfBandSerializer)
+    assert isinstance(resolve_backend("gloo").serializer(), OutOfBandSerializer)
 
 
 @PROPERTY

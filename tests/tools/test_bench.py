@@ -565,7 +565,7 @@ def test_the_dispatch_plugin_is_the_backend_s_own_on_the_fake_group():
     from commlib import plugins
     from commlib.bench.fake_world import dispatch_plugin
 
-    base = plugins.get_backend_plugin("gloo")
+    base = plugins.resolve_backend("gloo")
     plugin = dispatch_plugin(base)
     assert isinstance(plugin, type(base)) and plugin.device() == base.device()
     assert (plugin.name, plugin.torch_backend) == ("gloo@fake", "fake")
@@ -574,7 +574,7 @@ def test_the_dispatch_plugin_is_the_backend_s_own_on_the_fake_group():
     assert plugin.reduce_scatter_by_all_to_all is False
     assert base.small_exchange_bytes is not None  # the real plugin is untouched
     with pytest.raises(ValueError, match="nothing to compare"):
-        dispatch_plugin(plugins.get_backend_plugin("single"))
+        dispatch_plugin(plugins.resolve_backend("single"))
 
 
 def test_dispatch_sides_take_turns_and_register_their_observer_for_their_block_only():

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from commlib import Backend
-from commlib.plugins import get_backend_plugin
+from commlib.plugins import resolve_backend
 from commlib_traced import trace
 
 
@@ -65,7 +65,7 @@ class TracedBackend(Backend):
     @property
     def inner(self) -> Backend:
         """The backend doing the work (looked up lazily: the registry is built after us)."""
-        return get_backend_plugin(self.inner_name)
+        return resolve_backend(self.inner_name)
 
     # -- everything but the collectives is the inner backend's -------------------------
     def unavailable_reason(self) -> str | None:

@@ -4,7 +4,7 @@ The page is generated whole: edit this script, not docs/bench.md. One results
 section per JSON file, in the order given (the docs show world 2, then world 4).
 Usage, from the repository root::
 
-    commlib bench --json docs/bench.json --plot docs/bench.png
+    commlib bench --strict both --json docs/bench.json --plot docs/bench.png
     commlib bench --nproc 4 --max-bytes 4M --iters 5 --json docs/bench-4.json \\
         --plot docs/bench-4.png
     commlib bench --ops dispatch --nproc 8 --trials 9 --json docs/bench-dispatch.json
@@ -176,7 +176,11 @@ w(
     "collectives or kinds (`tensor`, `object`, `latency`, `helper`); `--json FILE` every row "
     "and column, the per-trial times included; `--plot FILE.png` bus bandwidth against size "
     "(`pip install 'commlib[plot]'`); `--format markdown`; `--timeout SECONDS` (default 120): "
-    "a rank that fails or hangs ends the run with that rank's error and a non-zero exit. "
+    "a rank that fails or hangs ends the run with that rank's error and a non-zero exit; "
+    "`--strict` how commlib's side checks its arguments across ranks: `default` (what a "
+    "program gets: `COMMLIB_STRICT`, else the backend's default, checked on gloo), `on`, "
+    "`off`, or `both`: checked and unchecked in the same run, interleaved, a column each, "
+    "with the check's price per row. "
     "`--ops dispatch` (not part of the default) times what a call costs on its way to the "
     "engine, in this process on torch's fake process group, with `--calls` timed calls of each "
     "side per trial (default 1000) and `--nproc` the fake world's size: "
@@ -239,7 +243,17 @@ def world_section(path, meta, rows):
         f"Linux VM shared with other work, so it is noisy.{busy}{oversub} Run it on your "
         "machine for your numbers.\n"
     )
-    s("```text\n" + "\n".join(report.summary(rows)) + "\n```\n")
+    if "unchecked_ratio" in r0:
+        s(
+            f"`--strict {r0['strict']}`: the commlib column is {report.commlib_label(rows)}, "
+            "what a program gets by default; **unchecked** is the same call through a "
+            "communicator of the group with `strict=False`, interleaved with the other two "
+            "in every trial. **check cost** is the checked time over the unchecked one, "
+            "trial by trial: what the argument check costs on that row "
+            "([what it does](reliability.md#mismatched-arguments-the-check)). The summary "
+            "gives each of the three ratios.\n"
+        )
+    s("```text\n" + "\n".join(report.summaries(rows)) + "\n```\n")
     bullets = findings(rows)
     if bullets:
         s(

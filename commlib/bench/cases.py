@@ -16,7 +16,7 @@ without a helper does.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,10 @@ from commlib.bench.dispatch_cases import is_dispatch_token
 from commlib.communicator import Communicator
 
 IMPLS = ("commlib", "torch")
+#: every implementation a row can hold, in column order: commlib in the run's
+#: mode (``--strict``; checked by default where the backend checks), commlib
+#: unchecked (``strict=False``, with ``--strict both``), torch
+SIDES = ("commlib", "unchecked", "torch")
 
 # torch 2.13 renamed the flat collectives and warns on every call of the old names
 _torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -472,6 +476,29 @@ CASES: list[Case] = [
         _all_reduce_params,
     ),
 ]
+
+
+def prepare_sides(case: Case, comms: Mapping[str, Communicator], size: int) -> Prepared:
+    """``case`` at ``size``: torch's call and a commlib call per communicator of ``comms``.
+
+    ``comms`` maps a side (``"commlib"``, ``"unchecked"``) to the communicator
+    its calls go through, all over one process group; each side gets buffers
+    of its own, filled alike, so the sides move the same data.
+
+    Examples:
+        >>> off = Communicator(comm.group, strict=False)   # every rank  # doctest: +SKIP
+        >>> p = prepare_sides(CASES[0], {"commlib": comm, "unchecked": off}, 4096)
+        ... # doctest: +SKIP
+        >>> list(p.calls)                                  # doctest: +SKIP
+        ['commlib', 'unchecked', 'torch']
+    """
+    prepared = case.prepare(comms["commlib"], size)
+    calls = {"commlib": prepared.calls["commlib"]}
+    for side, comm in comms.items():
+        if side != "commlib":
+            calls[side] = case.prepare(comm, size).calls["commlib"]
+    calls["torch"] = prepared.calls["torch"]
+    return Prepared(prepared.nbytes, prepared.count, calls, prepared.check)
 
 
 def select_cases(spec: str | Sequence[str] | None) -> list[Case]:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from commlib.backend import Backend
 
 
+#: ``--strict`` values: the communicator's own mode, strict, unchecked, default and unchecked
+STRICT_MODES = ("default", "on", "off", "both")
+
+
 @dataclass(frozen=True)
 class BenchOptions:
     """Everything a benchmark run needs; picklable, so it travels to the ranks.
@@ -40,6 +44,7 @@ class BenchOptions:
     progress: bool = True
     memory: bool = True
     calls: int = 1000
+    strict: str = "default"
 
     def sizes(self) -> list[int]:
         """The swept sizes in bytes.
@@ -154,6 +159,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.calls,
         help="--ops dispatch: timed calls of each side per trial (default %(default)s)",
     )
+    add(
+        "--strict",
+        choices=STRICT_MODES,
+        default=d.strict,
+        help="how commlib's side checks its arguments across ranks: default (as a program "
+        "gets it: COMMLIB_STRICT, else the backend's default), on "
+        "(strict=True), off (strict=False), or both: the default and unchecked in the same "
+        "run, interleaved, a column each, so a row shows what the check costs "
+        "(default %(default)s)",
+    )
     add("--json", default=d.json, metavar="FILE", help="write every row, every column, as JSON")
     add(
         "--plot",
@@ -186,6 +201,8 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     opts = BenchOptions(**{k: v for k, v in vars(args).items() if k in names})
     # fail here, before any rank starts, on a sweep or case list that makes no sense
     opts.sizes()
+    if opts.strict not in STRICT_MODES:
+        raise ValueError(f"--strict must be one of {', '.join(STRICT_MODES)}, got {opts.strict!r}")
     across_ranks, dispatch = select_cases(opts.ops), select_dispatch(opts.ops)
     if opts.plot and not across_ranks:
         raise ValueError("--plot draws bus bandwidth, which the dispatch cases do not have")

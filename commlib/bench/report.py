@@ -36,10 +36,11 @@ def _size(row: Row) -> str:
     return format_size(row["size_bytes"])
 
 
-def _spread(row: Row) -> str:
-    if "ratio_low" not in row or "ratio_high" not in row:
+def _spread(row: Row, prefix: str = "") -> str:
+    low, high = prefix + "ratio_low", prefix + "ratio_high"
+    if low not in row or high not in row:
         return "-"  # a row from before trials
-    return f"{row['ratio_low']:.2f}-{row['ratio_high']:.2f}"
+    return f"{row[low]:.2f}-{row[high]:.2f}"
 
 
 def _noise(row: Row) -> str:
@@ -68,8 +69,39 @@ def _impl_columns(impl: str) -> list[tuple[str, int, Callable[[Row], str]]]:
     ]
 
 
+def _has_unchecked(rows: Sequence[Row]) -> bool:
+    """Whether the rows hold an unchecked commlib side (``--strict both``)."""
+    return bool(rows) and all("unchecked_time_us" in r for r in rows)
+
+
+def _ratio_cells(r: Row, prefix: str = "") -> str:
+    """A ratio, its spread and its noise flag: ``prefix`` picks which (``unchecked_``, ...)."""
+    noise = "noise" if stats.row_noise(r, prefix) else ""
+    return f"{r[prefix + 'ratio']:6.2f} {_spread(r, prefix):>9} {noise:5}"
+
+
+def commlib_label(rows: Sequence[Row]) -> str:
+    """What the commlib column measured: its ``--strict`` mode and what it checked.
+
+    Examples:
+        >>> commlib_label([{"strict": "both", "checks": "guard"}])
+        'commlib checked (guard)'
+        >>> commlib_label([{}])                      # a file from before --strict
+        'commlib'
+    """
+    r0 = rows[0] if rows else {}
+    checks = r0.get("checks")
+    if checks is None:
+        return "commlib"
+    return f"commlib {'unchecked' if checks == 'off' else 'checked'} ({checks})"
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """The rows as a fixed-width text table, one block per case.
+
+    With ``--strict both`` the unchecked side follows commlib's (its time),
+    then its ratio to torch and the check's price (checked over unchecked),
+    each with its spread.
 
     Examples:
         >>> print(format_table(rows))           # rows: what run_rank returned  # doctest: +SKIP
@@ -81,32 +113,44 @@ def format_table(rows: Sequence[Row]) -> str:
     name_w = max([len("case"), *(len(r["case"]) for r in rows)])
     left = [("size", 6, _size), ("iters", 5, lambda r: str(r["iters"]))]
     impls = {impl: _impl_columns(impl) for impl in ("commlib", "torch")}
+    titles = {"commlib": commlib_label(rows), "torch": "torch.distributed"}
+    both = _has_unchecked(rows)
+    if both:
+        impls = {
+            "commlib": impls["commlib"],
+            "unchecked": [("time(us)", 10, lambda r: _us(r["unchecked_time_us"]))],
+            "torch": impls["torch"],
+        }
+        titles["unchecked"] = "unchecked"
     span = {impl: sum(w + 1 for _, w, _ in cols) - 1 for impl, cols in impls.items()}
     lead = name_w + sum(w + 1 for _, w, _ in left)
+    ratios = [("ratio", "")]
+    if both:
+        ratios += [("unchecked", "unchecked_"), ("check cost", "check_")]
+    ratio_w = 6 + 1 + 9 + 1 + 5
     lines = [
         " " * lead
-        + " | "
-        + "commlib".center(span["commlib"])
-        + " | "
-        + "torch.distributed".center(span["torch"])
-        + " |",
+        + "".join(" | " + titles[impl][: span[impl]].center(span[impl]) for impl in impls)
+        + "".join(" | " + title.center(ratio_w) for title, _ in ratios).rstrip(),
         "case".ljust(name_w)
         + "".join(" " + h.rjust(w) for h, w, _ in left)
         + "".join(" | " + " ".join(h.rjust(w) for h, w, _ in cols) for cols in impls.values())
-        + " |  ratio    spread",
+        + "".join(" |  ratio    spread      " for _ in ratios).rstrip(),
     ]
     for i, (_, block) in enumerate(groupby(rows, key=lambda r: r["case"])):
         if i:
             lines.append("")
         for r in block:
             lines.append(
-                r["case"].ljust(name_w)
-                + "".join(" " + cell(r).rjust(w) for _, w, cell in left)
-                + "".join(
-                    " | " + " ".join(cell(r).rjust(w) for _, w, cell in cols)
-                    for cols in impls.values()
-                )
-                + f" | {r['ratio']:6.2f} {_spread(r):>9} {_noise(r)}".rstrip()
+                (
+                    r["case"].ljust(name_w)
+                    + "".join(" " + cell(r).rjust(w) for _, w, cell in left)
+                    + "".join(
+                        " | " + " ".join(cell(r).rjust(w) for _, w, cell in cols)
+                        for cols in impls.values()
+                    )
+                    + "".join(" | " + _ratio_cells(r, prefix) for _, prefix in ratios)
+                ).rstrip()
             )
     return "\n".join(lines)
 
@@ -114,13 +158,16 @@ def format_table(rows: Sequence[Row]) -> str:
 def format_markdown(rows: Sequence[Row]) -> str:
     """The rows as a GitHub markdown table (commlib / torch side by side per cell).
 
-    A ratio is bold unless its row is noise.
+    A ratio is bold unless its row is noise. With ``--strict both``, the
+    unchecked side's time, its ratio to torch and the check's price
+    (checked over unchecked) follow commlib's ratio.
 
     Examples:
         >>> print(format_markdown([]))          # the head; a line per row follows
         | case | size | commlib (us) | torch (us) | commlib / torch | spread | noise | ...
         |---|---|---:|---:|---:|---:|---|---:|---:|
     """
+    both = _has_unchecked(rows)
     head = [
         "case",
         "size",
@@ -129,26 +176,43 @@ def format_markdown(rows: Sequence[Row]) -> str:
         "commlib / torch",
         "spread",
         "noise",
-        "busbw GB/s commlib / torch",
-        "peak RSS MiB commlib / torch",
     ]
-    align = ["---"] * 2 + ["---:"] * 4 + ["---"] + ["---:"] * 2
+    align = ["---"] * 2 + ["---:"] * 4 + ["---"]
+    if both:
+        head += ["unchecked (us)", "unchecked / torch", "spread", "check cost", "spread"]
+        align += ["---:"] * 5
+    head += ["busbw GB/s commlib / torch", "peak RSS MiB commlib / torch"]
+    align += ["---:"] * 2
     lines = ["| " + " | ".join(head) + " |", "|" + "".join(a + "|" for a in align)]
     for r in rows:
-        noise = stats.row_noise(r)
         cells = [
             f"`{r['case']}`",
             _size(r),
             _us(r["commlib_time_us"]),
             _us(r["torch_time_us"]),
-            f"{r['ratio']:.2f}" if noise else f"**{r['ratio']:.2f}**",
+            _bold_ratio(r),
             _spread(r),
             _noise(r),
+        ]
+        if both:
+            cells += [
+                _us(r["unchecked_time_us"]),
+                _bold_ratio(r, "unchecked_"),
+                _spread(r, "unchecked_"),
+                _bold_ratio(r, "check_"),
+                _spread(r, "check_"),
+            ]
+        cells += [
             f"{_num(r['commlib_busbw_gbps'])} / {_num(r['torch_busbw_gbps'])}",
             f"{_mib(r['commlib_peak_rss_mib'])} / {_mib(r['torch_peak_rss_mib'])}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _bold_ratio(r: Row, prefix: str = "") -> str:
+    ratio = f"{r[prefix + 'ratio']:.2f}"
+    return ratio if stats.row_noise(r, prefix) else f"**{ratio}**"
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -162,16 +226,27 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(map(math.log, good)) / len(good)) if good else float("nan")
 
 
-def _worst_text(row: Row) -> str:
-    return f"{label(row)}: {row['ratio']:.2f} (spread {_spread(row)})"
+def _worst_text(row: Row, prefix: str = "") -> str:
+    return f"{label(row)}: {row[prefix + 'ratio']:.2f} (spread {_spread(row, prefix)})"
 
 
-def summary(rows: Sequence[Row]) -> list[str]:
+#: what each of a row's ratios compares (``--strict both`` adds the last two)
+RATIOS = {
+    "": "commlib/torch",
+    "unchecked_": "unchecked/torch",
+    "check_": "checked/unchecked",
+}
+
+
+def summary(rows: Sequence[Row], prefix: str = "") -> list[str]:
     """The geometric mean of commlib/torch time per kind of case, then the worst rows.
 
     One line per kind (with how many of its rows are noise), the worst row that
     is not noise and, when it is another, the worst row of all, and how many
-    rows are noise with the median width of the spread.
+    rows are noise with the median width of the spread. ``prefix`` summarises
+    another of the rows' ratios (:data:`RATIOS`): ``"unchecked_"``, unchecked
+    against torch, or ``"check_"``, what the check costs (checked against
+    unchecked), with ``--strict both``.
 
     Examples:
         >>> rows = [
@@ -193,32 +268,52 @@ def summary(rows: Sequence[Row]) -> list[str]:
         "latency": "small objects",
         "helper": "all_reduce_params",
     }
+    what = RATIOS[prefix]
+    ratio = prefix + "ratio"
     out = []
     for kind, name in names.items():
         of_kind = [r for r in rows if r["kind"] == kind]
         if of_kind:
-            noisy = sum(stats.row_noise(r) for r in of_kind)
+            noisy = sum(stats.row_noise(r, prefix) for r in of_kind)
             out.append(
-                f"{name:<20} commlib/torch time {geomean([r['ratio'] for r in of_kind]):5.2f} "
+                f"{name:<20} {what} time {geomean([r[ratio] for r in of_kind]):5.2f} "
                 f"(geometric mean of {len(of_kind)} rows, {noisy} noise)"
             )
     if not rows:
         return out
-    trusted, overall = stats.worst(rows, skip_noise=True), stats.worst(rows)
+    trusted = stats.worst(rows, skip_noise=True, prefix=prefix)
+    overall = stats.worst(rows, prefix=prefix)
     assert overall is not None
     if trusted is None:
         out.append(f"{'worst row':<20} none that is not noise")
     else:
-        out.append(f"{'worst row':<20} {_worst_text(trusted)}, not noise")
+        out.append(f"{'worst row':<20} {_worst_text(trusted, prefix)}, not noise")
     if overall is not trusted:
-        out.append(f"{'worst of all':<20} {_worst_text(overall)}, noise")
-    widths = [w for w in map(stats.spread_width, rows) if w is not None]
+        out.append(f"{'worst of all':<20} {_worst_text(overall, prefix)}, noise")
+    widths = [w for w in (stats.spread_width(r, prefix) for r in rows) if w is not None]
     if widths:
-        noisy = sum(stats.row_noise(r) for r in rows)
+        noisy = sum(stats.row_noise(r, prefix) for r in rows)
         out.append(
             f"{'noise':<20} {noisy} of {len(rows)} rows; "
             f"median spread {100 * stats.median(widths):.0f} % of the ratio"
         )
+    return out
+
+
+def summaries(rows: Sequence[Row]) -> list[str]:
+    """:func:`summary` of every ratio the rows hold, a blank line between.
+
+    With ``--strict both``: commlib (checked) against torch, unchecked against
+    torch, and the check's price, checked against unchecked.
+
+    Examples:
+        >>> summaries(rows)[0]                   # rows: what run_rank returned  # doctest: +SKIP
+        'tensor collectives   commlib/torch time  1.17 (geometric mean of 72 rows, 27 noise)'
+    """
+    out = summary(rows)
+    if _has_unchecked(rows):
+        for prefix in ("unchecked_", "check_"):
+            out += ["", *summary(rows, prefix)]
     return out
 
 
@@ -252,6 +347,23 @@ def header(rows: Sequence[Row]) -> list[str]:
         f"# busbw = algbw x {factors}",
         "# ratio = commlib time / torch.distributed time (below 1: commlib is faster); "
         "spread = lowest-highest per-trial ratio; noise: the spread reaches 1.0 from both sides",
+        *_strict_lines(rows),
+    ]
+
+
+def _strict_lines(rows: Sequence[Row]) -> list[str]:
+    """What ``--strict`` measured, for the header (nothing for files from before it)."""
+    if not rows or "strict" not in rows[0]:
+        return []
+    r0 = rows[0]
+    line = f"# --strict {r0['strict']}: the commlib column is {commlib_label(rows)}"
+    if not _has_unchecked(rows):
+        return [line]
+    return [
+        line + "; unchecked: the same calls through a communicator of the group with "
+        "strict=False, interleaved with the others",
+        "# unchecked ratio = unchecked time / torch time; check cost = commlib (checked) "
+        "time / unchecked time: what the argument check costs",
     ]
 
 
@@ -273,7 +385,7 @@ def print_table(rows: Sequence[Row], fmt: str = "text", out: TextIO | None = Non
             print("\n".join(header(ranked)), file=out)
             print(format_table(ranked), file=out)
             print("", file=out)
-            print("\n".join(summary(ranked)), file=out)
+            print("\n".join(summaries(ranked)), file=out)
     dispatch = [r for r in rows if r["kind"] == DISPATCH]
     if dispatch:
         from commlib.bench import dispatch_report

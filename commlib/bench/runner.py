@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import commlib
 from commlib.bench import bandwidth, stats
-from commlib.bench.cases import IMPLS, Case, select_cases
+from commlib.bench.cases import SIDES, Case, Prepared, prepare_sides, select_cases
 from commlib.bench.launcher import note_failure
 from commlib.bench.memory import single_arena, steady_malloc
 from commlib.bench.options import BenchOptions
@@ -89,6 +89,7 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
         ('all_reduce', 1.02)
     """
     cases = [c for c in select_cases(opts.ops) if comm.world_size >= c.min_world]
+    comms = sides(comm, opts.strict)
     steps = plan(cases, opts.sizes())
     bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
     results: list[_Result] = []
@@ -102,27 +103,56 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
             if i == len(steps) - 1:
                 _injected_failure(comm.rank)
             bar.step(_label(case, size))
-            results.append(_time_one(comm, case, size, opts))
+            results.append(_time_one(comms, case, size, opts))
         if opts.memory:
             steady_malloc()
             for result, (case, size) in zip(results, steps):
                 bar.step("peak memory: " + _label(case, size))
-                grown = probe_memory(case.prepare(comm, size), comm.group, comm.plugin.synchronize)
+                prepared = prepare_sides(case, comms, size)
+                grown = probe_memory(prepared, comm.group, comm.plugin.synchronize)
                 result.rss = _worst(comm, grown)
     finally:
         bar.close()
         gc.unfreeze()
-    return [_row(comm, r) for r in results] if comm.rank == 0 else None
+    if comm.rank != 0:
+        return None
+    return [_row(comm, r, opts.strict, comms["commlib"].checks) for r in results]
 
 
-def _time_one(comm: Communicator, case: Case, size: int, opts: BenchOptions) -> _Result:
-    prepared = case.prepare(comm, size)
+def sides(comm: Communicator, strict: str) -> dict[str, Communicator]:
+    """The communicator of each commlib side for ``--strict``, all over ``comm``'s group.
+
+    ``"default"``: ``comm`` as it is; ``"on"`` / ``"off"``: ``comm`` set
+    strict / unchecked; ``"both"``: ``comm`` as it is and, as side
+    ``"unchecked"``, a communicator of the same group with ``strict=False``.
+    Every rank calls it alike.
+
+    Examples:
+        >>> list(sides(comm, "both"))       # every rank of a running group  # doctest: +SKIP
+        ['commlib', 'unchecked']
+    """
+    if strict == "on":
+        comm.strict = True
+    elif strict == "off":
+        comm.strict = False
+    comms = {"commlib": comm}
+    if strict == "both":
+        comms["unchecked"] = Communicator(comm.group, strict=False, timeout=comm.timeout)
+    return comms
+
+
+def _time_one(
+    comms: dict[str, Communicator], case: Case, size: int, opts: BenchOptions
+) -> _Result:
+    comm = comms["commlib"]
+    prepared: Prepared = prepare_sides(case, comms, size)
     iters = iterations_for(prepared.nbytes, opts.iters)
     warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
     m = measure(prepared, iters, warmup, comm.group, comm.plugin.synchronize, opts.trials)
-    mine = {f"{impl} {t}": s for impl in IMPLS for t, s in enumerate(m.trial_medians(impl))}
+    impls = m.impls()
+    mine = {f"{impl} {t}": s for impl in impls for t, s in enumerate(m.trial_medians(impl))}
     worst = _worst(comm, mine)  # per trial: a collective is as slow as its slowest rank
-    trials = {impl: [worst[f"{impl} {t}"] for t in range(opts.trials)] for impl in IMPLS}
+    trials = {impl: [worst[f"{impl} {t}"] for t in range(opts.trials)] for impl in impls}
     return _Result(case, prepared.nbytes, prepared.count, iters, warmup, trials)
 
 
@@ -147,7 +177,7 @@ def _worst(comm: Communicator, mine: Mapping[str, float]) -> dict[str, float]:
     return dict(zip(mine, t.tolist()))
 
 
-def _row(comm: Communicator, r: _Result) -> Row:
+def _row(comm: Communicator, r: _Result, strict: str, checks: str) -> Row:
     n = comm.world_size
     row: Row = {
         "case": r.case.name,
@@ -163,10 +193,13 @@ def _row(comm: Communicator, r: _Result) -> Row:
         "warmup": r.warmup,
         "trials": len(r.trials["commlib"]),
         "busbw_factor": bandwidth.busbw_factor(r.case.op, n),
+        # --strict, and which collectives the commlib column checked (Communicator.checks)
+        "strict": strict,
+        "checks": checks,
     }
     s = stats.row_stats(r.trials["commlib"], r.trials["torch"])
-    for impl in IMPLS:
-        secs = s[impl]
+    for impl in (i for i in SIDES if i in r.trials):
+        secs = stats.median(r.trials[impl])
         row[f"{impl}_time_us"] = secs * 1e6
         row[f"{impl}_algbw_gbps"] = bandwidth.algbw(r.nbytes, secs)
         row[f"{impl}_busbw_gbps"] = bandwidth.busbw(r.case.op, r.nbytes, secs, n)
@@ -177,4 +210,13 @@ def _row(comm: Communicator, r: _Result) -> Row:
     row["ratio_low"] = s["ratio_low"]
     row["ratio_high"] = s["ratio_high"]
     row["noise"] = s["noise"]
+    if "unchecked" in r.trials:
+        # unchecked against torch, and the check's price: checked against unchecked
+        for prefix, (mine, theirs) in (
+            ("unchecked_", ("unchecked", "torch")),
+            ("check_", ("commlib", "unchecked")),
+        ):
+            u = stats.row_stats(r.trials[mine], r.trials[theirs])
+            for key in ("ratio", "ratio_low", "ratio_high", "noise"):
+                row[prefix + key] = u[key]
     return row

@@ -119,27 +119,35 @@ def row_stats(commlib: Sequence[float], torch: Sequence[float]) -> dict[str, Any
     }
 
 
-def row_noise(row: Row) -> bool:
+def row_noise(row: Row, prefix: str = "") -> bool:
     """Whether ``row`` is flagged as noise; rows from before trials (no spread) are not.
+
+    ``prefix`` picks another of the row's ratios: ``"unchecked_"`` (unchecked
+    against torch) or ``"check_"`` (checked against unchecked), with
+    ``--strict both``.
 
     Examples:
         >>> row_noise({"ratio": 1.1, "ratio_low": 0.9, "ratio_high": 1.3})
         True
         >>> row_noise({"ratio": 1.1})                    # an older JSON file's row
         False
+        >>> row_noise({"check_ratio": 1.4, "check_ratio_low": 1.2, "check_ratio_high": 1.5},
+        ...           "check_")
+        False
     """
-    if "noise" in row:
-        return bool(row["noise"])
-    if "ratio_low" in row and "ratio_high" in row:
-        return is_noise(row["ratio_low"], row["ratio_high"])
+    if prefix + "noise" in row:
+        return bool(row[prefix + "noise"])
+    low, high = prefix + "ratio_low", prefix + "ratio_high"
+    if low in row and high in row:
+        return is_noise(row[low], row[high])
     return False
 
 
-def worst(rows: Sequence[Row], *, skip_noise: bool = False) -> Row | None:
+def worst(rows: Sequence[Row], *, skip_noise: bool = False, prefix: str = "") -> Row | None:
     """The row with the highest ratio (commlib slowest against torch), or ``None``.
 
     With ``skip_noise``, rows flagged as noise are left out: the worst row the
-    run can vouch for.
+    run can vouch for. ``prefix`` picks another ratio (see :func:`row_noise`).
 
     Examples:
         >>> rows = [
@@ -152,17 +160,18 @@ def worst(rows: Sequence[Row], *, skip_noise: bool = False) -> Row | None:
         >>> worst(rows[:1], skip_noise=True) is None
         True
     """
-    candidates = [r for r in rows if not (skip_noise and row_noise(r))]
-    return max(candidates, key=lambda r: r["ratio"], default=None)
+    candidates = [r for r in rows if not (skip_noise and row_noise(r, prefix))]
+    return max(candidates, key=lambda r: r[prefix + "ratio"], default=None)
 
 
-def spread_width(row: Row) -> float | None:
+def spread_width(row: Row, prefix: str = "") -> float | None:
     """How wide ``row``'s spread is, relative to its ratio; ``None`` without one.
 
     Examples:
         >>> spread_width({"ratio": 0.5, "ratio_low": 0.45, "ratio_high": 0.55})
         0.2
     """
-    if "ratio_low" not in row or "ratio_high" not in row:
+    low, high = prefix + "ratio_low", prefix + "ratio_high"
+    if low not in row or high not in row:
         return None
-    return round((row["ratio_high"] - row["ratio_low"]) / row["ratio"], 12)
+    return round((row[high] - row[low]) / row[prefix + "ratio"], 12)

@@ -2,11 +2,13 @@
 
 The timed calls are grouped into repeated *trials* (``--trials``), each of
 ``iters`` calls of each implementation, so a row can say how much its figures
-move within one run (see :mod:`commlib.bench.stats`). Fairness rules:
+move within one run (see :mod:`commlib.bench.stats`). The implementations are
+the prepared case's calls: commlib and torch, and with ``--strict both``
+commlib unchecked too (:data:`commlib.bench.cases.SIDES`). Fairness rules:
 
-* the two implementations alternate call by call within every trial, and
-  which goes first alternates too, so drift in the machine (other load, CPU
-  frequency, cache state) hits both alike, in every trial;
+* the implementations take turns call by call within every trial, and which
+  goes first rotates too, so drift in the machine (other load, CPU
+  frequency, cache state) hits them alike, in every trial;
 * every timed call starts right after a barrier, so a rank that is late from
   the previous call does not bill its lateness to the next one;
 * device work is waited for before the clock stops (accelerator backends);
@@ -47,6 +49,15 @@ class Measurement:
 
     times: dict[str, list[list[float]]] = field(default_factory=lambda: {i: [] for i in IMPLS})
 
+    def impls(self) -> tuple[str, ...]:
+        """The implementations measured, in the order they were prepared.
+
+        Examples:
+            >>> Measurement().impls()
+            ('commlib', 'torch')
+        """
+        return tuple(self.times)
+
     def trial_medians(self, impl: str) -> list[float]:
         """Median seconds of ``impl``'s timed calls, one figure per trial.
 
@@ -77,8 +88,22 @@ def _no_sync() -> None:
     """Nothing to wait for (CPU backends)."""
 
 
-def _order(i: int) -> tuple[str, ...]:
-    return IMPLS if i % 2 == 0 else IMPLS[::-1]
+def order(impls: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """Which implementation goes first in round ``i``: they take turns.
+
+    Two alternate (the first, then the last first); more rotate, so each
+    goes first, in the middle and last alike.
+
+    Examples:
+        >>> order(("commlib", "torch"), 1)
+        ('torch', 'commlib')
+        >>> order(("commlib", "unchecked", "torch"), 1)
+        ('unchecked', 'torch', 'commlib')
+    """
+    if len(impls) == 2:
+        return impls if i % 2 == 0 else impls[::-1]
+    k = i % len(impls)
+    return impls[k:] + impls[:k]
 
 
 def measure(
@@ -105,23 +130,24 @@ def measure(
         [0.00041, 0.00043, 0.0004, 0.00041, 0.00042]
     """
     calls = prepared.calls
+    impls = tuple(calls)
     for i in range(max(1, warmup)):
-        for impl in _order(i):
+        for impl in order(impls, i):
             result = calls[impl]()
             sync()
             if i == 0:
                 prepared.check(result)
             del result
-    out = Measurement()
+    out = Measurement(times={impl: [] for impl in impls})
     # a collection landing inside one timed call would bill it for garbage of
     # both; like timeit, time with the collector off and collect in between
     gc.disable()
     try:
         i = 0
         for _ in range(max(1, trials)):
-            trial: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+            trial: dict[str, list[float]] = {impl: [] for impl in impls}
             for _ in range(iters):
-                for impl in _order(i):
+                for impl in order(impls, i):
                     dist.barrier(group=group)
                     start = time.perf_counter()
                     calls[impl]()
@@ -129,7 +155,7 @@ def measure(
                     trial[impl].append(time.perf_counter() - start)
                     gc.collect(0)
                 i += 1
-            for impl in IMPLS:
+            for impl in impls:
                 out.times[impl].append(trial[impl])
     finally:
         gc.enable()
@@ -151,7 +177,7 @@ def probe_memory(
         {'commlib': 0, 'torch': 0}
     """
     grown = {}
-    for impl in IMPLS:
+    for impl in prepared.calls:
         call = prepared.calls[impl]
         call()
         sync()

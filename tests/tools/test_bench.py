@@ -40,7 +40,18 @@ ROW_COLUMNS = {
     "ratio_low",
     "ratio_high",
     "noise",
+    "strict",
+    "checks",
     *(f"{impl}_{col}" for impl in ("commlib", "torch") for col in IMPL_COLUMNS),
+}
+# --strict both: the unchecked side, its ratio to torch and the check's price
+BOTH_COLUMNS = {
+    *(f"unchecked_{col}" for col in IMPL_COLUMNS),
+    *(
+        f"{p}{key}"
+        for p in ("unchecked_", "check_")
+        for key in ("ratio", "ratio_low", "ratio_high", "noise")
+    ),
 }
 
 
@@ -155,6 +166,8 @@ def test_options_reject_a_bad_sweep_before_starting_ranks():
     assert main(["bench", "--ops", "nope"]) == 2
     assert main(["bench", "--backend", "single"]) == 2  # no process group: nothing to compare
     assert main(["bench", "--backend", "no-such-backend"]) == 2
+    with pytest.raises(SystemExit):
+        main(["bench", "--strict", "sometimes"])
     with pytest.raises(SystemExit):
         main(["bench", "--max-bytes", "lots"])
 
@@ -464,6 +477,7 @@ def test_bench_end_to_end(tmp_path):
     assert len(rows) == 2 * len(swept) + (len(CASES) - len(swept))
     for row in rows:
         assert set(row) == ROW_COLUMNS, row["case"]
+        assert (row["strict"], row["checks"]) == ("default", "guard")
         assert row["world_size"] == 2 and row["backend"] == "gloo"
         assert row["commlib_time_us"] > 0 and row["torch_time_us"] > 0
         assert row["ratio"] == pytest.approx(row["commlib_time_us"] / row["torch_time_us"])
@@ -477,6 +491,52 @@ def test_bench_end_to_end(tmp_path):
         assert row["commlib_peak_rss_mib"] >= 0 and row["torch_peak_rss_mib"] >= 0
     if plot:
         assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_strict_both_measures_checked_and_unchecked_in_one_run(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--strict", "both", "--ops", "broadcast,scatter", "--max-bytes", "1K"]
+    args += ["--iters", "2", "--trials", "2", "--warmup", "1", "--json", str(out)]
+    args += ["--no-progress", "--no-memory"]
+    proc = subprocess.run(
+        _commlib() + args, capture_output=True, text=True, timeout=120, env=_bench_env(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "commlib checked (guard)" in proc.stdout and "check cost" in proc.stdout
+    assert "unchecked/torch time" in proc.stdout and "checked/unchecked time" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["broadcast", "scatter"]
+    for row in rows:
+        assert set(row) == ROW_COLUMNS | BOTH_COLUMNS, row["case"]
+        assert (row["strict"], row["checks"]) == ("both", "guard")
+        for side in ("commlib", "unchecked", "torch"):
+            assert len(row[f"{side}_trials_us"]) == 2
+            assert row[f"{side}_time_us"] == pytest.approx(stats.median(row[f"{side}_trials_us"]))
+        for prefix, (mine, theirs) in (
+            ("unchecked_", ("unchecked", "torch")),
+            ("check_", ("commlib", "unchecked")),
+        ):
+            ratios = stats.trial_ratios(row[f"{mine}_trials_us"], row[f"{theirs}_trials_us"])
+            assert row[prefix + "ratio"] == pytest.approx(
+                row[f"{mine}_time_us"] / row[f"{theirs}_time_us"]
+            )
+            assert (row[prefix + "ratio_low"], row[prefix + "ratio_high"]) == pytest.approx(
+                stats.spread(ratios)
+            )
+    md = report.format_markdown(rows).splitlines()
+    assert "unchecked / torch" in md[0] and "check cost" in md[0]
+    assert all(line.count("|") == md[0].count("|") for line in md)
+
+
+def test_sides_take_turns():
+    from commlib.bench.timing import order
+
+    two, three = ("commlib", "torch"), ("commlib", "unchecked", "torch")
+    assert [order(two, i)[0] for i in range(4)] == ["commlib", "torch"] * 2
+    firsts = [order(three, i) for i in range(3)]
+    # each side goes first, in the middle and last once in three rounds
+    for position in range(3):
+        assert sorted(o[position] for o in firsts) == sorted(three)
 
 
 def test_a_failed_rank_ends_the_run_with_its_error(tmp_path):

@@ -7,7 +7,8 @@ time per call:
 * in one process (``single`` backend, where the collective itself costs almost
   nothing), the time of one ``all_reduce`` call: the method without the
   observer wrapper, with it and nothing registered, with the flight
-  recorder, with one (empty) third-party observer, with the statistics;
+  recorder, with one (empty) third-party observer, with the same observer
+  asking for call sites, with the statistics;
 * on gloo (``--nproc`` ranks), a small ``all_reduce`` through plain
   ``torch.distributed``, through commlib, and through commlib with the flight
   recorder or one observer.
@@ -43,6 +44,12 @@ class EmptyObserver:
         pass
 
 
+class SiteObserver(EmptyObserver):
+    """The same, asking for each collective's call site (the stack walk it costs)."""
+
+    commlib_call_sites = True
+
+
 def _configurations(comm: Communicator, x: torch.Tensor) -> dict[str, tuple]:
     """name -> (plugin to register or None, the call)."""
     bare = Communicator.all_reduce.__wrapped__  # type: ignore[attr-defined]
@@ -51,6 +58,7 @@ def _configurations(comm: Communicator, x: torch.Tensor) -> dict[str, tuple]:
         "no observer": (None, lambda: comm.all_reduce(x)),
         "flight recorder": (FlightRecorder(), lambda: comm.all_reduce(x)),
         "one observer": (EmptyObserver(), lambda: comm.all_reduce(x)),
+        "one observer + call sites": (SiteObserver(), lambda: comm.all_reduce(x)),
         "statistics": (CollectiveStats(), lambda: comm.all_reduce(x)),
     }
 

@@ -77,7 +77,30 @@ def _summary(entry: dict[str, Any], written: float | None) -> dict[str, Any]:
         out["in_flight_seconds"] = round(written - entry["start"], 3)
     if entry.get("error"):
         out["error"] = entry["error"]
+    at = _at(entry)
+    if at:
+        out["at"] = at
     return out
+
+
+def _at(entry: dict[str, Any]) -> str | None:
+    """Where the entry's collective was called: ``train.py:88 (step)``, if recorded."""
+    site = entry.get("call_site")
+    if not isinstance(site, dict) or not site.get("file"):
+        return None
+    name = os.path.basename(str(site["file"]))
+    return f"{name}:{site.get('line')} ({site.get('function')})"
+
+
+def _party_at(entries: dict[int, dict[str, Any]]) -> str | None:
+    """One call site for ranks that share it; each rank's where they differ."""
+    sites = {r: _at(e) for r, e in sorted(entries.items())}
+    known = {r: at for r, at in sites.items() if at}
+    if not known:
+        return None
+    if len(set(known.values())) == 1 and len(known) == len(sites):
+        return next(iter(known.values()))
+    return ", ".join(f"{at} on rank {r}" for r, at in known.items())
 
 
 def _state_words(summary: dict[str, Any]) -> str:
@@ -91,7 +114,8 @@ def _state_words(summary: dict[str, Any]) -> str:
 
 def _call(summary: dict[str, Any]) -> str:
     detail = f" ({summary['detail']})" if summary["detail"] else ""
-    return f"{summary['name']} #{summary['seq']}{detail}"
+    at = f" at {summary['at']}" if summary.get("at") else ""
+    return f"{summary['name']} #{summary['seq']}{detail}{at}"
 
 
 class _Rank:
@@ -158,15 +182,18 @@ def _diagnose_group(
             first = ranks[sig_ranks[0]].summary(here[sig_ranks[0]])
             assert first is not None
             states = {str(r): _state_words(_summary(here[r], ranks[r].written)) for r in sig_ranks}
-            out["parties"].append(
-                {
-                    "ranks": sig_ranks,
-                    "name": first["name"],
-                    "seq": seq,
-                    "detail": first["detail"],
-                    "states": states,
-                }
-            )
+            party = {
+                "ranks": sig_ranks,
+                "name": first["name"],
+                "seq": seq,
+                "detail": first["detail"],
+                "states": states,
+                "waiting": all(here[r]["state"] in ("started", "timed out") for r in sig_ranks),
+            }
+            at = _party_at({r: here[r] for r in sig_ranks})
+            if at:
+                party["at"] = at
+            out["parties"].append(party)
         for r in lacking:
             rk = ranks[r]
             if rk.last_seq < seq:
@@ -201,8 +228,17 @@ def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
         at = parties[0] if parties else None
         target = f"{at['name']} #{seq}" if at else f"#{seq}"
         last = lost["last"]
-        since = f" (last: {last['name']} #{last['seq']}, {last['state']})" if last else ""
-        lines.append(f"rank {lost['rank']} never arrived at {target}{since}")
+        where = f" at {last['at']}" if last and last.get("at") else ""
+        since = f" (last: {last['name']} #{last['seq']}{where}, {last['state']})" if last else ""
+        if at and at.get("at"):
+            # where the others are, and where this one was last seen
+            verb = "wait in" if at.get("waiting") else "called"
+            lines.append(
+                f"{_ranks(at['ranks'])} {verb} {target} at {at['at']}; "
+                f"rank {lost['rank']} never arrived{since}"
+            )
+        else:
+            lines.append(f"rank {lost['rank']} never arrived at {target}{since}")
     for odd in group["out_of_step"]:
         lines.append(
             f"rank {odd['rank']} has no collective #{seq}: it was out of step "
@@ -279,6 +315,7 @@ def _failing(ranks: dict[int, _Rank]) -> str:
     failed)".
     """
     by_call: dict[tuple[str, int, int], dict[int, str]] = {}
+    entries: dict[tuple[str, int, int], dict[int, dict[str, Any]]] = {}
     for r, rk in ranks.items():
         entry = rk.latest
         if entry is not None and entry["state"] in (*_BAD_STATES, "started"):
@@ -286,18 +323,22 @@ def _failing(ranks: dict[int, _Rank]) -> str:
             # point-to-point numbers are each rank's own: never the same call
             alone = r if _point_to_point(entry) else -1
             by_call.setdefault((entry["name"], entry["seq"], alone), {})[r] = state
+            entries.setdefault((entry["name"], entry["seq"], alone), {})[r] = entry
     parts = []
-    for (name, seq, _), states in sorted(by_call.items(), key=lambda kv: kv[0][1]):
+    for key, states in sorted(by_call.items(), key=lambda kv: kv[0][1]):
+        name, seq, _ = key
         kinds = sorted(set(states.values()))
         rs = sorted(states)
+        at = _party_at(entries[key])
+        where = f" at {at}" if at else ""
         if len(kinds) == 1:
             verb = kinds[0]
             if verb == "still in":
                 verb = ("was" if len(rs) == 1 else "were") + " still"
-            parts.append(f"{_ranks(rs)} {verb} in {name} #{seq}")
+            parts.append(f"{_ranks(rs)} {verb} in {name} #{seq}{where}")
         else:
             how = ", ".join(f"rank {r} {states[r]}" for r in rs)
-            parts.append(f"{_ranks(rs)} stopped in {name} #{seq} ({how})")
+            parts.append(f"{_ranks(rs)} stopped in {name} #{seq}{where} ({how})")
     return "; ".join(parts)
 
 

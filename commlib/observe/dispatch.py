@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import time
 import warnings
@@ -41,12 +42,15 @@ from commlib._manager import registered_at, registrations
 from commlib.errors import CommTimeoutError
 from commlib.handle import Handle, ResultHandle
 from commlib.observe import builtin
+from commlib.observe.call_site import CallSite, caller_of
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
 if TYPE_CHECKING:
     from commlib._engine import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: an observer with this attribute set to True gets ``event.call_site`` filled in
+CALL_SITES_ATTRIBUTE = "commlib_call_sites"
 _Call = tuple[Any, Callable[..., Any], bool]  # (plugin, hook function, takes the event)
 
 _lock = threading.Lock()
@@ -59,13 +63,20 @@ _label_counts: dict[str, int] = {}
 
 
 class _Observers:
-    """The start and end hooks to call, newest-registered first, as pluggy would."""
+    """The start and end hooks to call, newest-registered first, as pluggy would.
 
-    __slots__ = ("ends", "starts")
+    ``call_sites``: whether one of them asked for the caller's line
+    (``commlib_call_sites = True`` on the plugin); only then is the stack walked.
+    """
+
+    __slots__ = ("call_sites", "ends", "starts")
 
     def __init__(self, starts: list[_Call], ends: list[_Call]):
         self.starts = starts
         self.ends = ends
+        self.call_sites = any(
+            getattr(plugin, CALL_SITES_ATTRIBUTE, False) is True for plugin, _, _ in starts + ends
+        )
 
     def __bool__(self) -> bool:
         return bool(self.starts or self.ends)
@@ -261,6 +272,9 @@ class _Collective:
             # a non-member (the method raises), or a collective inside another
             return self.fn(comm, *args, **kwargs)
         span = _Span(self, observers, engine, comm, args, kwargs)
+        if observers.call_sites:
+            # from the wrapper's caller: a program's direct call is found at once
+            span.site = caller_of(sys._getframe(2))
         engine.observed = span
         if observers:
             engine.on_call = span.begin
@@ -288,7 +302,17 @@ class _Collective:
 class _Span:
     """A user-level collective in progress: its event once the engine was reached."""
 
-    __slots__ = ("args", "collective", "comm", "engine", "event", "kwargs", "observers", "t0")
+    __slots__ = (
+        "args",
+        "collective",
+        "comm",
+        "engine",
+        "event",
+        "kwargs",
+        "observers",
+        "site",
+        "t0",
+    )
 
     def __init__(
         self,
@@ -303,6 +327,7 @@ class _Span:
         self.comm, self.args, self.kwargs = comm, args, kwargs
         self.t0 = time.perf_counter()
         self.event: CollectiveEvent | None = None
+        self.site: CallSite | None = None  # the caller's line, when an observer asks
 
     def begin(self, what: str) -> None:
         """The first engine call (``Engine.on_call``): the collective has started."""
@@ -328,6 +353,7 @@ class _Span:
             return
         finally:
             self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
+        event.call_site = self.site
         self.event = event
         _notify(self.observers.starts, event)
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from commlib.observe.call_site import CallSite
+
 #: The states of a collective: started, then one of the other three.
 STATES = ("started", "completed", "failed", "timed out")
 
@@ -45,6 +47,10 @@ class CollectiveEvent:
         state: one of ``"started"``, ``"completed"``, ``"failed"``, ``"timed out"``.
         point_to_point: whether it is a point-to-point call (``send``,
             ``recv_object_list``, ...), which only the ranks involved make.
+        call_site: the caller's line (file, line, function: the first frame
+            outside commlib), filled in when an observer asks for it (an
+            observer with ``commlib_call_sites = True``; the flight recorder
+            has), ``None`` otherwise.
 
     Examples:
         >>> from commlib.observe import CollectiveEvent
@@ -71,6 +77,7 @@ class CollectiveEvent:
     error: BaseException | None = None
     state: str = "started"
     point_to_point: bool = False
+    call_site: CallSite | None = None
 
     def describe(self) -> str:
         """Peers, op, dtypes and shapes in a few words (``"src 0, float32 (4,)"``).

@@ -36,6 +36,7 @@ class Record:
     """One collective as the recorder keeps it: plain data, nothing of the caller's."""
 
     __slots__ = (
+        "call_site",
         "dtypes",
         "end",
         "error",
@@ -59,6 +60,7 @@ class Record:
         self.peers, self.op, self.uniform = dict(event.peers), event.op, event.uniform
         self.point_to_point = event.point_to_point
         self.start = event.start
+        self.call_site = event.call_site
         self.end: float | None = None
         self.state = "started"
         self.error: str | None = None
@@ -81,6 +83,7 @@ class Record:
             "end": self.end,
             "state": self.state,
             "error": self.error,
+            "call_site": None if self.call_site is None else self.call_site.as_dict(),
         }
 
 
@@ -105,6 +108,9 @@ class FlightRecorder:
         ('all_reduce', 'completed')
         >>> _ = plugin_manager().unregister(recorder)
     """
+
+    #: the dispatcher fills in each event's call site for the recorder
+    commlib_call_sites = True
 
     def __init__(
         self, capacity: int = DEFAULT_CAPACITY, directory: str | os.PathLike[str] | None = None

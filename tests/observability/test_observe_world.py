@@ -58,7 +58,19 @@ def _files(directory: Path, count: int, deadline: float = 30.0) -> None:
 
 def _warm_up(c: Communicator) -> None:
     c.all_reduce(torch.ones(4))
-    c.all_gather_object({"rank": c.rank})
+    c.all_gather_object({"rank": c.rank})  # warm-up gather
+
+
+def _at(marker: str) -> str:
+    """``test_observe_world.py:LINE (function)``: the call site of the line marked ``marker``."""
+    lines = Path(__file__).read_text().splitlines()
+    (number,) = [i for i, line in enumerate(lines, 1) if line.endswith(f"# {marker}")]
+    function = next(
+        line.split("def ")[1].split("(")[0]
+        for line in reversed(lines[:number])
+        if line.startswith("def ")
+    )
+    return f"{Path(__file__).name}:{number} ({function})"
 
 
 def _different_collective(comm):
@@ -72,9 +84,9 @@ def _different_collective(comm):
         c.recv(torch.empty(2), src=0)
         c.recv_object_list([None], src=0)
     if c.rank == 2:
-        c.all_reduce(torch.ones(4))
+        c.all_reduce(torch.ones(4))  # rank 2's odd one
     else:
-        c.broadcast(torch.ones(4), src=0)
+        c.broadcast(torch.ones(4), src=0)  # the others' broadcast
 
 
 def test_trace_names_the_rank_that_called_a_different_collective(traced_world):
@@ -88,9 +100,12 @@ def test_trace_names_the_rank_that_called_a_different_collective(traced_world):
     assert [p["ranks"] for p in group["parties"]] == [[0, 1], [2]]
     assert [p["name"] for p in group["parties"]] == ["broadcast", "all_reduce"]
     seq = group["first_disagreement"]
+    # with each side's call site, the line of the program it came from
+    odd, usual = _at("rank 2's odd one"), _at("the others' broadcast")
     assert found["verdict"] == [
-        f"rank 2 called all_reduce #{seq} (sum, float32 (4,)) where ranks 0, 1 called "
-        f"broadcast #{seq} (src 0, float32 (4,))"
+        f"rank 2 called all_reduce #{seq} (sum, float32 (4,)) at {odd} "
+        f"where ranks 0, 1 called broadcast #{seq} (src 0, float32 (4,)) at "
+        f"{usual}"
     ]
     # point to point is recorded, numbered apart on each rank
     snapshots, _ = trace_files.read_all(directory)
@@ -103,7 +118,7 @@ def _never_arrives(comm):
     c = Communicator(timeout=TIMEOUT)
     _warm_up(c)
     if c.rank != 2:
-        c.all_reduce(torch.ones(4))
+        c.all_reduce(torch.ones(4))  # rank 2 skips it
     return "left early"
 
 
@@ -150,8 +165,8 @@ def test_trace_names_the_rank_that_never_arrived(traced_world):
     (group,) = found["groups"]
     seq = group["first_disagreement"]
     assert found["verdict"] == [
-        f"rank 2 never arrived at all_reduce #{seq} (last: all_gather_object #{seq - 1}, "
-        "completed)"
+        f"ranks 0, 1 wait in all_reduce #{seq} at {_at('rank 2 skips it')}; rank 2 never "
+        f"arrived (last: all_gather_object #{seq - 1} at {_at('warm-up gather')}, completed)"
     ]
 
 
@@ -163,7 +178,7 @@ def _killed_mid_collective(comm):
         # die while the ranks are in the middle of a stream of large all_reduces
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
     for _ in range(10_000):
-        c.all_reduce(big)
+        c.all_reduce(big)  # the stream
 
 
 def test_trace_names_the_rank_killed_mid_collective(traced_world):
@@ -177,13 +192,14 @@ def test_trace_names_the_rank_killed_mid_collective(traced_world):
     (verdict,) = found["verdict"]
     assert verdict.startswith("rank 2 left no trace file")
     assert "all_reduce #" in verdict and "ranks 0, 1" in verdict
+    assert f" at {_at('the stream')}" in verdict
 
 
 def _hang(comm):
     c = Communicator(timeout=60)
     _warm_up(c)
     if c.rank != 2:
-        c.all_reduce(torch.ones(4))
+        c.all_reduce(torch.ones(4))  # the hang
 
 
 def test_sigusr1_makes_every_rank_of_a_live_hang_write(traced_world):
@@ -212,7 +228,10 @@ def test_sigusr1_makes_every_rank_of_a_live_hang_write(traced_world):
     (party,) = group["parties"]
     assert party["ranks"] == [0, 1] and party["name"] == "all_reduce"
     assert all(state.startswith("in flight") for state in party["states"].values())
-    assert found["verdict"][0].startswith("rank 2 never arrived at all_reduce #")
+    seq = group["first_disagreement"]
+    assert found["verdict"][0].startswith(
+        f"ranks 0, 1 wait in all_reduce #{seq} at {_at('the hang')}; rank 2 never arrived"
+    )
 
 
 # -- a third-party observer installed as a distribution ----------------------------------

@@ -1,0 +1,114 @@
+"""Where a collective was called from: the first frame outside commlib.
+
+A walk up ``sys._getframe()`` from inside the collective, made only when an
+observer asks (the flight recorder does; a third-party observer sets
+``commlib_call_sites = True``, or calls :func:`call_site` from its start hook).
+Each code object is judged once (inside commlib's package or its built-in
+backends, or not), so a walk costs a dictionary look-up per frame.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import CodeType, FrameType
+from typing import Any, NamedTuple
+
+# commlib's own directory, and the built-in backends' (backends/ in a checkout,
+# commlib_backends/ when installed): frames there are commlib's, not the caller's
+_COMMLIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOTS = tuple(
+    os.path.join(os.path.dirname(_COMMLIB), name) + os.sep
+    for name in ("commlib", "backends", "commlib_backends")
+)
+_inside: dict[CodeType, bool] = {}
+# the function's qualified name (Class.method) where Python has it (3.11 on)
+_NAME = "co_qualname" if sys.version_info >= (3, 11) else "co_name"
+
+
+class CallSite(NamedTuple):
+    """A frame of the caller's: file, line and function.
+
+    Examples:
+        >>> site = CallSite("/job/train.py", 88, "step")
+        >>> site.short()
+        'train.py:88 (step)'
+    """
+
+    file: str
+    line: int
+    function: str
+
+    def short(self) -> str:
+        """``file.py:LINE (function)``, the words ``commlib trace`` uses."""
+        return f"{os.path.basename(self.file)}:{self.line} ({self.function})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The call site as trace and statistics files store it.
+
+        Examples:
+            >>> CallSite("train.py", 3, "main").as_dict()
+            {'file': 'train.py', 'line': 3, 'function': 'main'}
+        """
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+def is_commlib(code: CodeType) -> bool:
+    """Whether ``code`` is commlib's (its package or its built-in backends).
+
+    Examples:
+        >>> is_commlib(is_commlib.__code__)
+        True
+    """
+    found = _inside.get(code)
+    if found is None:
+        found = _inside[code] = code.co_filename.startswith(_ROOTS)
+    return found
+
+
+def site_of(frame: FrameType) -> CallSite:
+    """The call site ``frame`` is at.
+
+    Examples:
+        >>> site_of(sys._getframe()).function
+        '<module>'
+    """
+    code = frame.f_code
+    return CallSite(code.co_filename, frame.f_lineno, getattr(code, _NAME))
+
+
+def caller_of(frame: FrameType | None) -> CallSite | None:
+    """The first frame outside commlib from ``frame`` up (``frame`` itself, if it is).
+
+    Examples:
+        >>> caller_of(sys._getframe()).function
+        '<module>'
+    """
+    f = frame
+    while f is not None:
+        code = f.f_code
+        found = _inside.get(code)
+        if found is None:
+            found = is_commlib(code)
+        if not found:
+            return site_of(f)
+        f = f.f_back
+    return None
+
+
+def call_site(frame: FrameType | None = None) -> CallSite | None:
+    """The first frame outside commlib below commlib's own, from ``frame`` (the caller's) up.
+
+    Called from inside a collective (its start hook, say), that is the line
+    of the program that called it. Frames outside commlib above commlib's
+    (an observer's hook that asks) are passed over first. ``None`` when no
+    commlib frame is on the stack.
+
+    Examples:
+        >>> call_site() is None   # not inside a collective
+        True
+    """
+    f: FrameType | None = sys._getframe(1) if frame is None else frame
+    while f is not None and not is_commlib(f.f_code):
+        f = f.f_back  # an observer's own frames
+    return None if f is None else caller_of(f)

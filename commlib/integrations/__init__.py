@@ -10,7 +10,10 @@ functions or classes is used (commlib itself depends on none of them):
   give it to a metric or a collection;
 * :mod:`commlib.integrations.mmengine`: ``patch()`` / ``unpatch()`` /
   ``patched()``, routing ``mmengine.dist`` and every mmengine module's imported
-  reference to it to commlib.
+  reference to it to commlib;
+* :mod:`commlib.integrations.ignite`: ``CommlibModel``, PyTorch-Ignite's
+  computation model over a commlib Communicator, and ``use_commlib()`` to make
+  it ``ignite.distributed``'s.
 
 Install the clients with ``pip install 'commlib[integrations]'``.
 

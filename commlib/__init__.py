@@ -24,6 +24,7 @@ from commlib.errors import (
 )
 from commlib.functional import (
     all_gather,
+    all_gather_cat,
     all_gather_into_tensor,
     all_gather_object,
     all_reduce,
@@ -117,6 +118,7 @@ __all__ = [
     "Serializer",
     "__version__",
     "all_gather",
+    "all_gather_cat",
     "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",

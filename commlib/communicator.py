@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from commlib import (
     _guard,
+    _nested,
     _objects,
     _p2p_objects,
     _ragged,
@@ -63,6 +64,7 @@ from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 __all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+_Data = TypeVar("_Data")
 
 
 def _engine_of(comm: Communicator) -> Engine | None:
@@ -571,27 +573,84 @@ class Communicator:
         )
         return shapes
 
+    @_collective("all_gather_cat", payload="data")
+    def all_gather_cat(self, data: _Data, dim: int = 0, *, timeout: Timeout = None) -> _Data:
+        """Every rank's ``data`` concatenated along ``dim``, leaf by leaf, in rank order.
+
+        ``data`` is a tensor or a nested structure of them (dicts, lists,
+        tuples, namedtuples); every leaf may have a different length along
+        ``dim`` on each rank (the last, shorter batch of an evaluation loop),
+        and comes back exactly: nothing is padded, nothing dropped or
+        duplicated. Structure, dtypes and the other dims must match across
+        ranks; where they differ every rank raises the same
+        :class:`~commlib.errors.RemoteArgumentError` naming the path. Leaves
+        of one dtype travel together, one ``all_gather`` each (as
+        accelerate's ``gather``, which pads instead).
+
+        Examples:
+            >>> out = comm.all_gather_cat({"pred": torch.arange(comm.rank + 2)})
+            >>> out                # 2 ranks: {'pred': tensor([0, 1, 0, 1, 2])}
+            {'pred': tensor([0, 1])}
+        """
+        self._member("all_gather_cat")
+        return cast(_Data, _nested.all_gather_cat(self, data, dim, timeout))
+
     # -- tensor collectives -------------------------------------------------------
-    @_collective("all_reduce", payload="tensor", op="op", uniform=True)
+    @overload
     def all_reduce(
         self,
         tensor: torch.Tensor,
+        op: ReduceOp | str = ...,
+        *,
+        async_op: bool = ...,
+        timeout: Timeout = ...,
+    ) -> Handle | None: ...
+    @overload
+    def all_reduce(
+        self,
+        tensor: _Data,
+        op: ReduceOp | str = ...,
+        *,
+        async_op: bool = ...,
+        timeout: Timeout = ...,
+    ) -> _Data: ...
+    @_collective("all_reduce", payload="tensor", op="op", uniform=True)
+    def all_reduce(
+        self,
+        tensor: Any,
         op: ReduceOp | str = "sum",
         *,
         async_op: bool = False,
         timeout: Timeout = None,
-    ) -> Handle | None:
+    ) -> Any:
         """Reduce ``tensor`` across the group, in place.
 
         ``op`` is one of ``sum mean product min max band bor bxor``. ``mean`` of
         an integer tensor is computed in floating point and written back into
         the integer tensor (truncated), as mmengine does.
 
+        ``tensor`` may also be a Python number, whose reduced value is
+        returned (ignite's ``idist.all_reduce``; an int's ``mean`` is a
+        float), or a nested structure of tensors and numbers (dicts, lists,
+        tuples, namedtuples, any depth): its tensors are reduced in place and
+        the structure is returned, with its numbers reduced. Leaves travel
+        packed, one collective per dtype and device. A structure, dtype or
+        shape that differs across ranks raises the same
+        :class:`~commlib.errors.RemoteArgumentError` on every rank, naming the
+        path (``['logits']: rank 1 (3, 10), rank 0 (4, 10)``). ``async_op``
+        takes a tensor only.
+
         Examples:
             >>> x = torch.tensor([1.0, 2.0]) * (comm.rank + 1)
             >>> comm.all_reduce(x, op="mean")   # 2 ranks: tensor([1.5, 3.0])
+            >>> comm.all_reduce(comm.rank + 1)  # 2 ranks: 3
+            1
+            >>> comm.all_reduce({"loss": torch.tensor(0.5), "n": [2, 3]})
+            {'loss': tensor(0.5000), 'n': [2, 3]}
         """
         engine = self._member("all_reduce")
+        if not isinstance(tensor, torch.Tensor):
+            return _nested.all_reduce(self, tensor, op, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
@@ -616,11 +675,27 @@ class Communicator:
             value=[tensor],
         )
 
+    @overload
+    def all_gather(
+        self, tensor: torch.Tensor, *, timeout: Timeout = ..., adapt_empty: bool = ...
+    ) -> list[torch.Tensor]: ...
+    @overload
+    def all_gather(
+        self, tensor: _Data, *, timeout: Timeout = ..., adapt_empty: bool = ...
+    ) -> list[_Data]: ...
     @_collective("all_gather", payload="tensor")
     def all_gather(
-        self, tensor: torch.Tensor, *, timeout: Timeout = None, adapt_empty: bool = False
-    ) -> list[torch.Tensor]:
+        self, tensor: Any, *, timeout: Timeout = None, adapt_empty: bool = False
+    ) -> list[Any]:
         """Every rank's ``tensor``, as a list indexed by rank.
+
+        ``tensor`` may also be a Python value (a number, a string, any
+        picklable object: ignite's ``idist.all_gather``) or a nested
+        structure of tensors and values: the list then holds every rank's
+        structure. The structure and the dtypes and dims of its tensors must
+        match across ranks (the same :class:`~commlib.errors.RemoteArgumentError`
+        on every rank names the path where they do not); shapes may differ.
+        Its tensors travel packed, one ragged all_gather per dtype and device.
 
         Ranks may pass tensors of different shapes (same number of dims, same
         dtype); each rank receives every rank's true tensor. Results are on the
@@ -648,6 +723,8 @@ class Communicator:
             >>> # on 2 ranks, each rank gets: [tensor([0]), tensor([0, 1])]
         """
         engine = self._member("all_gather")
+        if not isinstance(tensor, torch.Tensor):
+            return _nested.all_gather(self, tensor, timeout)
         check.tensor(tensor, "tensor")
         world = engine.world_size
         self._guard.check(
@@ -780,16 +857,37 @@ class Communicator:
         engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
         return [t.to(tensor.device) for t in out] if out is not None else []
 
-    @_collective("broadcast", payload="tensor", peer="src", uniform=True)
+    @overload
     def broadcast(
         self,
         tensor: torch.Tensor,
+        src: int = ...,
+        *,
+        async_op: bool = ...,
+        timeout: Timeout = ...,
+    ) -> Handle | None: ...
+    @overload
+    def broadcast(
+        self, tensor: _Data, src: int = ..., *, async_op: bool = ..., timeout: Timeout = ...
+    ) -> _Data: ...
+    @_collective("broadcast", payload="tensor", peer="src", uniform=True)
+    def broadcast(
+        self,
+        tensor: Any,
         src: int = 0,
         *,
         async_op: bool = False,
         timeout: Timeout = None,
-    ) -> Handle | None:
+    ) -> Any:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank, in place.
+
+        ``tensor`` may also be a Python value (any picklable object), returned
+        as ``src`` holds it (ignite's ``idist.broadcast``), or a nested
+        structure: its tensors (same structure, dtypes and shapes on every
+        rank, or the same :class:`~commlib.errors.RemoteArgumentError`
+        everywhere naming the path) are written in place, and the structure
+        is returned with ``src``'s other values. ``async_op`` takes a tensor
+        only.
 
         Examples:
             >>> x = torch.tensor([comm.rank])
@@ -798,6 +896,8 @@ class Communicator:
             tensor([0])
         """
         engine = self._member("broadcast")
+        if not isinstance(tensor, torch.Tensor):
+            return _nested.broadcast(self, tensor, src, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
         work_t = engine.to_device(tensor)

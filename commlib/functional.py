@@ -393,28 +393,54 @@ def barrier(
 
 
 # -- tensor collectives ----------------------------------------------------------
-def all_reduce(
-    data: torch.Tensor, op: str = "sum", group: Any = None, async_op: bool = False
-) -> Handle | None:
+def all_reduce(data: Any, op: str = "sum", group: Any = None, async_op: bool = False) -> Any:
     """Reduce ``data`` in place across ``group``.
+
+    A tensor is reduced in place (``None`` returned, or a handle with
+    ``async_op``), as torch and mmengine do. A Python number comes back
+    reduced, as ignite's ``idist.all_reduce``; a nested structure (dicts,
+    lists, tuples, namedtuples) of tensors and numbers is reduced leaf by
+    leaf, tensors in place, and returned (see :meth:`Communicator.all_reduce`).
 
     Examples:
         >>> data = torch.arange(2) + 1 + 2 * get_rank()
         >>> all_reduce(data)
         >>> data                    # 2 ranks: tensor([4, 6]) everywhere
         tensor([1, 2])
+        >>> all_reduce(0.5 * (get_rank() + 1))             # 2 ranks: 1.5
+        0.5
+        >>> all_reduce({"loss": torch.tensor(2.0), "n": 4}, op="mean")
+        {'loss': tensor(2.), 'n': 4.0}
     """
     return _collective_comm(group).all_reduce(data, op, async_op=async_op)
 
 
-def all_gather(data: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+def all_gather(data: Any, group: Any = None) -> list[Any]:
     """Every rank's ``data``, as a list (shapes may differ across ranks).
+
+    ``data`` may also be a Python value (a number, a string: ignite's
+    ``idist.all_gather``) or a nested structure of tensors and values.
 
     Examples:
         >>> all_gather(torch.tensor([get_rank()]))   # 2 ranks: [tensor([0]), tensor([1])]
         [tensor([0])]
+        >>> all_gather("a")                           # 2 ranks: ['a', 'a']
+        ['a']
     """
     return _collective_comm(group).all_gather(data)
+
+
+def all_gather_cat(data: Any, dim: int = 0, group: Any = None) -> Any:
+    """Every rank's ``data`` (a tensor or a nested structure) concatenated along ``dim``.
+
+    Lengths along ``dim`` may differ across ranks and come back exactly (see
+    :meth:`Communicator.all_gather_cat`).
+
+    Examples:
+        >>> all_gather_cat({"pred": torch.arange(2)})   # 2 ranks: {'pred': tensor([0, 1, 0, 1])}
+        {'pred': tensor([0, 1])}
+    """
+    return _collective_comm(group).all_gather_cat(data, dim)
 
 
 def all_gather_into_tensor(
@@ -465,14 +491,18 @@ def gather(
 
 
 def broadcast(
-    data: torch.Tensor,
+    data: Any,
     src: int | None = None,
     group: Any = None,
     async_op: bool = False,
     *,
     group_src: int | None = None,
-) -> Handle | None:
+) -> Any:
     """Copy ``src``'s ``data`` into ``data`` on every rank.
+
+    A Python value (a number, a string, any picklable object) or a nested
+    structure is returned as ``src`` holds it (ignite's ``idist.broadcast``);
+    tensors inside are written in place.
 
     ``src`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
     ``group_src`` a rank within it; by default the group's first rank.

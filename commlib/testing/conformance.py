@@ -36,6 +36,7 @@ from commlib.testing.checks import errors as _errors  # noqa: F401  (registers c
 from commlib.testing.checks import helpers as _helpers  # noqa: F401
 from commlib.testing.checks import object_collectives as _objects  # noqa: F401
 from commlib.testing.checks import point_to_point as _point_to_point  # noqa: F401
+from commlib.testing.checks import structures as _structures  # noqa: F401
 from commlib.testing.checks import tensors as _tensors  # noqa: F401
 from commlib.testing.harness import RankFailed, World, WorldTimeout
 

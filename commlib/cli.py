@@ -1,4 +1,4 @@
-"""The ``commlib`` command: ``commlib info``, ``commlib bench`` and ``commlib trace``."""
+"""The ``commlib`` command: ``commlib info``, ``bench``, ``trace`` and ``stacks``."""
 
 from __future__ import annotations
 
@@ -76,12 +76,13 @@ def bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     return run(opts, ["commlib", *(sys.argv[1:] if argv is None else argv)])
 
 
-def trace(directory: str, as_json: bool = False, out=None) -> int:
+def trace(directory: str, as_json: bool = False, out=None, stacks: bool = False) -> int:
     """Read every rank's flight recorder file in ``directory`` and print where the ranks diverged.
 
     Examples:
         $ COMMLIB_TRACE_DIR=/tmp/trace torchrun --nproc-per-node 4 train.py
         $ commlib trace /tmp/trace
+        $ commlib trace /tmp/trace --stacks
         $ commlib trace /tmp/trace --json
     """
     import json
@@ -94,8 +95,43 @@ def trace(directory: str, as_json: bool = False, out=None) -> int:
         print(f"commlib trace: {directory} is not a directory", file=sys.stderr)
         return 2
     found = diagnose(directory)
-    print(json.dumps(found, indent=1) if as_json else render(found), file=out)
+    print(json.dumps(found, indent=1) if as_json else render(found, stacks=stacks), file=out)
     return 0
+
+
+def stacks(directory: str, timeout: float = 15.0, as_json: bool = False, out=None) -> int:
+    """Ask a running job (``COMMLIB_TRACE_DIR=directory``) for every rank's stacks and print them.
+
+    Examples:
+        $ commlib stacks /tmp/trace
+    """
+    import json
+    from pathlib import Path
+
+    from commlib.observe.asking import ask_for_stacks
+    from commlib.observe.diagnosis import diagnose, render
+
+    out = out or sys.stdout
+    if not Path(directory).is_dir():
+        print(f"commlib stacks: {directory} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        chosen, answered, silent = ask_for_stacks(directory, timeout)
+    except LookupError as exc:
+        print(f"commlib stacks: {exc}", file=sys.stderr)
+        return 1
+    found = diagnose(directory)
+    if as_json:
+        print(json.dumps(found, indent=1), file=out)
+        return 0 if not silent else 1
+    print(
+        f"asked rank {chosen['rank']} (pid {chosen['pid']}) with SIGUSR1; "
+        f"answered: {', '.join(map(str, answered)) or 'none'}"
+        + (f"; no answer within {timeout:g}s: {', '.join(map(str, silent))}" if silent else ""),
+        file=out,
+    )
+    print(render(found, stacks=True), file=out)
+    return 0 if not silent else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,13 +165,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     trace_parser.add_argument("directory", metavar="DIR")
     trace_parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    trace_parser.add_argument(
+        "--stacks",
+        action="store_true",
+        help="also print every rank's Python stacks (taken on a failure, a request or SIGUSR1), "
+        "ranks with the same stack together",
+    )
+    stacks_parser = sub.add_parser(
+        "stacks",
+        help="ask a running job (COMMLIB_TRACE_DIR=DIR) for every rank's Python stacks",
+        description="Send SIGUSR1 to one rank of the job on this machine (its pid is in DIR): "
+        "every rank writes its trace file with the stacks of all its threads, the job goes on. "
+        "Then print them, ranks with the same stack together, with the trace's diagnosis.",
+    )
+    stacks_parser.add_argument("directory", metavar="DIR")
+    stacks_parser.add_argument(
+        "--timeout", type=float, default=15.0, help="seconds to wait for every rank (15)"
+    )
+    stacks_parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
     if args.command == "bench":
         return bench(args, argv)
     if args.command == "trace":
-        return trace(args.directory, args.json)
+        return trace(args.directory, args.json, stacks=args.stacks)
+    if args.command == "stacks":
+        return stacks(args.directory, args.timeout, args.json)
     return 2
 
 

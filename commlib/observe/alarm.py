@@ -23,13 +23,17 @@ import atexit
 import os
 import select
 import signal
+import socket
 import threading
 import time
 import warnings
 from types import FrameType
 from typing import Any
 
+import torch.distributed as dist
+
 from commlib._world import default_store, store_failed
+from commlib.observe import trace_files
 from commlib.observe.recorder import FlightRecorder
 
 _COUNTER = "commlib/trace/requests"
@@ -69,6 +73,7 @@ class Alarm:
         self._gone: Any = None  # the store whose host has exited
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._announced = False
 
     def arm(self) -> None:
         """Start: the watcher thread, ``SIGUSR1`` (from the main thread), the write at exit."""
@@ -130,6 +135,33 @@ class Alarm:
             else:
                 self._stop.wait(self.poll)
             self._answer()
+            if not self._announced:
+                self._announce()
+
+    def _announce(self) -> None:
+        """Leave this rank's pid in the directory once its rank is known (``commlib stacks``)."""
+        if not (self.recorder.recorded or (dist.is_available() and dist.is_initialized())):
+            return
+        self._announced = True
+        rank, world = self.recorder.identity()
+        directory = self.recorder.directory
+        if directory is None:
+            return
+        try:
+            trace_files.write_live(
+                directory,
+                {
+                    "rank": rank,
+                    "world_size": world,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started": process_started(os.getpid()),
+                    # whether SIGUSR1 reaches this alarm (or the program's own handler)
+                    "signal": signal.getsignal(signal.SIGUSR1) == self._on_signal,
+                },
+            )
+        except OSError:
+            pass  # the trace file itself will say why it cannot be written
 
     def _answer(self) -> None:
         store = default_store()
@@ -153,9 +185,9 @@ class Alarm:
             store_failed(exc)
             self._gone = store  # a group started again has another store: asked again
 
-    def _write(self, reason: str) -> None:
+    def _write(self, reason: str, stacks: bool = True) -> None:
         try:
-            self.recorder.dump(reason)
+            self.recorder.dump(reason, stacks=stacks)
         except OSError as exc:
             if not self._warned:
                 self._warned = True
@@ -166,7 +198,7 @@ class Alarm:
         # a process that ran no collective (``commlib info`` in a shell with
         # COMMLIB_TRACE_DIR exported) must not replace a rank's file
         if self.recorder.recorded:
-            self._write("exit")
+            self._write("exit", stacks=False)  # the stacks of the exit say nothing
 
     # -- SIGUSR1 -----------------------------------------------------------------------
     def _install_signal(self) -> None:
@@ -201,4 +233,25 @@ class Alarm:
         current = signal.set_wakeup_fd(-1)
         signal.set_wakeup_fd(current)
         if self._wakeup is None or current != self._wakeup_write:
-            self.signalled()
+            # not in the handler: taking stacks and writing there is heavy work (pytorch#167023)
+            threading.Thread(
+                target=self.signalled, name="commlib-trace-signal", daemon=True
+            ).start()
+
+
+def process_started(pid: int) -> str | None:
+    """When process ``pid`` started, as the kernel counts it (Linux); ``None`` elsewhere.
+
+    A pid left in a file may belong to another process by the time it is read:
+    ``commlib stacks`` signals it only if this still matches.
+
+    Examples:
+        >>> process_started(os.getpid()) is None or process_started(os.getpid()).isdigit()
+        True
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # the fields after the command name, which may hold spaces and parentheses
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None

@@ -53,6 +53,16 @@ class CallSite(NamedTuple):
         return {"file": self.file, "line": self.line, "function": self.function}
 
 
+def is_commlib_file(filename: str) -> bool:
+    """Whether ``filename`` is in commlib's package or its built-in backends.
+
+    Examples:
+        >>> is_commlib_file(__file__), is_commlib_file("/job/train.py")
+        (True, False)
+    """
+    return filename.startswith(_ROOTS)
+
+
 def is_commlib(code: CodeType) -> bool:
     """Whether ``code`` is commlib's (its package or its built-in backends).
 
@@ -62,7 +72,7 @@ def is_commlib(code: CodeType) -> bool:
     """
     found = _inside.get(code)
     if found is None:
-        found = _inside[code] = code.co_filename.startswith(_ROOTS)
+        found = _inside[code] = is_commlib_file(code.co_filename)
     return found
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from commlib._engine import POINT_TO_POINT
 from commlib.observe._lines import shorten
 from commlib.observe.event import describe
+from commlib.observe.stacks import roll_call, where
 from commlib.observe.trace_files import read_all
 
 _BAD_STATES = ("failed", "timed out")
@@ -138,6 +139,10 @@ class _Rank:
         else:
             self.known_from = min(self.by_seq) if self.by_seq else _UNKNOWN
         self.last_seq = max(self.by_seq) if self.by_seq else 0
+        taken = snapshot.get("stacks")
+        threads = taken.get("threads") if isinstance(taken, dict) else None
+        # where its main thread was when the stacks were taken
+        self.now = where(threads) if isinstance(threads, list) else None
 
     def before(self, seq: int) -> dict[str, Any] | None:
         earlier = [s for s in self.by_seq if s < seq]
@@ -164,6 +169,7 @@ def _diagnose_group(
         "missing_files": missing,
         "unreadable_ranks": [r for r in missing if r in damaged],
         "last": {str(r): rk.summary(rk.latest) for r, rk in ranks.items()},
+        "now": {str(r): rk.now for r, rk in ranks.items() if rk.now is not None},
         "late": _late(ranks),
         "verdict": [],
     }
@@ -239,6 +245,9 @@ def _verdict(group: dict[str, Any], ranks: dict[int, _Rank]) -> list[str]:
             )
         else:
             lines.append(f"rank {lost['rank']} never arrived at {target}{since}")
+        now = group.get("now", {}).get(str(lost["rank"]))
+        if now and not now["in_collective"]:
+            lines[-1] += f"; rank {lost['rank']} is in {now['at']}, not in a collective"
     for odd in group["out_of_step"]:
         lines.append(
             f"rank {odd['rank']} has no collective #{seq}: it was out of step "
@@ -366,6 +375,9 @@ def diagnose(directory: str | os.PathLike[str]) -> dict[str, Any]:
         "groups": [],
         "verdict": [],
     }
+    out["stacks"] = {
+        str(r): snap["stacks"] for r, snap in sorted(files.items()) if snap.get("stacks")
+    }
     for r, snap in sorted(files.items()):
         reasons = snap.get("reasons") or [snap.get("reason", "")]
         first = next((x for x in reasons if x and x != "exit"), reasons[-1] if reasons else "")
@@ -412,8 +424,27 @@ def _this_run(snapshots: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], di
     return keep, stale
 
 
-def render(diagnosis: dict[str, Any]) -> str:
-    """The diagnosis as ``commlib trace`` prints it.
+def _stacks_section(d: dict[str, Any]) -> list[str]:
+    taken = {int(r): s for r, s in (d.get("stacks") or {}).items()}
+    lines = [""]
+    if not taken:
+        return [*lines, "no stacks in these files (taken on a failure, a request or SIGUSR1)"]
+    why: dict[str, list[int]] = {}
+    for r, s in sorted(taken.items()):
+        why.setdefault(str(s.get("reason", "")), []).append(r)
+    lines.append(
+        "stacks (innermost frame last), taken by "
+        + "; ".join(f"{_ranks(rs)} because: {shorten(reason, 120)}" for reason, rs in why.items())
+    )
+    lines += [f"  {line}" for line in roll_call(taken)]
+    without = [r for r in d["ranks_with_files"] if r not in taken]
+    if without:
+        lines.append(f"  {_ranks(without)}: no stacks in the file")
+    return lines
+
+
+def render(diagnosis: dict[str, Any], stacks: bool = False) -> str:
+    """The diagnosis as ``commlib trace`` prints it; with ``stacks``, every rank's stacks too.
 
     Examples:
         >>> import tempfile
@@ -466,7 +497,14 @@ def render(diagnosis: dict[str, Any]) -> str:
             text = f"{_call(last)}: {_state_words(last)}" if last else "none"
             if last and last.get("error"):
                 text += f": {shorten(last['error'], _ERROR_WIDTH)}"
+            now = g.get("now", {}).get(r)
+            if now:
+                text += f"; now in {now['at']}" + (
+                    "" if now["in_collective"] else " (not in a collective)"
+                )
             lines.append(f"    rank {r}: {text}")
+    if stacks:
+        lines += _stacks_section(d)
     lines.append("diagnosis:")
     lines += [f"  {v}" for v in d["verdict"]]
     return "\n".join(lines)

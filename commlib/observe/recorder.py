@@ -24,6 +24,7 @@ import torch.distributed as dist
 from commlib._world import default_store
 from commlib.errors import CommError, RemoteArgumentError
 from commlib.hookspecs import hookimpl
+from commlib.observe import stacks as threads_stacks
 from commlib.observe import trace_files
 from commlib.observe._lines import shorten
 from commlib.observe.event import CollectiveEvent
@@ -129,6 +130,7 @@ class FlightRecorder:
         self._reasons: deque[str] = deque(maxlen=20)  # why the file was written, oldest first
         self._world_size = 1
         self._run: str | None = None  # the id every rank of this run shares (trace files)
+        self._stacks: dict[str, Any] | None = None  # the threads' stacks last taken
         self._lock = threading.Lock()
         #: called with a reason when a collective failed here (set by commlib.observe.alarm)
         self.on_failure: Any = None
@@ -229,11 +231,17 @@ class FlightRecorder:
             "recorded": self.recorded,
             "groups": dict(self._groups),
             "entries": [r.as_dict() for r in records],
+            "stacks": self._stacks,
         }
 
-    def dump(self, reason: str, directory: str | Path | None = None) -> Path | None:
+    def dump(
+        self, reason: str, directory: str | Path | None = None, *, stacks: bool = True
+    ) -> Path | None:
         """Write this rank's file into ``directory`` (the recorder's by default).
 
+        With ``stacks``, every thread's Python stack is taken now and written
+        with the records (:mod:`commlib.observe.stacks`); the last ones taken
+        stay in the files written after (the one at exit takes none).
         Returns the file, or ``None`` when there is no directory.
 
         Examples:
@@ -245,6 +253,8 @@ class FlightRecorder:
         if target is None:
             return None
         with self._lock:  # the main thread and the watcher may both be asked
+            if stacks:
+                self._stacks = threads_stacks.capture(reason)
             written = trace_files.write(target, self.snapshot(reason))
             self._reasons.append(reason)
             return written

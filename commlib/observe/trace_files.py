@@ -22,6 +22,7 @@ from typing import Any
 
 FORMAT = "commlib-trace/1"
 _PREFIX = "commlib_trace_rank"
+_LIVE = "commlib_live_rank"  # a live rank's pid and host: ``commlib stacks`` signals it
 
 
 def path_for(directory: str | os.PathLike[str], rank: int) -> Path:
@@ -42,7 +43,42 @@ def write(directory: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
         >>> write(tempfile.mkdtemp(), {"format": FORMAT, "rank": 0, "entries": []}).name
         'commlib_trace_rank0.json'
     """
-    target = path_for(directory, int(snapshot["rank"]))
+    return _write_whole(path_for(directory, int(snapshot["rank"])), snapshot)
+
+
+def write_live(directory: str | os.PathLike[str], live: dict[str, Any]) -> Path:
+    """Write a live rank's ``{"rank", "pid", "host", "started", ...}`` next to its trace file.
+
+    Examples:
+        >>> import tempfile
+        >>> write_live(tempfile.mkdtemp(), {"rank": 1, "pid": 42}).name
+        'commlib_live_rank1.json'
+    """
+    return _write_whole(Path(directory) / f"{_LIVE}{int(live['rank'])}.json", live)
+
+
+def read_live(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The live ranks' files in ``directory``, by rank (unreadable ones left out).
+
+    Examples:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = write_live(d, {"rank": 0, "pid": 42})
+        >>> read_live(d)
+        [{'rank': 0, 'pid': 42}]
+    """
+    found = []
+    for path in Path(directory).glob(f"{_LIVE}*.json"):
+        try:
+            data = json.loads(path.read_text())
+            int(data["rank"]), int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.append(data)
+    return sorted(found, key=lambda d: int(d["rank"]))
+
+
+def _write_whole(target: Path, snapshot: dict[str, Any]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
     try:
@@ -100,4 +136,9 @@ def _checked(data: Any) -> dict[str, Any]:
         raise ValueError("its run is not a string")
     if not isinstance(data.get("groups", {}), dict):
         raise ValueError("its groups are not an object")
+    stacks = data.get("stacks")
+    if stacks is not None and not (
+        isinstance(stacks, dict) and isinstance(stacks.get("threads", []), list)
+    ):
+        raise ValueError("its stacks are not an object with a list of threads")
     return data

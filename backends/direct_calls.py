@@ -38,6 +38,7 @@ def _method(*names: str) -> str | None:
 
 _ALL_GATHER_SINGLE = _method("all_gather_single", "_allgather_base")
 _ALL_TO_ALL_SINGLE = _method("all_to_all_single", "alltoall_base")
+_REDUCE_SCATTER_SINGLE = _method("reduce_scatter_single", "_reduce_scatter_base")
 
 
 # Parameter turns __torch_function__ off: torch.distributed calls the group directly too
@@ -45,13 +46,25 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _plain(*tensors: torch.Tensor) -> bool:
-    # any other subclass may route collectives through __torch_function__ (DTensor, ...)
-    return all(type(t) in _PLAIN for t in tensors)
+    # any other subclass may route collectives through __torch_function__ (DTensor, ...);
+    # a loop, not all() over a generator: this runs on every call
+    for t in tensors:
+        if type(t) not in _PLAIN:
+            return False
+    return True
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
     # what torch.distributed sends for a complex tensor: its real pairs
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
+def _wired(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    # the list itself unless a tensor in it is complex: no new list on every call
+    for t in tensors:
+        if t.is_complex():
+            return [_wire(u) for u in tensors]
+    return tensors
 
 
 def _finish(work: Any, async_op: bool) -> Work | None:
@@ -176,6 +189,64 @@ class DirectCalls(Backend):
             return None
         call = getattr(pg, _ALL_GATHER_SINGLE)  # type: ignore[arg-type]
         return _finish(call(_wire(output), _wire(tensor), _ALLGATHER[async_op]), async_op)
+
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Every rank's ``tensor`` into ``tensor_list``."""
+        pg = self._process_group(group) if _plain(tensor, *tensor_list) else None
+        if pg is None:
+            return super().all_gather(tensor_list, tensor, group, async_op)
+        if pg.size() == 1:
+            tensor_list[0].copy_(tensor.reshape(tensor_list[0].shape))
+            return None
+        outputs = _wired(tensor_list)
+        return _finish(pg.allgather([outputs], [_wire(tensor)], _ALLGATHER[async_op]), async_op)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: EngineOp,
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """``input`` reduced across ``group`` with ``op``; this rank's chunk into ``output``."""
+        pg = (
+            self._process_group(group)
+            if _REDUCE_SCATTER_SINGLE and _plain(output, input)
+            else None
+        )
+        if pg is None:
+            return super().reduce_scatter(output, input, op, group, async_op)
+        if pg.size() == 1:
+            output.copy_(input.reshape(output.shape))
+            return None
+        # as torch.distributed's reduce_scatter_single: the tensors as they are
+        opts = self._reduce_options(c10d.ReduceScatterOptions, op, -1, async_op)
+        call = getattr(pg, _REDUCE_SCATTER_SINGLE)  # type: ignore[arg-type]
+        return _finish(call(output, input, opts), async_op)
+
+    def all_to_all(
+        self,
+        output_list: list[torch.Tensor],
+        input_list: list[torch.Tensor],
+        group: Group,
+        async_op: bool = False,
+    ) -> Work | None:
+        """``input_list[i]`` to rank ``i``; rank ``i``'s into ``output_list[i]``."""
+        pg = self._process_group(group) if _plain(*output_list, *input_list) else None
+        if pg is None:
+            return super().all_to_all(output_list, input_list, group, async_op)
+        if pg.size() == 1:
+            output_list[0].copy_(input_list[0].reshape(output_list[0].shape))
+            return None
+        work = pg.alltoall(_wired(output_list), _wired(input_list), _ALLTOALL[async_op])
+        return _finish(work, async_op)
 
     def all_to_all_single(
         self,

@@ -52,6 +52,16 @@ STANDARD_DTYPES: frozenset[torch.dtype] = frozenset(
 )
 
 
+def _same_shape(*lists: list[torch.Tensor]) -> bool:
+    # a loop that stops at the first difference: this runs on every all_to_all
+    shape = lists[0][0].shape if lists[0] else None
+    for tensors in lists:
+        for t in tensors:
+            if t.shape != shape:
+                return False
+    return True
+
+
 class EngineGaps(Backend):
     """Backend defaults that route around what the engine cannot do.
 
@@ -397,7 +407,7 @@ class EngineGaps(Backend):
         gloo's own all_to_all takes tensors of one shape only; dtypes the
         library cannot move travel as bytes.
         """
-        if len({tuple(t.shape) for t in (*output_list, *input_list)}) > 1:
+        if not _same_shape(output_list, input_list):
             out_sizes = [t.numel() for t in output_list]
             in_sizes = [t.numel() for t in input_list]
             flat_out = output_list[0].new_empty(sum(out_sizes))

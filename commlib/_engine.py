@@ -48,7 +48,7 @@ from commlib._world import default_store, store_failed
 from commlib.backend import Backend
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
-from commlib.types import EngineOp, Group, Work
+from commlib.types import EngineOp, Group, P2PRequest, Work
 
 #: what point-to-point calls name their engine calls: only the ranks involved make
 #: them, so they are numbered apart (:attr:`Engine.p2p_seq`) and the collectives'
@@ -168,8 +168,17 @@ class Engine:
         # the plugin's methods the typed calls make, bound once
         self._all_reduce = plugin.all_reduce
         self._broadcast = plugin.broadcast
+        self._all_gather_into_tensor = plugin.all_gather_into_tensor
+        self._all_gather = plugin.all_gather
+        self._gather = plugin.gather
+        self._reduce = plugin.reduce
+        self._reduce_scatter = plugin.reduce_scatter
+        self._scatter = plugin.scatter
+        self._all_to_all = plugin.all_to_all
+        self._all_to_all_single = plugin.all_to_all_single
         self._send = plugin.send
         self._recv = plugin.recv
+        self._batch_isend_irecv = plugin.batch_isend_irecv
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -445,7 +454,8 @@ class Engine:
 
         Blocking unless ``async_op``; then a :class:`~commlib.Handle` whose
         ``wait()`` waits for the engine and runs ``finish``, and whose future's
-        value is ``value`` (the tensors the collective writes).
+        value is ``value`` (the tensors the collective writes). The
+        communicator's collectives use the typed methods below instead.
 
         Examples:
             >>> t = torch.ones(2)
@@ -463,19 +473,49 @@ class Engine:
             lambda t: self.wait(pending, t or timeout), finish, pending.work, value=value
         )
 
-    # -- the hot collectives, one typed method each ------------------------------------
-    # What submit does, without the plugin's method passed in as a value nor its
-    # arguments packed: the plugin's bound methods are looked up once (__init__).
-    def _blocking(
-        self, what: str, limit: datetime.timedelta, call: Callable[[], Work | None]
-    ) -> None:
-        # the shared tail of a blocking call: run's steps, for a call already bound
+    # -- the collectives, one typed method each ------------------------------------------
+    # Each hands its arguments to _issue with the plugin's method bound once
+    # (__init__): nothing is looked up by name nor packed into keywords per call.
+    def _issue(
+        self,
+        what: str,
+        call: Callable[..., Work | None],
+        args: tuple[Any, ...],
+        finish: Callable[[], None] | None,
+        timeout: datetime.timedelta | None,
+        async_op: bool,
+        value: list[torch.Tensor] | None,
+        tail: tuple[Any, ...] = (),
+    ) -> Handle | None:
+        """``call(*args, group, True, *tail)``, waited for unless ``async_op``, then ``finish``.
+
+        What :meth:`submit` does, for a call whose plugin method is bound
+        already: the steps of :meth:`run` (bounded engine wait, sequence
+        number, error mapping, sliced wait) in one frame, a ``try`` in place
+        of :meth:`map_errors`' context manager (it costs nothing until
+        something is raised).
+        """
+        limit = timeout or self.timeout
         if self.health.engine_timeout != limit:
             self.bound_engine_wait(limit)
-        seq = self._next(what)
+        if self.health.broken is not None:
+            self.health.check(what)
+        if what in POINT_TO_POINT:
+            self.p2p_seq += 1
+            seq = self.p2p_seq
+        else:
+            self.seq += 1
+            seq = self.seq
+        if self.on_call is not None:
+            self.on_call(what)
         started = time.monotonic()
         try:
-            work = call()
+            work = call(*args, self.group, True, *tail)
+            if async_op:
+                pending = Pending(work, what, seq)
+                return Handle(
+                    lambda t: self.wait(pending, t or timeout), finish, work, value=value
+                )
             if work is not None:
                 if self._sliced:
                     _waiting.wait_watching(work, limit, self.group)
@@ -486,12 +526,16 @@ class Engine:
             mapping.started = started
             mapping.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        if finish is not None:
+            finish()
+        return None
 
     def all_reduce(
         self,
         tensor: torch.Tensor,
         op: EngineOp,
         *,
+        what: str = "all_reduce",
         finish: Callable[[], None] | None = None,
         timeout: datetime.timedelta | None = None,
         async_op: bool = False,
@@ -499,24 +543,19 @@ class Engine:
     ) -> Handle | None:
         """The plugin's all_reduce of ``tensor`` with ``op``, as :meth:`submit` runs a call.
 
+        Blocking unless ``async_op`` (then a :class:`~commlib.Handle` whose
+        ``wait()`` also runs ``finish``); ``finish`` runs after the engine's
+        part; ``value`` is what the handle's future holds; ``what`` names
+        the collective in errors (an async ``barrier`` is an all_reduce).
+        The other typed methods take the same keywords.
+
         Examples:
             >>> t = torch.ones(2)
             >>> engine.all_reduce(t, "sum")
             >>> t
             tensor([1., 1.])
         """
-        if async_op:
-            return self.submit(
-                "all_reduce", self._all_reduce, tensor, op, finish=finish,
-                timeout=timeout, async_op=True, value=value,
-            )  # fmt: skip
-        group, call = self.group, self._all_reduce
-        self._blocking(
-            "all_reduce", timeout or self.timeout, lambda: call(tensor, op, group, True)
-        )
-        if finish is not None:
-            finish()
-        return None
+        return self._issue(what, self._all_reduce, (tensor, op), finish, timeout, async_op, value)
 
     def broadcast(
         self,
@@ -528,24 +567,202 @@ class Engine:
         async_op: bool = False,
         value: list[torch.Tensor] | None = None,
     ) -> Handle | None:
-        """The plugin's broadcast of ``src``'s ``tensor``, as :meth:`submit` runs a call.
+        """The plugin's broadcast of ``src``'s ``tensor`` (keywords: :meth:`all_reduce`).
 
         Examples:
             >>> t = torch.ones(2)
             >>> engine.broadcast(t, 0)
         """
-        if async_op:
-            return self.submit(
-                "broadcast", self._broadcast, tensor, src, finish=finish,
-                timeout=timeout, async_op=True, value=value,
-            )  # fmt: skip
-        group, call = self.group, self._broadcast
-        self._blocking(
-            "broadcast", timeout or self.timeout, lambda: call(tensor, src, group, True)
+        return self._issue(
+            "broadcast", self._broadcast, (tensor, src), finish, timeout, async_op, value
         )
-        if finish is not None:
-            finish()
-        return None
+
+    def all_gather_into_tensor(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        *,
+        what: str = "all_gather_into_tensor",
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """Every rank's ``tensor`` into ``output`` (keywords: :meth:`all_reduce`).
+
+        ``what`` names the collective in errors (``all_gather`` gathers through it).
+
+        Examples:
+            >>> out = torch.empty(engine.world_size * 2)
+            >>> engine.all_gather_into_tensor(out, torch.ones(2))
+            >>> out
+            tensor([1., 1.])
+        """
+        return self._issue(
+            what, self._all_gather_into_tensor, (output, tensor), finish, timeout, async_op, value
+        )
+
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """Every rank's ``tensor`` into ``tensor_list`` (keywords: :meth:`all_reduce`).
+
+        Examples:
+            >>> outs = [torch.empty(2) for _ in range(engine.world_size)]
+            >>> engine.all_gather(outs, torch.ones(2))
+            >>> outs
+            [tensor([1., 1.])]
+        """
+        return self._issue(
+            "all_gather", self._all_gather, (tensor_list, tensor), finish, timeout, async_op, value
+        )
+
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        gather_list: list[torch.Tensor] | None,
+        dst: int,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """Every rank's ``tensor`` into ``gather_list`` on ``dst`` (keywords: :meth:`all_reduce`).
+
+        Examples:
+            >>> outs = [torch.empty(2) for _ in range(engine.world_size)]
+            >>> engine.gather(torch.ones(2), outs, 0)
+            >>> outs
+            [tensor([1., 1.])]
+        """
+        return self._issue(
+            "gather", self._gather, (tensor, gather_list, dst), finish, timeout, async_op, value
+        )
+
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        op: EngineOp,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """``tensor`` reduced with ``op`` into ``dst``'s (keywords: :meth:`all_reduce`).
+
+        Examples:
+            >>> t = torch.ones(2)
+            >>> engine.reduce(t, 0, "sum")
+        """
+        return self._issue(
+            "reduce", self._reduce, (tensor, dst, op), finish, timeout, async_op, value
+        )
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: EngineOp,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """``input`` reduced with ``op``; this rank's chunk into ``output`` (see ``all_reduce``).
+
+        Examples:
+            >>> out = torch.empty(2)
+            >>> engine.reduce_scatter(out, torch.ones(engine.world_size * 2), "sum")
+            >>> out
+            tensor([1., 1.])
+        """
+        return self._issue(
+            "reduce_scatter", self._reduce_scatter, (output, input, op), finish, timeout,
+            async_op, value,
+        )  # fmt: skip
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: list[torch.Tensor] | None,
+        src: int,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """``src``'s ``scatter_list[rank]`` into ``tensor`` (keywords: :meth:`all_reduce`).
+
+        Examples:
+            >>> t = torch.empty(2)
+            >>> engine.scatter(t, [torch.ones(2)], 0)
+            >>> t
+            tensor([1., 1.])
+        """
+        return self._issue(
+            "scatter", self._scatter, (tensor, scatter_list, src), finish, timeout, async_op, value
+        )
+
+    def all_to_all(
+        self,
+        output_list: list[torch.Tensor],
+        input_list: list[torch.Tensor],
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """``input_list[i]`` to rank ``i``, into ``output_list`` (keywords: :meth:`all_reduce`).
+
+        Examples:
+            >>> outs = [torch.empty(2)]
+            >>> engine.all_to_all(outs, [torch.ones(2)])
+            >>> outs
+            [tensor([1., 1.])]
+        """
+        return self._issue(
+            "all_to_all", self._all_to_all, (output_list, input_list), finish, timeout,
+            async_op, value,
+        )  # fmt: skip
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        async_op: bool = False,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle | None:
+        """``input``'s rows to every rank, theirs into ``output`` (keywords: :meth:`all_reduce`).
+
+        Examples:
+            >>> out = torch.empty(2)
+            >>> engine.all_to_all_single(out, torch.ones(2), None, None)
+            >>> out
+            tensor([1., 1.])
+        """
+        return self._issue(
+            "all_to_all_single", self._all_to_all_single,
+            (output, input, output_split_sizes, input_split_sizes), finish, timeout, async_op,
+            value,
+        )  # fmt: skip
 
     def point_to_point(
         self,
@@ -565,16 +782,28 @@ class Engine:
             >>> engine.point_to_point("send", torch.ones(2), 1, 0)  # 2 ranks  # doctest: +SKIP
         """
         call = self._send if kind == "send" else self._recv
-        if async_op:
-            return self.submit(
-                kind, call, tensor, peer, tag=tag, finish=finish,
-                timeout=timeout, async_op=True, value=value,
-            )  # fmt: skip
-        group = self.group
-        self._blocking(kind, timeout or self.timeout, lambda: call(tensor, peer, group, True, tag))
-        if finish is not None:
-            finish()
-        return None
+        return self._issue(kind, call, (tensor, peer), finish, timeout, async_op, value, (tag,))
+
+    def batch_isend_irecv(
+        self,
+        requests: list[P2PRequest],
+        *,
+        finish: Callable[[], None] | None = None,
+        timeout: datetime.timedelta | None = None,
+        value: list[torch.Tensor] | None = None,
+    ) -> Handle:
+        """Every send and receive of ``requests`` posted at once; a handle to wait on.
+
+        Examples:
+            >>> engine.batch_isend_irecv([P2PRequest("send", torch.ones(2), 1, 0)])
+            ... # doctest: +SKIP
+        """
+        handle = self._issue(
+            "batch_isend_irecv", self._batch_isend_irecv, (requests,), finish, timeout, True,
+            value,
+        )  # fmt: skip
+        assert handle is not None
+        return handle
 
     def barrier(self, timeout: datetime.timedelta | None = None) -> None:
         """The plugin's barrier, bounded by ``timeout`` (the engine's by default).

@@ -30,7 +30,9 @@ T = TypeVar("T")
 #: a protocol: yields the engine calls it waits for, returns its result
 Steps = Generator["Pending", None, T]
 
-_unfinished: list[tuple[Engine, ResultHandle[Any]]] = []
+#: the async object collectives whose rounds are still to run, oldest first; the list
+#: itself is never replaced, so a communicator tests it for emptiness on every call
+unfinished: list[tuple[Engine, ResultHandle[Any]]] = []
 
 
 def call(
@@ -73,7 +75,7 @@ def start(
     """
     handle = ResultHandle(steps, engine.wait, timeout)
     if not handle.is_completed():
-        _unfinished.append((engine, handle))
+        unfinished.append((engine, handle))
     return handle
 
 
@@ -103,7 +105,7 @@ def pending() -> bool:
         >>> pending()
         False
     """
-    return bool(_unfinished)
+    return bool(unfinished)
 
 
 def finish_pending(group: Any) -> None:
@@ -118,10 +120,10 @@ def finish_pending(group: Any) -> None:
     Examples:
         >>> finish_pending(engine.group)    # before a communicator issues anything new on it
     """
-    mine = [(e, h) for e, h in _unfinished if e.group is group]
+    mine = [(e, h) for e, h in unfinished if e.group is group]
     if not mine:
         return
-    _unfinished[:] = [(e, h) for e, h in _unfinished if e.group is not group]
+    unfinished[:] = [(e, h) for e, h in unfinished if e.group is not group]
     for engine, handle in mine:
         # its rounds belong to the earlier call, not to the collective that drains them
         # (observers see that one start at its own first engine call)

@@ -8,6 +8,8 @@ import torch
 
 REDUCE_OPS = ("sum", "mean", "product", "min", "max", "band", "bor", "bxor")
 _BITWISE = ("band", "bor", "bxor")
+# the op names every dtype takes, as callers usually write them
+_ANY_DTYPE = {name: name for name in ("sum", "mean", "product")}
 
 
 def reduce_op(op: Any, tensor: torch.Tensor | None = None) -> str:
@@ -23,6 +25,10 @@ def reduce_op(op: Any, tensor: torch.Tensor | None = None) -> str:
         Traceback (most recent call last):
         ValueError: unknown reduce op 'avg'; expected one of sum, mean, ...
     """
+    if type(op) is str:
+        found = _ANY_DTYPE.get(op)
+        if found is not None:  # the usual names, which fit every dtype: nothing to check
+            return found
     name = op
     if not isinstance(op, str):
         # ReduceOp / RedOpType: "RedOpType.SUM" or "ReduceOp.SUM"
@@ -120,19 +126,26 @@ def tensor_list(
         Traceback (most recent call last):
         ValueError: scatter_list on src needs 2 tensors (one per rank), got 1
     """
-    where = f" on {on}" if on else ""
     if not isinstance(value, (list, tuple)):
+        where = f" on {on}" if on else ""
         raise TypeError(
             f"{what}{where} must be a list of {length} tensors, got {type(value).__name__}"
         )
     if len(value) != length:
+        where = f" on {on}" if on else ""
         raise ValueError(f"{what}{where} needs {length} tensors (one per rank), got {len(value)}")
+    # names are formatted only for an error: this runs for every tensor of every call
+    strided = torch.strided
+    shape = dtype = None
+    if like is not None:
+        shape, dtype = like.shape, like.dtype
     for i, t in enumerate(value):
-        tensor(t, f"{what}[{i}]")
-        if like is not None and (t.shape != like.shape or t.dtype != like.dtype):
+        if not isinstance(t, torch.Tensor) or t.layout is not strided or t.is_meta:
+            tensor(t, f"{what}[{i}]")
+        if like is not None and (t.dtype != dtype or t.shape != shape):
             raise ValueError(
                 f"{what}[{i}] is {t.dtype} {tuple(t.shape)}; it must be shaped and typed like "
-                f"tensor ({like.dtype} {tuple(like.shape)})"
+                f"tensor ({dtype} {tuple(like.shape)})"
             )
     return list(value)
 
@@ -146,7 +159,10 @@ def same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:
         TypeError: all_to_all needs tensors of one dtype, got torch.float32 and torch.int64
     """
     first = tensors[0].dtype
-    if all(t.dtype == first for t in tensors):
+    for t in tensors:  # a loop, not all() over a generator: it runs on every call
+        if t.dtype != first:
+            break
+    else:
         return first
     dtypes = sorted({str(t.dtype) for t in tensors})
     raise TypeError(f"{what} needs tensors of one dtype, got {' and '.join(dtypes)}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import math
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
@@ -76,41 +76,29 @@ def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
 
     A group-wide one also refuses on every rank: see :func:`_refused_everywhere`.
     """
-    observe = observed(name, _engine_of, **facts)
     if name not in CHECKED_ROUNDS and name not in OBJECT_ROUNDS:
-        return observe
-
-    def decorate(fn: _Method) -> _Method:
-        return observe(_refused_everywhere(name, fn))
-
-    return decorate
+        return observed(name, _engine_of, **facts)
+    return observed(name, _engine_of, refuse=_refused_everywhere(name), **facts)
 
 
-def _refused_everywhere(name: str, fn: _Method) -> _Method:
-    """``fn``, whose argument errors before its first engine call reach every rank.
+def _refused_everywhere(name: str) -> Callable[[Any, Engine, ValueError | TypeError, Any], None]:
+    """What collective ``name`` does with an argument error raised before its first engine call.
 
     A mistake only this rank made (an op, a root out of range, a timeout it
     alone passes badly) would raise here alone while the other ranks wait in
     the collective, and this rank's next call would pair with theirs: results
     silently mixed, or a hang. So the refusal joins the collective's first
-    round (:meth:`commlib._guard.Guard.refuse`). A plain ``try``: nothing to
-    pay per call when nothing is raised.
+    round (:meth:`commlib._guard.Guard.refuse`), which raises on every rank.
+    The observing wrapper calls it (:func:`commlib.observe.dispatch.observed`),
+    from a plain ``try``: nothing to pay per call when nothing is raised.
     """
 
-    @functools.wraps(fn)
-    def call(comm: Communicator, *args: Any, **kwargs: Any) -> Any:
-        engine = comm._engine
-        if engine is None:
-            return fn(comm, *args, **kwargs)
-        before = engine.seq
-        try:
-            return fn(comm, *args, **kwargs)
-        except (ValueError, TypeError) as exc:
-            if isinstance(exc, CommError) or engine.seq != before:
-                raise  # agreed already, or raised after the first round, on every rank alike
-            comm._guard.refuse(engine, name, exc, kwargs.get("timeout"))
+    def refuse(
+        comm: Communicator, engine: Engine, exc: ValueError | TypeError, kwargs: Any
+    ) -> None:
+        comm._guard.refuse(engine, name, exc, kwargs.get("timeout"))
 
-    return cast(_Method, call)
+    return refuse
 
 
 class Communicator:
@@ -483,6 +471,12 @@ class Communicator:
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:
         """The engine, for a member; a non-member gets :class:`NotInGroupError`."""
+        engine = self._engine
+        if engine is not None and self._distributed and not _steps.unfinished:
+            return engine  # the common case, in three tests
+        return self._member_slowly(what)
+
+    def _member_slowly(self, what: str) -> Engine:
         if self._engine is None:
             if self._exited:
                 raise RuntimeError(
@@ -656,21 +650,26 @@ class Communicator:
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        parts = self._guard.check(
-            engine,
-            "all_reduce",
-            lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
-            work_t,
-            timeout,
-        )
-        if parts is not None:
-            reduce_into(work_t, parts, engine_op)
-            return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
+        guard = self._guard
+        if "all_reduce" in guard.checked:
+            parts = guard.check(
+                engine,
+                "all_reduce",
+                lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+                work_t,
+                timeout,
+            )
+            if parts is not None:
+                reduce_into(work_t, parts, engine_op)
+                return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
         return engine.all_reduce(
             work_t,
             engine_op,
-            finish=lambda: back(work_t, tensor, world),
-            timeout=as_timedelta(timeout),
+            # nothing to finish when the engine wrote the caller's tensor itself
+            finish=None
+            if back is copy_back and work_t is tensor
+            else lambda: back(work_t, tensor, world),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
         )
@@ -754,12 +753,8 @@ class Communicator:
         elif all(s == shapes[0] for s in shapes):
             # one flat buffer: cheaper on the engines than a list of outputs
             flat = torch.empty((world, *work_t.shape), dtype=work_t.dtype, device=work_t.device)
-            engine.run(
-                "all_gather",
-                self.plugin.all_gather_into_tensor,
-                flat.view(-1),
-                work_t.reshape(-1),
-                timeout=limit,
+            engine.all_gather_into_tensor(
+                flat.view(-1), work_t.reshape(-1), what="all_gather", timeout=limit
             )
             out = list(flat.unbind(0))
         else:
@@ -767,8 +762,11 @@ class Communicator:
             padded = work_t.new_zeros(max_shape)
             padded[tuple(slice(0, d) for d in work_t.shape)] = work_t
             buf = [torch.empty_like(padded) for _ in range(world)]
-            engine.run("all_gather", self.plugin.all_gather, buf, padded, timeout=limit)
+            engine.all_gather(buf, padded, timeout=limit)
             out = [b[tuple(slice(0, d) for d in s)] for b, s in zip(buf, shapes)]
+        if engine.on_cpu and tensor.is_cpu:  # where the caller's tensor is already
+            out[me] = tensor
+            return out
         return [tensor if r == me else t.to(tensor.device) for r, t in enumerate(out)]
 
     @_collective("all_gather_into_tensor", payload="tensor", uniform=True)
@@ -803,25 +801,26 @@ class Communicator:
         out_t = engine.to_device(output)
         in_t = engine.to_device(tensor)
         world = engine.world_size
-        parts = self._guard.check(
-            engine,
-            "all_gather_into_tensor",
-            lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
-            in_t,
-            timeout,
-        )
-        if parts is not None:
-            torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
-            return finished(lambda: copy_back(out_t, output, world), async_op, [output])
-        return engine.submit(
-            "all_gather_into_tensor",
-            self.plugin.all_gather_into_tensor,
+        guard = self._guard
+        if "all_gather_into_tensor" in guard.checked:
+            parts = guard.check(
+                engine,
+                "all_gather_into_tensor",
+                lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
+                in_t,
+                timeout,
+            )
+            if parts is not None:
+                torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
+                return finished(lambda: copy_back(out_t, output, world), async_op, [output])
+        return engine.all_gather_into_tensor(
             # flat views: engines such as gloo insist on matching shapes, and
-            # the contract is about element counts
-            out_t.reshape(-1),
-            in_t.reshape(-1),
-            finish=lambda: copy_back(out_t, output, world),
-            timeout=as_timedelta(timeout),
+            # the contract is about element counts (a view of a 1-dim tensor is
+            # the tensor's own shape: no view op for it)
+            out_t if out_t.dim() == 1 else out_t.view(-1),
+            in_t if in_t.dim() == 1 else in_t.view(-1),
+            finish=None if out_t is output else lambda: copy_back(out_t, output, world),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[output],
         )
@@ -844,18 +843,24 @@ class Communicator:
         check.rank_in_range(dst, engine.world_size, "dst")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
-        parts = self._guard.check(
-            engine,
-            "gather",
-            lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
-            work_t,
-            timeout,
-        )
-        if parts is not None:
-            return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
+        guard = self._guard
+        if "gather" in guard.checked:
+            parts = guard.check(
+                engine,
+                "gather",
+                lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
+                work_t,
+                timeout,
+            )
+            if parts is not None:
+                return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
         out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
-        engine.run("gather", self.plugin.gather, work_t, out, dst, timeout=as_timedelta(timeout))
-        return [t.to(tensor.device) for t in out] if out is not None else []
+        engine.gather(work_t, out, dst, timeout=None if timeout is None else as_timedelta(timeout))
+        if out is None:
+            return []
+        if engine.on_cpu and tensor.is_cpu:  # where the caller's tensor is already
+            return out
+        return [t.to(tensor.device) for t in out]
 
     @overload
     def broadcast(
@@ -902,24 +907,26 @@ class Communicator:
         check.rank_in_range(src, engine.world_size, "src")
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        parts = self._guard.check(
-            engine,
-            "broadcast",
-            lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
-            work_t,
-            timeout,
-            # only src's data is read: the others send their slot's header alone
-            write=None if engine.rank == src else write_nothing,
-        )
-        if parts is not None:
-            if engine.rank != src:
-                work_t.copy_(parts[src])
-            return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
+        guard = self._guard
+        if "broadcast" in guard.checked:
+            parts = guard.check(
+                engine,
+                "broadcast",
+                lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+                work_t,
+                timeout,
+                # only src's data is read: the others send their slot's header alone
+                write=None if engine.rank == src else write_nothing,
+            )
+            if parts is not None:
+                if engine.rank != src:
+                    work_t.copy_(parts[src])
+                return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         return engine.broadcast(
             work_t,
             src,
-            finish=lambda: copy_back(work_t, tensor, world),
-            timeout=as_timedelta(timeout),
+            finish=None if work_t is tensor else lambda: copy_back(work_t, tensor, world),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
         )
@@ -954,7 +961,7 @@ class Communicator:
                     f"input has {input.numel()} elements; reduce_scatter needs world_size "
                     f"({world}) x output's {output.numel()}"
                 )
-            flat = input.reshape(-1)
+            flat = input if input.dim() == 1 else input.reshape(-1)
         elif isinstance(input, (list, tuple)):
             if len(input) != world:
                 raise ValueError(f"reduce_scatter needs {world} input tensors, got {len(input)}")
@@ -974,27 +981,31 @@ class Communicator:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
         engine_op, back = reduction(name, output, self.plugin.native_avg)
-        out_t = engine.to_device(output).view(-1)  # contiguous, so a view
+        out_t = engine.to_device(output)
+        if out_t.dim() != 1:
+            out_t = out_t.view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
-        parts = self._guard.check(
-            engine,
-            "reduce_scatter",
-            lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
-            in_t,
-            timeout,
-        )
-        if parts is not None:
-            whole = reduce_locally(parts, engine_op)
-            out_t.copy_(whole.view(world, -1)[engine.rank])
-            return finished(lambda: back(out_t, output, world), async_op, [output])
-        return engine.submit(
-            "reduce_scatter",
-            self.plugin.reduce_scatter,
+        guard = self._guard
+        if "reduce_scatter" in guard.checked:
+            parts = guard.check(
+                engine,
+                "reduce_scatter",
+                lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
+                in_t,
+                timeout,
+            )
+            if parts is not None:
+                whole = reduce_locally(parts, engine_op)
+                out_t.copy_(whole.view(world, -1)[engine.rank])
+                return finished(lambda: back(out_t, output, world), async_op, [output])
+        return engine.reduce_scatter(
             out_t,
             in_t,
             engine_op,
-            finish=lambda: back(out_t, output, world),
-            timeout=as_timedelta(timeout),
+            finish=None
+            if back is copy_back and out_t is output
+            else lambda: back(out_t, output, world),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[output],
         )
@@ -1019,11 +1030,10 @@ class Communicator:
             engine.barrier(as_timedelta(timeout))
             return None
         token = engine.to_device(torch.ones(1))
-        return engine.submit(
-            "barrier",
-            self.plugin.all_reduce,
+        return engine.all_reduce(
             token,
             "sum",
+            what="barrier",
             timeout=as_timedelta(timeout),
             async_op=True,
             value=[],
@@ -1058,31 +1068,33 @@ class Communicator:
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
         work_t = engine.to_device(tensor)
         world = engine.world_size
+        is_dst = engine.rank == dst
+        guard = self._guard
+        if "reduce" in guard.checked:
+            parts = guard.check(
+                engine,
+                "reduce",
+                lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
+                work_t,
+                timeout,
+            )
+            if parts is not None:
+                if not is_dst:
+                    return finished(lambda: None, async_op, [tensor])
+                reduce_into(work_t, parts, engine_op)
+                return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
         finish = None
-        if engine.rank == dst:
+        if not is_dst:
+            if work_t is tensor:
+                work_t = tensor.clone()
+        elif back is not copy_back or work_t is not tensor:
             finish = lambda: back(work_t, tensor, world)  # noqa: E731
-        parts = self._guard.check(
-            engine,
-            "reduce",
-            lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
-            work_t,
-            timeout,
-        )
-        if parts is not None:
-            if finish is None:
-                return finished(lambda: None, async_op, [tensor])
-            reduce_into(work_t, parts, engine_op)
-            return finished(finish, async_op, [tensor])
-        if finish is None and work_t is tensor:
-            work_t = tensor.clone()
-        return engine.submit(
-            "reduce",
-            self.plugin.reduce,
+        return engine.reduce(
             work_t,
             dst,
             engine_op,
             finish=finish,
-            timeout=as_timedelta(timeout),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
         )
@@ -1127,7 +1139,7 @@ class Communicator:
             return f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}"
 
         guard = self._guard
-        if guard.checks != "off" and "scatter" in guard.completed_by_check:
+        if "scatter" in guard.checked and "scatter" in guard.completed_by_check:
             # src's whole list travels in its slot of the check's round when it
             # fits (every rank declares its size alike): one round, not two
             sent = parts
@@ -1142,16 +1154,14 @@ class Communicator:
             if got is not None:
                 work_t.copy_(got[src][engine.rank])
                 return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
-        else:
-            self._guard.check(engine, "scatter", describe, timeout=timeout)
-        return engine.submit(
-            "scatter",
-            self.plugin.scatter,
+        elif "scatter" in guard.checked:
+            guard.check(engine, "scatter", describe, timeout=timeout)
+        return engine.scatter(
             work_t,
             parts,
             src,
-            finish=lambda: copy_back(work_t, tensor, world),
-            timeout=as_timedelta(timeout),
+            finish=None if work_t is tensor else lambda: copy_back(work_t, tensor, world),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
         )
@@ -1184,28 +1194,31 @@ class Communicator:
         check.tensor_list(input_tensor_list, world, "input_tensor_list")
         check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         dtype = input_tensor_list[0].dtype
-        self._guard.check_pairs(
-            engine,
-            "all_to_all",
-            lambda: f"{dtype}, {world} tensors",
-            [t.numel() for t in input_tensor_list],
-            [t.numel() for t in output_tensor_list],
-            timeout,
-        )
-        outs = [engine.to_device(t) for t in output_tensor_list]
-        ins = [engine.to_device(t) for t in input_tensor_list]
+        guard = self._guard
+        if "all_to_all" in guard.checked:
+            guard.check_pairs(
+                engine,
+                "all_to_all",
+                lambda: f"{dtype}, {world} tensors",
+                [t.numel() for t in input_tensor_list],
+                [t.numel() for t in output_tensor_list],
+                timeout,
+            )
+        to_device = engine.to_device
+        outs = [to_device(t) for t in output_tensor_list]
+        ins = [to_device(t) for t in input_tensor_list]
 
         def finish() -> None:
             for out_t, target in zip(outs, output_tensor_list):
                 copy_back(out_t, target, world)
 
-        return engine.submit(
-            "all_to_all",
-            self.plugin.all_to_all,
+        # nothing to finish when the engine writes the caller's own tensors
+        written = all(map(operator.is_, outs, output_tensor_list))
+        return engine.all_to_all(
             outs,
             ins,
-            finish=finish,
-            timeout=as_timedelta(timeout),
+            finish=None if written else finish,
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=list(output_tensor_list),
         )
@@ -1248,58 +1261,63 @@ class Communicator:
             )
         out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
         in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
-        row = math.prod(input.shape[1:])
-        rows_out = in_splits or [input.shape[0] // world] * world
-        rows_in = out_splits or [output.shape[0] // world] * world
+        me = engine.rank
         in_t = engine.to_device(input)
+        guard = self._guard
+        checked = "all_to_all_single" in guard.checked
         parts = None
         if in_splits is None and out_splits is None:
-            # even splits: the pairs match exactly when every rank passes the same
-            # shapes, whose rows agree (below), so the description says it all, and
-            # a small input travels with the check: one round
-            parts = self._guard.check(
-                engine,
-                "all_to_all_single",
-                lambda: (
-                    f"{input.dtype}, input {tuple(input.shape)}, "
-                    f"output {tuple(output.shape)}, even splits"
-                ),
-                in_t,
-                timeout,
-            )
+            # even splits: the rows this rank sends itself and expects from itself
+            sends_me, expects_me = input.shape[0] // world, output.shape[0] // world
+            if checked:
+                # the pairs match exactly when every rank passes the same shapes, whose
+                # rows agree (below), so the description says it all, and a small
+                # input travels with the check: one round
+                parts = guard.check(
+                    engine,
+                    "all_to_all_single",
+                    lambda: (
+                        f"{input.dtype}, input {tuple(input.shape)}, "
+                        f"output {tuple(output.shape)}, even splits"
+                    ),
+                    in_t,
+                    timeout,
+                )
         else:
-            # the pair this rank forms with itself is compared with every other
-            # pair, on every rank alike: raised here alone, the ranks would part
-            self._guard.check_pairs(
-                engine,
-                "all_to_all_single",
-                lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
-                [n * row for n in rows_out],
-                [n * row for n in rows_in],
-                timeout,
-            )
-        me = engine.rank
+            rows_out = in_splits or [input.shape[0] // world] * world
+            rows_in = out_splits or [output.shape[0] // world] * world
+            sends_me, expects_me = rows_out[me], rows_in[me]
+            if checked:
+                # the pair this rank forms with itself is compared with every other
+                # pair, on every rank alike: raised here alone, the ranks would part
+                row = math.prod(input.shape[1:])
+                guard.check_pairs(
+                    engine,
+                    "all_to_all_single",
+                    lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
+                    [n * row for n in rows_out],
+                    [n * row for n in rows_in],
+                    timeout,
+                )
         # after the check, on every rank alike: raised before it alone, the ranks would part
-        if rows_out[me] != rows_in[me]:  # the one pair this rank alone can see
+        if sends_me != expects_me:  # the one pair this rank alone can see
             raise ValueError(
-                f"all_to_all_single: rank {me} sends itself {rows_out[me]} rows of input but "
-                f"expects {rows_in[me]} rows of output from itself"
+                f"all_to_all_single: rank {me} sends itself {sends_me} rows of input but "
+                f"expects {expects_me} rows of output from itself"
             )
         out_t = engine.to_device(output)
         if parts is not None:
-            rows = rows_in[me]
+            rows = expects_me
             mine = [p.narrow(0, me * rows, rows) for p in parts]
             torch.stack(mine, out=out_t.view(world, rows, *input.shape[1:]))
             return finished(lambda: copy_back(out_t, output, world), async_op, [output])
-        return engine.submit(
-            "all_to_all_single",
-            self.plugin.all_to_all_single,
+        return engine.all_to_all_single(
             out_t,
             in_t,
             out_splits,
             in_splits,
-            finish=lambda: copy_back(out_t, output, world),
-            timeout=as_timedelta(timeout),
+            finish=None if out_t is output else lambda: copy_back(out_t, output, world),
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[output],
         )
@@ -1434,8 +1452,10 @@ class Communicator:
             work_t,
             peer,
             tag,
-            finish=(lambda: copy_back(work_t, tensor, world)) if kind == "recv" else None,
-            timeout=as_timedelta(timeout),
+            finish=(lambda: copy_back(work_t, tensor, world))
+            if kind == "recv" and work_t is not tensor
+            else None,
+            timeout=None if timeout is None else as_timedelta(timeout),
             async_op=async_op,
             value=[tensor],
         )
@@ -1482,16 +1502,12 @@ class Communicator:
                 if request.kind == "recv":
                     copy_back(request.tensor, op.tensor, world)
 
-        handle = engine.submit(
-            "batch_isend_irecv",
-            self.plugin.batch_isend_irecv,
+        handle = engine.batch_isend_irecv(
             requests,
             finish=finish,
             timeout=as_timedelta(timeout),
-            async_op=True,
             value=[op.tensor for op in p2p_op_list],
         )
-        assert handle is not None
         return [handle]
 
     # -- object collectives -------------------------------------------------------

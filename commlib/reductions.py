@@ -121,10 +121,9 @@ def reduction(
         >>> target
         tensor([3, 4])
     """
-    floating = tensor.is_floating_point() or tensor.is_complex()
     if op != "mean":
         return op, copy_back  # type: ignore[return-value]
-    if native_avg and floating:
+    if native_avg and (tensor.is_floating_point() or tensor.is_complex()):
         return "avg", copy_back
     return "sum", divide_back
 

@@ -23,6 +23,7 @@ collective goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -39,7 +40,7 @@ import torch.distributed as dist
 
 from commlib._engine import POINT_TO_POINT
 from commlib._manager import registered_at, registrations
-from commlib.errors import CommTimeoutError
+from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle, ResultHandle
 from commlib.observe import builtin
 from commlib.observe.call_site import CallSite, caller_of
@@ -69,7 +70,7 @@ class _Observers:
     (``commlib_call_sites = True`` on the plugin); only then is the stack walked.
     """
 
-    __slots__ = ("call_sites", "ends", "starts")
+    __slots__ = ("any", "call_sites", "ends", "starts")
 
     def __init__(self, starts: list[_Call], ends: list[_Call]):
         self.starts = starts
@@ -77,9 +78,12 @@ class _Observers:
         self.call_sites = any(
             getattr(plugin, CALL_SITES_ATTRIBUTE, False) is True for plugin, _, _ in starts + ends
         )
+        #: whether there is anyone to tell: an attribute, read on every call (a
+        #: ``__bool__`` would be a Python call each time)
+        self.any = bool(starts or ends)
 
     def __bool__(self) -> bool:
-        return bool(self.starts or self.ends)
+        return self.any
 
 
 def invalidate() -> None:
@@ -220,6 +224,61 @@ class _Arguments:
             return args[pos]
         return self.defaults.get(name)
 
+    def finder(self, name: str | None) -> Callable[[tuple[Any, ...], Mapping[str, Any]], Any]:
+        """A getter of argument ``name`` with its position and default looked up once.
+
+        Examples:
+            >>> def f(self, tensor, src=0): ...
+            >>> src = _Arguments(f).finder("src")
+            >>> src((None,), {}), src((None, 2), {}), src((None,), {"src": 3})
+            (0, 2, 3)
+        """
+        if name is None:
+            return lambda args, kwargs: None
+        pos = self.positions.get(name, -1)
+        default = self.defaults.get(name)
+
+        def find(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+            if kwargs and name in kwargs:
+                return kwargs[name]
+            if 0 <= pos < len(args):
+                return args[pos]
+            return default
+
+        return find
+
+
+# every field of an event with its default, in the class's order: what each new
+# event's attributes start from (peers, whose default is a new dict, is set per event)
+_EVENT_DEFAULTS: dict[str, Any] = {
+    f.name: None if f.default is dataclasses.MISSING else f.default
+    for f in dataclasses.fields(CollectiveEvent)
+}
+_new_event = CollectiveEvent.__new__
+# where an engine keeps its collectives' event templates (Engine.kept)
+_TEMPLATES = "commlib.observe.events"
+
+
+def _template(engine: Engine, collective: _Collective) -> dict[str, Any]:
+    """The attributes ``collective``'s events on ``engine`` share, made once."""
+    kept = engine.kept
+    templates = kept.get(_TEMPLATES)
+    if templates is None:
+        templates = kept[_TEMPLATES] = {}
+    found = templates.get(collective.name)
+    if found is None:
+        group, ranks = _group_label(engine)
+        found = dict(_EVENT_DEFAULTS)
+        found.update(
+            name=collective.name,
+            group=group,
+            group_ranks=ranks,
+            rank=engine.rank,
+            uniform=collective.uniform,
+        )
+        templates[collective.name] = found
+    return found
+
 
 class _Collective:
     """One wrapped Communicator method: its name and where its facts are."""
@@ -236,6 +295,25 @@ class _Collective:
         self.name, self.fn, self.uniform = name, fn, uniform
         self.payload, self.peer, self.op = payload, peer, op
         self.arguments = _Arguments(fn)
+        self._payload = self.arguments.finder(payload)
+        self._peer = self.arguments.finder(peer)
+        self._op = self.arguments.finder(op)
+
+    def fill(self, into: dict[str, Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        """Write the call's facts (:meth:`facts`) into an event's attributes ``into``."""
+        into["shapes"], into["dtypes"], into["nbytes"] = payload_facts(self._payload(args, kwargs))
+        peers: dict[str, int] = {}
+        if self.peer is not None:
+            root = self._peer(args, kwargs)
+            if isinstance(root, int):
+                peers[self.peer] = root
+        into["peers"] = peers
+        if self.op is not None:
+            op = self._op(args, kwargs)
+            if op is not None and not (type(op) is str and op.islower()):
+                op = str(op).lower()
+            into["op"] = op
+        into["async_op"] = bool(kwargs.get("async_op", False)) if kwargs else False
 
     def facts(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         get = self.arguments.get
@@ -290,6 +368,9 @@ class _Collective:
             span.end(exc)
             raise
         engine.observed = engine.on_call = None
+        if result is None:  # a blocking call, done
+            span.end(None)
+            return None
         if isinstance(result, Handle) and span.event is not None:
             return Handle(functools.partial(span.wait, result), None, result, value=result.value)
         if isinstance(result, ResultHandle) and span.event is not None:
@@ -334,26 +415,24 @@ class _Span:
         engine = self.engine
         engine.on_call = None
         try:
-            group, ranks = _group_label(engine)
+            # the event's attributes: the collective's template (group, ranks, name:
+            # made once per engine), then this call's; set as the event's __dict__
+            # at once, which CollectiveEvent's generated __init__ would do one by one
+            fields = _template(engine, self.collective).copy()
             p2p = what in POINT_TO_POINT
-            event = CollectiveEvent(
-                communicator=self.comm,
-                name=self.collective.name,
-                seq=engine.p2p_seq if p2p else engine.seq,
-                point_to_point=p2p,
-                group=group,
-                group_ranks=ranks,
-                rank=engine.rank,
-                uniform=self.collective.uniform,
-                start=time.time() - (time.perf_counter() - self.t0),
-                **self.collective.facts(self.args, self.kwargs),
-            )
+            fields["communicator"] = self.comm
+            fields["seq"] = engine.p2p_seq if p2p else engine.seq
+            fields["point_to_point"] = p2p
+            fields["start"] = time.time() - (time.perf_counter() - self.t0)
+            fields["call_site"] = self.site
+            self.collective.fill(fields, self.args, self.kwargs)
+            event = _new_event(CollectiveEvent)
+            event.__dict__ = fields
         except Exception as exc:  # observing must never break the collective
             _warn_once(f"commlib could not describe {self.collective.name} to observers: {exc!r}")
             return
         finally:
             self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
-        event.call_site = self.site
         self.event = event
         _notify(self.observers.starts, event)
 
@@ -391,6 +470,7 @@ def observed(
     peer: str | None = None,
     op: str | None = None,
     uniform: bool = False,
+    refuse: Refuse | None = None,
 ) -> Callable[[F], F]:
     """Make a Communicator method a collective observers and the profiler see.
 
@@ -401,6 +481,11 @@ def observed(
         peer: the argument naming the root or peer (``"src"``, ``"dst"``).
         op: the argument naming the reduce op.
         uniform: whether every rank must pass the same shapes and dtypes.
+        refuse: called as ``refuse(comm, engine, exc, kwargs)`` with a
+            ``ValueError`` or ``TypeError`` (not a commlib error) the method
+            raised before its first engine call; it raises what the caller
+            gets instead. In the same wrapper, so that a call pays for one
+            layer of wrapping, not two.
 
     Examples:
         >>> from commlib.observe.dispatch import observed
@@ -414,18 +499,70 @@ def observed(
     """
 
     def decorate(fn: F) -> F:
-        collective = _Collective(name, fn, payload, peer, op, uniform)
+        inner = fn if refuse is None else _refusing(fn, engine_of, refuse)
+        collective = _Collective(name, inner, payload, peer, op, uniform)
 
-        @functools.wraps(fn)
-        def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
-            found = registrations.cache
-            if found is None:
-                found = current()
-            if not found and not _profiler._is_profiler_enabled:
-                return fn(comm, *args, **kwargs)
-            return collective.call(found, engine_of(comm), comm, args, kwargs)
+        if refuse is None:
+
+            @functools.wraps(fn)
+            def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
+                found = registrations.cache
+                if found is None:
+                    found = current()
+                if not found.any and not _profiler._is_profiler_enabled:
+                    return fn(comm, *args, **kwargs)
+                return collective.call(found, engine_of(comm), comm, args, kwargs)
+
+        else:
+            refusing = refuse
+
+            @functools.wraps(fn)
+            def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
+                found = registrations.cache
+                if found is None:
+                    found = current()
+                if found.any or _profiler._is_profiler_enabled:
+                    return collective.call(found, engine_of(comm), comm, args, kwargs)
+                # _refusing's steps, inline: nothing to pay until something is raised
+                engine = engine_of(comm)
+                if engine is None:
+                    return fn(comm, *args, **kwargs)
+                before = engine.seq
+                try:
+                    return fn(comm, *args, **kwargs)
+                except (ValueError, TypeError) as exc:
+                    if isinstance(exc, CommError) or engine.seq != before:
+                        raise  # agreed already, or raised after the first round
+                    refusing(comm, engine, exc, kwargs)
+                    raise  # refuse raises; this is in case it did not
 
         wrapper.__commlib_collective__ = name  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorate
+
+
+#: what :func:`observed` calls with an argument error raised before anything was sent
+Refuse = Callable[[Any, "Engine", "ValueError | TypeError", Mapping[str, Any]], None]
+
+
+def _refusing(
+    fn: Callable[..., Any], engine_of: Callable[[Any], Engine | None], refuse: Refuse
+) -> Callable[..., Any]:
+    """``fn``, whose argument errors before its first engine call go to ``refuse``."""
+
+    @functools.wraps(fn)
+    def call(comm: Any, *args: Any, **kwargs: Any) -> Any:
+        engine = engine_of(comm)
+        if engine is None:
+            return fn(comm, *args, **kwargs)
+        before = engine.seq
+        try:
+            return fn(comm, *args, **kwargs)
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, CommError) or engine.seq != before:
+                raise
+            refuse(comm, engine, exc, kwargs)
+            raise
+
+    return call

@@ -43,6 +43,37 @@ def _on_direct_and_fallback(comm):
     plugin.reduce(r, 0, "max", None)
     seen["reduce"] = r.tolist() if me == 0 else None
     seen["rank, size"] = (plugin.rank(None), plugin.world_size(None))
+    seen.update(_direct_lists(plugin, world, me))
+    return seen
+
+
+def _direct_lists(plugin, world, me):
+    """DirectCalls' own all_gather, reduce_scatter and all_to_all (gloo's plugin composes
+    small ones from all_to_all_single): the group's methods, not torch.distributed's."""
+    import torch.distributed as tdist
+
+    from commlib_backends.direct_calls import DirectCalls
+
+    names = ("all_gather", "all_to_all", "reduce_scatter_single", "reduce_scatter_tensor")
+    wrapped = {n: mock.patch.object(tdist, n, wraps=getattr(tdist, n)) for n in names}
+    seen = {}
+    mocks = [w.start() for w in wrapped.values()]
+    try:
+        outs = [torch.empty(2) for _ in range(world)]
+        DirectCalls.all_gather(plugin, outs, torch.full((2,), float(me)), None)
+        seen["all_gather"] = [o.tolist() for o in outs]
+        chunk = torch.empty(2)
+        whole = torch.arange(2.0 * world) + me
+        DirectCalls.reduce_scatter(plugin, chunk, whole, "sum", None, async_op=True).wait()
+        seen["reduce_scatter"] = chunk.tolist()
+        got = [torch.empty(2) for _ in range(world)]
+        sent = [torch.full((2,), 10.0 * me + r) for r in range(world)]
+        DirectCalls.all_to_all(plugin, got, sent, None)
+        seen["all_to_all"] = [g.tolist() for g in got]
+        seen["torch calls"] = sum(m.call_count for m in mocks)
+    finally:
+        for w in wrapped.values():
+            w.stop()
     return seen
 
 
@@ -59,6 +90,11 @@ def test_direct_calls_and_fallback(multi_world):
         assert seen["scatter"] == [10.0 * me] * 2
         assert seen["reduce"] == ([float(n)] * 2 if me == 0 else None)
         assert seen["rank, size"] == (me, n)
+        assert seen["all_gather"] == [[float(r)] * 2 for r in range(n)]
+        ranks_sum = sum(range(n))
+        assert seen["reduce_scatter"] == [n * (2.0 * me + k) + ranks_sum for k in range(2)]
+        assert seen["all_to_all"] == [[10.0 * r + me] * 2 for r in range(n)]
+        assert seen["torch calls"] == 0
 
 
 def _on_subgroup_roots(comm):

@@ -86,6 +86,27 @@ class BlockingWork:
             raise RuntimeError(self.error)
         return True
 
+    def is_completed(self) -> bool:
+        return False  # as gloo's sends and receives report before their wait()
+
+
+class DoneWork(BlockingWork):
+    """A point-to-point work that reports itself complete (torch's fake process group's)."""
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_completed_point_to_point_work_needs_no_waiter_thread():
+    done = DoneWork()
+    done.release.set()
+    _waiting.wait_watching(done, datetime.timedelta(seconds=30), None)
+    assert done.waited_on is threading.current_thread()
+    failed = DoneWork(error="gloo: connection closed by peer")
+    failed.release.set()
+    with pytest.raises(RuntimeError, match="connection closed"):
+        _waiting.wait_watching(failed, datetime.timedelta(seconds=30), None)
+
 
 def test_point_to_point_waits_reuse_one_waiter_thread():
     limit = datetime.timedelta(seconds=30)

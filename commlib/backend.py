@@ -247,6 +247,11 @@ class Backend:
     """Whether ``Work.wait(timeout)`` only waits; ``True``: commlib watches for failures announced
     elsewhere while it waits.
     """
+    own_rendezvous: ClassVar[bool] = False
+    """Whether the engine finds its ranks itself (MPI under ``mpiexec``): :func:`commlib.init_dist`
+    then reads no rank, world size or address from the launcher's environment and
+    :meth:`init_process_group` gets neither ``init_method`` nor ``rank``.
+    """
     completed_by_check: ClassVar[frozenset[str]] = frozenset()
     """Collectives whose small results the argument check may compute from its own round; a
     subclass overriding one drops it, so its method is called.
@@ -293,6 +298,30 @@ class Backend:
             True
         """
         return self.unavailable_reason() is None
+
+    def launch_command(self, world_size: int) -> list[str] | None:
+        """The command that starts ``world_size`` ranks of this engine, or ``None``.
+
+        Tools that start ranks (the test harness, the conformance kit,
+        ``commlib bench``) put ``python -m ...`` after it; ``None``, the
+        default, lets them start the ranks themselves (a process each,
+        joined through a store). An engine whose ranks only a launcher of its
+        own can start (MPI's ``mpiexec``) returns that launcher's command.
+
+        Args:
+            world_size: how many ranks to start.
+
+        Returns:
+            The command's words (a program and its options), or ``None``.
+
+        Raises:
+            FileNotFoundError: the launcher is not installed.
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("gloo").launch_command(2) is None
+            True
+        """
+        return None
 
     def default_priority(self) -> int | None:
         """How strongly this backend claims the machine when the user names none.

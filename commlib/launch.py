@@ -39,6 +39,11 @@ _LAUNCHER_ENV = {
 }
 
 
+# MPICH's hydra (and Intel MPI) names them so; the other launcher names are Open MPI's
+_MPICH_ENV = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+_MPI_RANK_NAMES = ("OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK")
+
+
 def default_torch_backend() -> str:
     """The torch.distributed backend ``init_dist`` uses when none is named.
 
@@ -56,7 +61,8 @@ def infer_launcher() -> str:
     """The launcher this process's environment shows: ``pytorch``, ``slurm``, ``mpi`` or ``none``.
 
     As mmengine: torchrun's ``WORLD_SIZE`` first, then slurm's ``SLURM_NTASKS``,
-    then Open MPI's ``OMPI_COMM_WORLD_LOCAL_RANK``. Pass the answer to
+    then an MPI launcher's rank (Open MPI's ``OMPI_COMM_WORLD_LOCAL_RANK``,
+    MPICH hydra's ``PMI_RANK``). Pass the answer to
     :func:`init_dist` unless it is ``"none"`` (a plain single process).
 
     Examples:
@@ -69,7 +75,7 @@ def infer_launcher() -> str:
         return "pytorch"
     if "SLURM_NTASKS" in os.environ:
         return "slurm"
-    if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+    if any(name in os.environ for name in _MPI_RANK_NAMES):
         return "mpi"
     return "none"
 
@@ -88,13 +94,18 @@ def init_dist(
     variables are mapped onto torchrun's). As mmengine: under slurm ``port=``
     (else ``MASTER_PORT``, else 29500) is the port and ``MASTER_ADDR`` defaults
     to the first host of ``SLURM_NODELIST`` (``scontrol show hostname``); under
-    mpi ``MASTER_PORT`` defaults to 29500 and ``MASTER_ADDR`` must be set; the
-    multiprocessing start method becomes ``"spawn"`` unless one is already
-    set (forked workers of a process that started an accelerator break).
-    ``backend`` is a commlib plugin name, a torch backend name (also
-    multi-device, ``"cpu:gloo,cuda:nccl"``) or a device type (``"npu"``: the
-    backend torch registers for it); by default the one torch picks for this
-    machine's accelerator. The plugin selects the device from ``LOCAL_RANK``
+    mpi (Open MPI's ``OMPI_COMM_WORLD_*`` or MPICH hydra's ``PMI_RANK``,
+    ``PMI_SIZE``) ``MASTER_PORT`` defaults to 29500 and ``MASTER_ADDR`` must
+    be set, except for a plugin that finds its ranks itself
+    (:attr:`~commlib.Backend.own_rendezvous`: ``mpi`` takes rank and size
+    from MPI under any launcher name); the multiprocessing start method
+    becomes ``"spawn"`` unless one is already set (forked workers of a
+    process that started an accelerator break). ``backend`` is a commlib
+    plugin name, a torch backend name (also multi-device,
+    ``"cpu:gloo,cuda:nccl"``) or a device type (``"npu"``: the backend torch
+    registers for it); by default the one the plugins pick for this machine
+    (an accelerator's; under ``mpiexec`` with mpi4py installed, ``mpi``; else
+    gloo). The plugin selects the device from ``LOCAL_RANK``
     before the group starts. ``init_backend`` is mmengine's: only ``"torch"``
     (torch.distributed itself) is supported.
 
@@ -114,10 +125,17 @@ def init_dist(
         )
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialised")
-    names = _LAUNCHER_ENV[launcher]
-    values = [os.environ.get(n) for n in names]
-    if values[0] is None or values[1] is None:
-        raise ValueError(f"launcher {launcher!r}: {names[0]} and {names[1]} must be set")
+    plugin = _plugin(backend)
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if plugin.own_rendezvous and plugin.torch_backend is not None:
+        if "port" in kwargs:
+            raise TypeError(f"init_dist: backend {plugin.name!r} finds its ranks itself; no port=")
+        _start(plugin, _launcher_env(launcher, required=False), kwargs)
+        return
+    values = _launcher_env(launcher, required=True)
     for torch_name, value in zip(_LAUNCHER_ENV["pytorch"], values):
         if value is not None:
             os.environ[torch_name] = value
@@ -135,18 +153,35 @@ def init_dist(
     for needed in ("MASTER_ADDR", "MASTER_PORT"):
         if needed not in os.environ:
             raise ValueError(f"init_dist: {needed} is not set")
-    plugin = _plugin(backend)
     if plugin.torch_backend is None:
         raise ValueError(f"backend {plugin.name!r} runs without a process group")
+    kwargs.setdefault("init_method", "env://")
+    _start(plugin, values, kwargs)
+
+
+def _launcher_env(launcher: str, required: bool) -> list[str | None]:
+    """Rank, world size, local rank and local world size as ``launcher`` set them."""
+    names = _LAUNCHER_ENV[launcher]
+    values = [os.environ.get(n) for n in names]
+    if launcher == "mpi" and values[0] is None:
+        names, values = _MPICH_ENV, [os.environ.get(n) for n in _MPICH_ENV]
+    if required and (values[0] is None or values[1] is None):
+        raise ValueError(f"launcher {launcher!r}: {names[0]} and {names[1]} must be set")
+    return values
+
+
+def _start(plugin: Backend, launched: list[str | None], kwargs: dict[str, Any]) -> None:
+    """Start the world with ``plugin``; the default communicator serves it."""
     if multiprocessing.get_start_method(allow_none=True) is None:
         multiprocessing.set_start_method("spawn")
-    plugin.setup_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if isinstance(timeout, (int, float)):
-        timeout = datetime.timedelta(seconds=timeout)
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    kwargs.setdefault("init_method", "env://")
+    plugin.setup_device(int(launched[2] or os.environ.get("LOCAL_RANK") or 0))
     plugin.init_process_group(**kwargs)
+    if plugin.own_rendezvous:
+        # what torchrun would have set, for code that reads it
+        found = [str(dist.get_rank()), str(dist.get_world_size()), launched[2], launched[3]]
+        for torch_name, value in zip(_LAUNCHER_ENV["pytorch"], found):
+            if value is not None:
+                os.environ.setdefault(torch_name, value)
     world.started(plugin)
     world.teardown_at_exit()
     # the plugin that started the world serves it, even if another one drives

@@ -29,6 +29,10 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import signal
+import subprocess
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -101,6 +105,20 @@ def _worker(
     except BaseException as exc:
         conn.send(("error", _picklable(exc), traceback.format_exc()))
         return
+    serve(comm, conn)
+    del comm
+    leave()
+
+
+def serve(comm: Any, conn: Any) -> None:
+    """A rank's loop: run each ``(fn, args, kwargs)`` sent on ``conn``, reply with the outcome.
+
+    Ends when ``conn`` closes or sends ``None``; the caller then drops ``comm``
+    and calls :func:`leave`.
+
+    Examples:
+        >>> serve(comm, conn)       # in a rank, once its world is up  # doctest: +SKIP
+    """
     while True:
         try:
             msg = conn.recv()
@@ -126,7 +144,16 @@ def _worker(
                     time.perf_counter() - start,
                 )
             )
-    del comm
+
+
+def leave() -> None:
+    """A rank's last step: forget its communicators, then leave the process group.
+
+    Examples:
+        >>> leave()                 # in a rank, after serve()  # doctest: +SKIP
+    """
+    import commlib
+
     commlib.forget_communicators()
     try:
         dist.destroy_process_group()
@@ -142,6 +169,64 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+class _Launched:
+    """The launcher that started a world's ranks, as the world handles a rank's process."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)  # the group start_new_session made
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def output(self) -> str:
+        if self.popen.poll() is None or self.popen.stdout is None:
+            return "(still running)"
+        return self.popen.stdout.read().decode(errors="replace")[-3000:]
+
+
+def _accept(listener: Any, size: int, deadline: float, launched: subprocess.Popen) -> list[Any]:
+    """``size`` connections on ``listener`` before ``deadline``, or TimeoutError.
+
+    ``accept`` has no timeout: a thread accepts, this one watches the clock
+    and the launcher (closing the listener ends a thread still accepting).
+    """
+    conns: list[Any] = []
+
+    def accept_all() -> None:
+        try:
+            while len(conns) < size:
+                conns.append(listener.accept())
+        except (OSError, EOFError, mp.AuthenticationError):
+            pass
+
+    thread = threading.Thread(target=accept_all, daemon=True, name="commlib-world-accept")
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+        if time.monotonic() > deadline or (thread.is_alive() and launched.poll() is not None):
+            break
+    if len(conns) < size:
+        for conn in conns:
+            conn.close()
+        raise TimeoutError(f"{len(conns)} of {size} ranks called back")
+    return conns
+
+
 class World:
     """``size`` local ranks on ``backend``, started once, reused for many runs.
 
@@ -151,7 +236,9 @@ class World:
             torch backend / multi-device spec (``"cpu:gloo,cuda:nccl"``).
         timeout: default seconds a :meth:`run` may take.
         setup: importable ``setup(rank, size)`` run in each rank before the
-            process group starts (e.g. to install a simulated device).
+            process group starts (e.g. to install a simulated device); where
+            the backend's own launcher starts the ranks
+            (:meth:`~commlib.Backend.launch_command`), right after it started.
         pg_timeout: torch.distributed's own timeout inside the ranks.
     """
 
@@ -171,6 +258,8 @@ class World:
         self._conns: list[Any] = []
         self._store: Any = None
         self._broken = False
+        self._pids: list[int] = []
+        self._plugin_class = ""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> World:
@@ -178,6 +267,9 @@ class World:
             self.kill()
         if self._procs:
             return self
+        command = self._launch_command()
+        if command is not None:
+            return self._start_launched(command)
         ctx = mp.get_context("spawn")
         self._store = dist.TCPStore(
             "127.0.0.1",
@@ -213,6 +305,56 @@ class World:
             raise RankFailed(outcomes)
         return self
 
+    def _launch_command(self) -> list[str] | None:
+        from commlib.plugins import resolve_backend
+
+        try:
+            plugin = resolve_backend(self.backend)
+        except ValueError:
+            return None  # registered only inside the ranks (by setup)
+        command = plugin.launch_command(self.size)
+        if command is not None:
+            self._plugin_class = f"{type(plugin).__module__}:{type(plugin).__qualname__}"
+        return command
+
+    def _start_launched(self, command: list[str]) -> World:
+        """Start the ranks with the engine's launcher; they call back on a local socket."""
+        key = os.urandom(16)
+        listener = mp.connection.Listener(("127.0.0.1", 0), authkey=key)
+        deadline = time.monotonic() + max(self.timeout, 60.0)
+        env = dict(
+            os.environ,
+            COMMLIB_WORLD_ADDRESS=f"{listener.address[0]}:{listener.address[1]}",
+            COMMLIB_WORLD_KEY=key.hex(),
+            COMMLIB_WORLD_PLUGIN=self._plugin_class,
+        )
+        spec = pickle.dumps((self.backend, self.setup, self.pg_timeout))
+        launched = subprocess.Popen(
+            [*command, sys.executable, "-m", "commlib.testing.launched_rank", spec.hex()],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: kill() ends the launcher's ranks
+        )
+        proc = _Launched(launched)
+        try:
+            conns = _accept(listener, self.size, deadline, launched)
+        except TimeoutError as exc:
+            proc.kill()
+            raise WorldTimeout(f"start: {exc}; launcher output:\n{proc.output()}") from None
+        finally:
+            listener.close()
+        self._procs, self._conns = [proc] * self.size, conns
+        outcomes = self._collect(deadline, "start")
+        if not all(o.ok for o in outcomes):
+            self.kill()
+            raise RankFailed(outcomes)
+        # the ranks said who they are: put their connections in rank order
+        order = sorted(range(self.size), key=lambda i: outcomes[i].value[0])
+        self._conns = [conns[i] for i in order]
+        self._pids = [outcomes[i].value[1] for i in order]
+        return self
+
     def kill(self) -> None:
         """End this world's rank processes (by pid) right away."""
         for proc in self._procs:
@@ -222,7 +364,7 @@ class World:
             proc.join(5)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns, self._store = [], [], None
+        self._procs, self._conns, self._store, self._pids = [], [], None, []
         self._broken = False
 
     def close(self) -> None:
@@ -245,7 +387,7 @@ class World:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return self._pids or [p.pid for p in self._procs]
 
     # -- running -----------------------------------------------------------------------
     def outcomes(

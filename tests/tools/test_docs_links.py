@@ -27,7 +27,7 @@ PAGES = sorted(
 
 QUICK_START = (
     "pip install torch==2.13.0 && pip install -e . && commlib bench\n"
-    "pip install torch==2.13.0 && pip install torch==2.13.0 -e '.[test,integrations]'"
+    "pip install torch==2.13.0 && pip install torch==2.13.0 -e '.[test,integrations,mpi]'"
     " && python -m pytest\n"
 )
 

@@ -1,0 +1,216 @@
+"""The ``mpi`` backend: the conformance kit at 1-4 ranks under mpiexec, and what is MPI's own.
+
+Each world size starts its ranks once, with one ``mpiexec`` (the kit's
+world, through :meth:`commlib.Backend.launch_command`), and every check and
+MPI-specific test of that size runs on them. Skipped, with the reason, where
+mpi4py, an MPI library or mpiexec is missing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commlib
+from commlib import plugins
+from commlib.errors import CommTimeoutError
+from commlib.launch import infer_launcher
+from commlib.testing.conformance import CHECKS, KitPool
+
+if importlib.util.find_spec("mpi4py") is None:
+    pytest.skip("mpi4py is not installed (pip install 'commlib[mpi]')", allow_module_level=True)
+
+from commlib_backends import mpi as mpi_backend
+from commlib_backends.mpi import MPIBackend
+
+
+def _plugin() -> commlib.Backend:
+    # the entry point, once this checkout's metadata is installed; registered here before
+    try:
+        return plugins.resolve_backend("mpi")
+    except ValueError:
+        commlib.register_backend(MPIBackend)
+        return plugins.resolve_backend("mpi")
+
+
+def _why_not() -> str | None:
+    reason = _plugin().unavailable_reason()
+    if reason is not None:
+        return reason
+    try:
+        _plugin().launch_command(1)
+    except FileNotFoundError as exc:
+        return str(exc)
+    return None
+
+
+_REASON = _why_not()
+WORLD_SIZES = (1, 2, 3, 4)
+_kits = KitPool()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_kits():
+    yield
+    _kits.close()
+
+
+def _kit():
+    if _REASON is not None:
+        pytest.skip(f"mpi cannot run here: {_REASON}")
+    return _kits.get("mpi", timeout=90.0)
+
+
+# -- without ranks ---------------------------------------------------------------------
+def test_mpi_is_a_registered_cpu_backend_that_finds_its_own_ranks():
+    plugin = _plugin()
+    assert plugin.name == "mpi" and plugin.device_type == "cpu"
+    assert plugin.torch_backend == "mpi4py" and plugin.own_rendezvous
+    # a size mismatch is no error MPI reports (docs/backends.md): commlib checks
+    assert plugin.mismatch_aborts
+
+
+def test_unavailable_without_mpi4py_says_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else real(name, *a)
+    )
+    assert "pip install 'commlib[mpi]'" in MPIBackend().unavailable_reason()
+
+
+def test_launch_command_is_the_mpiexec_beside_this_python():
+    if not os.access(os.path.join(os.path.dirname(sys.executable), "mpiexec"), os.X_OK):
+        pytest.skip("no mpiexec beside this Python")
+    command = MPIBackend().launch_command(3)
+    assert command == [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "3"]
+
+
+def test_mpich_and_open_mpi_environments_say_mpi(monkeypatch):
+    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert infer_launcher() == "none"
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert infer_launcher() == "mpi"
+    monkeypatch.delenv("PMI_RANK")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+    assert infer_launcher() == "mpi"
+
+
+def test_tensors_back_to_back_in_one_buffer_travel_in_place():
+    whole = torch.arange(12, dtype=torch.float32)
+    run = mpi_backend._run_of(list(whole.view(3, 4).unbind(0)))
+    assert run is not None and run.data_ptr() == whole.data_ptr() and run.numel() == 48
+    assert mpi_backend._run_of([torch.ones(4), torch.ones(4)]) is None
+    assert mpi_backend._run_of(list(whole.view(4, 3).t().unbind(0))) is None
+
+
+# -- the conformance kit, one mpiexec per world size -------------------------------------
+CASES = [(size, name) for size in WORLD_SIZES for name, c in CHECKS.items() if c.applies(size)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("size", "name"), CASES, ids=lambda v: str(v))
+def test_mpi_conforms(size, name):
+    result = _kit().run(name, size)
+    assert result.status == "passed", result.detail
+
+
+# -- what is MPI's own, on the kit's 4 ranks (started last, by the kit's checks) --------
+def _torch_and_ddp(comm) -> list[float]:
+    """torch.distributed's calls and DDP on the mpi4py group; the trained weights."""
+    rank, size = comm.rank, comm.world_size
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [size * (size + 1) / 2] * 3, t
+    out = torch.empty(2 * size)
+    dist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
+    assert out.tolist() == [float(r) for r in range(size) for _ in range(2)], out
+    torch.manual_seed(rank)  # DDP makes the ranks' initial weights rank 0's
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3):
+        torch.manual_seed(100 * step + rank)  # each rank its own batch
+        ddp(torch.randn(8, 4)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return model.weight.detach().reshape(-1).tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_torch_distributed_and_ddp_run_on_the_mpi_group():
+    weights = _kit().call(4, _torch_and_ddp)
+    assert all(w == weights[0] for w in weights)  # the gradients were averaged over MPI
+
+
+def _mismatch(comm) -> str:
+    """Ranks all_reduce different lengths: commlib's check says so on every rank."""
+    try:
+        comm.all_reduce(torch.ones(4 + comm.rank))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption():
+    errors = _kit().call(4, _mismatch)
+    assert all("ranks passed different arguments" in e and "(5,)" in e for e in errors), errors
+
+
+def _timeout_then_shrink(comm) -> tuple[str, float, list[float], list[float]]:
+    """Rank 2 stays out of a subgroup's all_reduce; 0 and 1 time out, then shrink past it."""
+    trio = comm.new_group([0, 1, 2])
+    outcome, waited = "no error", 0.0
+    if comm.rank < 2:
+        start = time.monotonic()
+        try:
+            trio.all_reduce(torch.ones(4), timeout=1.0)
+        except CommTimeoutError as exc:
+            outcome = type(exc).__name__
+        waited = time.monotonic() - start
+        pair = trio.shrink(exclude=[2], timeout=20)
+        x = torch.full((2,), float(comm.rank + 1))
+        pair.all_reduce(x)
+        shrunk = x.tolist()
+    else:
+        shrunk = []
+    # the world, and the other groups, go on: the timed-out request stays in trio alone
+    y = torch.ones(2)
+    comm.all_reduce(y)
+    return outcome, waited, shrunk, y.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_timed_out_rank_shrinks_past_a_stuck_one_and_the_world_goes_on():
+    results = _kit().call(4, _timeout_then_shrink)
+    for rank in (0, 1):
+        outcome, waited, shrunk, _ = results[rank]
+        assert outcome == "CommTimeoutError", results
+        assert 0.9 < waited < 15, results  # MPI has no timed wait: the poll's deadline held
+        assert shrunk == [3.0, 3.0], results
+    assert all(r[3] == [4.0, 4.0] for r in results), results
+
+
+def _async(comm) -> list[float]:
+    x = torch.full((1 << 16,), float(comm.rank))
+    handle = comm.all_reduce(x, async_op=True)
+    handle.wait(timeout=datetime.timedelta(seconds=30))
+    return [float(x[0]), float(x[-1])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_async_op_runs_on_mpi_nonblocking_collectives():
+    assert _kit().call(4, _async) == [[6.0, 6.0]] * 4

@@ -35,6 +35,8 @@ import os
 import socket
 import warnings
 from collections.abc import Sequence
+from numbers import Number
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -249,6 +251,53 @@ class CommlibModel(ComputationModel):
 
     def _rank_not_in_group(self, group: Any) -> bool:
         return group is not None and not self._group_comm(group).is_member
+
+    # -- idist's collectives: ignite's base class, after the arguments are agreed ---------
+    def all_reduce(
+        self, tensor: torch.Tensor | float, op: str = "SUM", group: Any | None = None
+    ) -> torch.Tensor | float:
+        """Reduce a tensor (in place) or a number across the group; returns the result.
+
+        Examples:
+            >>> model.all_reduce(10)            # 2 ranks  # doctest: +SKIP
+            20
+        """
+        if group is None:
+            # a mistake only this rank made reaches the others, waiting in all_reduce
+            with self.comm.refusing("all_reduce"):
+                if not isinstance(tensor, (torch.Tensor, Number)):
+                    raise TypeError(f"Unhandled input type {type(tensor)}")
+                if op not in _OPS:
+                    raise ValueError(f"Unsupported reduction operation: '{op}'")
+        return super().all_reduce(tensor, op, group=group)
+
+    def broadcast(
+        self,
+        tensor: torch.Tensor | float | str | Path | None,
+        src: int = 0,
+        safe_mode: bool = False,
+    ) -> torch.Tensor | float | str | Path:
+        """``src``'s tensor, number, string or path, on every rank.
+
+        With ``safe_mode``, the other ranks may pass ``None`` (or anything).
+
+        Examples:
+            >>> mine = "abc" if model.get_rank() == 0 else None  # doctest: +SKIP
+            >>> model.broadcast(mine, safe_mode=True)    # doctest: +SKIP
+            'abc'
+        """
+        # the first collective the others are in: where a refusal of this rank's joins them
+        textual = isinstance(tensor, (str, Path))
+        with self.comm.refusing("all_reduce" if safe_mode or textual else "broadcast"):
+            if not (isinstance(tensor, (torch.Tensor, Number, str, Path)) or tensor is None):
+                raise TypeError(f"Unhandled input type {type(tensor)}")
+            if tensor is None and self.get_rank() == src:
+                raise ValueError("Source data can not be None")
+            if tensor is None and not safe_mode:
+                raise ValueError(
+                    "Argument safe_mode should be True if None is passed for non src rank"
+                )
+        return super().broadcast(tensor, src, safe_mode)
 
     # -- the collectives ignite's base class builds on ----------------------------------
     def _do_all_reduce(

@@ -195,6 +195,37 @@ def test_groups_dtypes_and_uneven_gathers(world3):
     assert all(g[3] == [2] and g[4] == 3 for g in got)
 
 
+def _on_lone_mistakes(comm):
+    use_commlib()
+    try:
+        out = []
+        rank = idist.get_rank()
+        mistakes = [
+            lambda: idist.all_reduce(rank, op="ABC" if rank == 1 else "SUM"),
+            lambda: idist.all_reduce("abc" if rank == 1 else rank),
+            lambda: idist.broadcast(None if rank == 0 else torch.zeros(2), src=0),
+            lambda: idist.broadcast([rank] if rank == 1 else "x", src=0),
+            lambda: idist.broadcast(None if rank == 1 else 1.5, src=0, safe_mode=False),
+        ]
+        for mistake in mistakes:
+            try:
+                mistake()
+                out.append("no error")
+            except (ValueError, TypeError) as exc:
+                out.append(type(exc).__name__)
+        # the world is whole afterwards
+        out.append(idist.all_reduce(1))
+        return out
+    finally:
+        _set_model(_SerialModel())
+
+
+def test_a_mistake_only_one_rank_made_is_an_error_on_every_rank(world3):
+    # ignite's native model raises on that rank alone and leaves the others waiting
+    got = world3.run(_on_lone_mistakes)
+    assert got == [["RemoteArgumentError"] * 5 + [3]] * 3
+
+
 def test_arguments_are_checked(fresh_commlib_state):
     with pytest.raises(TypeError, match="runs on a commlib Communicator"):
         CommlibModel("world")

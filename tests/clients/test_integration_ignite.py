@@ -15,6 +15,7 @@ Functions named ``_on_*`` run inside the harness's ranks (``fn(comm, ...)``).
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -26,6 +27,7 @@ pytest.importorskip(
 
 import ignite.distributed as idist
 from ignite.distributed.comp_models import _SerialModel
+from ignite.distributed.comp_models.base import ComputationModel
 from ignite.distributed.comp_models.native import _NativeDistModel
 from ignite.distributed.utils import _set_model
 from ignite.engine import Engine
@@ -154,6 +156,46 @@ def test_an_engine_evaluates_across_ranks_as_with_the_native_model(world):
             assert got[model]["loss"] == pytest.approx(alone["loss"], rel=1e-6)
             assert got[model]["precision"] == pytest.approx(alone["precision"], rel=1e-6)
         assert set(got["commlib"]) == set(got["native"]) == set(alone)
+
+
+# -- where a rank is, without a launcher's LOCAL_RANK -------------------------------------------
+def _where(model):
+    return (
+        model.get_local_rank(),
+        model.get_nproc_per_node(),
+        model.get_nnodes(),
+        model.get_node_rank(),
+    )
+
+
+def _on_without_local_rank(comm):
+    saved = os.environ.pop("LOCAL_RANK")
+    try:
+        out = {}
+        with warnings.catch_warnings():  # native warns that it guesses from the hostnames
+            warnings.simplefilter("ignore")
+            out["hostnames"] = (
+                _where(_NativeDistModel.create_from_context()),
+                _where(CommlibModel(comm)),
+            )
+        idist.set_local_rank(comm.world_size - 1 - comm.rank)  # the user says
+        out["set_local_rank"] = (
+            _where(_NativeDistModel.create_from_context()),
+            _where(CommlibModel(comm)),
+        )
+        return out
+    finally:
+        os.environ["LOCAL_RANK"] = saved
+        ComputationModel._ext_local_rank = None
+
+
+def test_local_rank_from_the_hostnames_or_set_local_rank_as_native(world3):
+    got = world3.run(_on_without_local_rank)
+    for rank, where in enumerate(got):
+        for native, ours in where.values():
+            assert ours == native
+        assert where["hostnames"][1] == (rank, 3, 1, 0)  # one machine: local ranks 0, 1, 2
+        assert where["set_local_rank"][1] == (2 - rank, 3, 1, 0)
 
 
 # -- what only commlib's model does, and its arguments ----------------------------------------

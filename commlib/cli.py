@@ -134,12 +134,34 @@ def stacks(directory: str, timeout: float = 15.0, as_json: bool = False, out=Non
     return 0 if not silent else 1
 
 
+def stats(directory: str, as_json: bool = False, out=None) -> int:
+    """Read every rank's statistics file (``COMMLIB_STATS=directory``) and print them merged.
+
+    Examples:
+        $ COMMLIB_STATS=/tmp/stats torchrun --nproc-per-node 4 train.py
+        $ commlib stats /tmp/stats
+    """
+    import json
+    from pathlib import Path
+
+    from commlib.observe.stats_report import merge, render
+
+    out = out or sys.stdout
+    if not Path(directory).is_dir():
+        print(f"commlib stats: {directory} is not a directory", file=sys.stderr)
+        return 2
+    merged = merge(directory)
+    print(json.dumps(merged, indent=1) if as_json else render(merged), file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``commlib`` console script."""
     parser = argparse.ArgumentParser(
         prog="commlib",
         description="commlib's command line: the backends found here (info), every collective "
-        "against torch.distributed (bench), the flight recorder's files read (trace).",
+        "against torch.distributed (bench), the flight recorder's files read (trace), a live "
+        "job's stacks (stacks), the statistics files merged (stats).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="registered backends, availability, torch version, device")
@@ -183,6 +205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout", type=float, default=15.0, help="seconds to wait for every rank (15)"
     )
     stacks_parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    stats_parser = sub.add_parser(
+        "stats",
+        help="read every rank's statistics (COMMLIB_STATS=DIR): by op and size, stragglers",
+        description="Merge the files each rank wrote into DIR: calls, median and longest time, "
+        "algbw and busbw by collective and message size, and which rank arrives last at the "
+        "collectives and how long the others wait for it.",
+    )
+    stats_parser.add_argument("directory", metavar="DIR")
+    stats_parser.add_argument("--json", action="store_true", help="print the merge as JSON")
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()
@@ -190,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench(args, argv)
     if args.command == "trace":
         return trace(args.directory, args.json, stacks=args.stacks)
+    if args.command == "stats":
+        return stats(args.directory, args.json)
     if args.command == "stacks":
         return stacks(args.directory, args.timeout, args.json)
     return 2

@@ -1,18 +1,78 @@
-"""Per-collective statistics: count, bytes and time, kept by a built-in observer.
+"""Per-collective statistics, kept by a built-in observer: by collective, and by op and size.
 
-``COMMLIB_STATS=1`` prints each rank's table to stderr at exit;
-``COMMLIB_STATS=<directory>`` writes ``commlib_stats_rank<R>.json`` there.
+For each communicator and collective: count, bytes, total and longest time,
+errors. For each collective and message size (the bytes of the operation as
+``commlib bench`` counts them, rounded up to a power of two): calls, median
+and longest time, algbw and busbw (:mod:`commlib.bandwidth`). And each
+collective's arrival time (its ``start``), the last ``arrivals`` of them, from
+which :mod:`commlib.observe.stats_report` tells, across the ranks' files,
+which rank arrives last and how long the others wait for it: nothing is
+sent between ranks to gather any of it.
+
+``COMMLIB_STATS=1`` prints each rank's tables to stderr at exit;
+``COMMLIB_STATS=<directory>`` writes ``commlib_stats_rank<R>.json`` there,
+and the last rank to write prints the view of every rank (``commlib stats
+DIR`` prints it again).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import socket
+import sys
+import time
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
 from commlib.hookspecs import hookimpl
+from commlib.observe import stats_report
 from commlib.observe.event import CollectiveEvent
+
+FORMAT = "commlib-stats/1"
+DEFAULT_ARRIVALS = 10_000
+_SAMPLES = 4096  # durations kept per size row for its median (a uniform sample past that)
+# collectives whose payload is one rank's part of what the operation moves (commlib
+# bench counts the whole: the gathered output, the scattered or reduce-scattered input)
+_TIMES_WORLD = frozenset(
+    {"all_gather", "all_gather_into_tensor", "reduce_scatter", "gather", "scatter"}
+)
+
+
+class _Size:
+    __slots__ = ("calls", "errors", "max_seconds", "nbytes", "samples", "seconds")
+
+    def __init__(self) -> None:
+        self.calls = self.errors = self.nbytes = 0
+        self.seconds = self.max_seconds = 0.0
+        self.samples: list[float] = []
+
+    def add(self, nbytes: int, seconds: float, failed: bool) -> None:
+        self.calls += 1
+        self.nbytes += nbytes
+        self.seconds += seconds
+        if seconds > self.max_seconds:
+            self.max_seconds = seconds
+        if failed:
+            self.errors += 1
+        if len(self.samples) < _SAMPLES:
+            self.samples.append(seconds)
+        else:  # reservoir: every call equally likely to be in the sample
+            slot = random.randrange(self.calls)
+            if slot < _SAMPLES:
+                self.samples[slot] = seconds
+
+
+def bucket(nbytes: int) -> int:
+    """The size row ``nbytes`` falls in: the smallest power of two at least ``nbytes``.
+
+    Examples:
+        >>> bucket(0), bucket(1), bucket(1000), bucket(1024), bucket(1025)
+        (0, 1, 1024, 1024, 2048)
+    """
+    return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
 
 
 class _Row:
@@ -45,26 +105,44 @@ class CollectiveStats:
         >>> _ = plugin_manager().unregister(stats)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, arrivals: int = DEFAULT_ARRIVALS) -> None:
         self._rows: dict[tuple[str, str], _Row] = {}
+        self._sizes: dict[tuple[str, int, int], _Size] = {}  # (collective, bucket, world)
+        # (group, seq, start) of the last collectives (not point to point): arrival times
+        self._arrivals: deque[tuple[str, int, float]] = deque(maxlen=max(arrivals, 1))
+        self._groups: dict[str, list[int]] = {}
         #: this process's world rank, learnt from the first collective
         self.rank: int | None = None
+        self.world_size = 1
+        self._started = time.time()  # files older than this are another run's
 
     @hookimpl
     def commlib_collective_end(self, event: CollectiveEvent) -> None:
-        """Count ``event`` in its row."""
+        """Count ``event`` in its rows and keep its arrival time."""
         if self.rank is None:
             self.rank = event.group_ranks[event.rank]
         row = self._rows.get((event.group, event.name))
         if row is None:
             row = self._rows[(event.group, event.name)] = _Row()
+            self._groups.setdefault(event.group, list(event.group_ranks))
+            self.world_size = max(self.world_size, max(event.group_ranks) + 1)
         row.count += 1
         row.nbytes += event.nbytes
         seconds = event.duration or 0.0
         row.seconds += seconds
         row.max_seconds = max(row.max_seconds, seconds)
-        if event.error is not None:
+        failed = event.error is not None
+        if failed:
             row.errors += 1
+        n = len(event.group_ranks)
+        nbytes = event.nbytes * n if event.name in _TIMES_WORLD else event.nbytes
+        key = (event.name, bucket(nbytes), n)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._sizes[key] = _Size()
+        size.add(nbytes, seconds, failed)
+        if not event.point_to_point:
+            self._arrivals.append((event.group, event.seq, event.start))
 
     def as_dict(self) -> dict[str, dict[str, dict[str, Any]]]:
         """``{group: {collective: {count, bytes, seconds, max_seconds, errors}}}``."""
@@ -79,8 +157,61 @@ class CollectiveStats:
             }
         return out
 
+    def sizes(self) -> list[dict[str, Any]]:
+        """One row per collective, size and group size: calls, bytes, median and longest time.
+
+        Examples:
+            >>> CollectiveStats().sizes()
+            []
+        """
+        out = []
+        for (name, size, world), row in sorted(self._sizes.items()):
+            samples = sorted(row.samples)
+            out.append(
+                {
+                    "name": name,
+                    "bucket": size,
+                    "world_size": world,
+                    "calls": row.calls,
+                    "errors": row.errors,
+                    "bytes": row.nbytes,
+                    "seconds": row.seconds,
+                    "median_seconds": samples[len(samples) // 2] if samples else 0.0,
+                    "max_seconds": row.max_seconds,
+                }
+            )
+        return out
+
+    def snapshot(self, rank: int | None = None) -> dict[str, Any]:
+        """Everything, as ``commlib_stats_rank<R>.json`` stores it.
+
+        Examples:
+            >>> CollectiveStats().snapshot()["format"]
+            'commlib-stats/1'
+        """
+        if rank is None:
+            rank = self.rank if self.rank is not None else int(os.environ.get("RANK", 0))
+        arrivals: dict[str, dict[str, list[Any]]] = {}
+        for group, seq, start in list(self._arrivals):
+            kept = arrivals.setdefault(group, {"seqs": [], "starts": []})
+            kept["seqs"].append(seq)
+            kept["starts"].append(start)
+        return {
+            "format": FORMAT,
+            "rank": rank,
+            "world_size": max(self.world_size, int(os.environ.get("WORLD_SIZE", 1))),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": self._started,
+            "written": time.time(),
+            "groups": self.as_dict(),
+            "members": dict(self._groups),
+            "sizes": self.sizes(),
+            "arrivals": arrivals,
+        }
+
     def table(self, rank: int | None = None) -> str:
-        """The statistics as a text table.
+        """The statistics as text: by collective, then by op and size.
 
         Examples:
             >>> print(CollectiveStats().table())
@@ -112,6 +243,7 @@ class CollectiveStats:
                 c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))
             ]
             text.append("  " + "  ".join(cells))
+        text += stats_report.size_table(self.sizes(), f"by op and size, rank {rank}")
         return "\n".join(text)
 
     def report(
@@ -127,12 +259,15 @@ class CollectiveStats:
         if rank is None:
             rank = self.rank if self.rank is not None else int(os.environ.get("RANK", 0))
         if destination.lower() in ("1", "true", "yes", "on", "stderr"):
-            import sys
-
             print(self.table(rank), file=stream or sys.stderr)
             return None
         target = Path(destination) / f"commlib_stats_rank{rank}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
-        report = {"rank": rank, "pid": os.getpid(), "groups": self.as_dict()}
-        target.write_text(json.dumps(report, indent=1))
+        snapshot = self.snapshot(rank)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(snapshot, indent=1))
+        os.replace(tmp, target)  # a reader never sees half a file
+        if stats_report.last_to_write(Path(destination), snapshot):
+            merged = stats_report.render(stats_report.merge(Path(destination)))
+            print(merged, file=stream or sys.stderr)
         return target

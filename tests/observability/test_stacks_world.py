@@ -24,7 +24,7 @@ from commlib import Communicator
 from commlib.cli import main as cli
 from commlib.cli import stacks as stacks_command
 from commlib.errors import CommError
-from commlib.observe import diagnosis, trace_files
+from commlib.observe import diagnosis, stats_report, trace_files
 from commlib.testing import RankDied, World
 
 TIMEOUT = 2.0
@@ -105,6 +105,54 @@ def test_commlib_stacks_asks_a_live_job_and_it_goes_on(pair):
     # where each main thread is: its innermost frame of the program's
     assert f"now in {_at('rank 0 waits here')}\n" in text
     assert f"now in {_at('napping')} (not in a collective)" in text
+
+
+def _mixed_sizes(comm, directory):
+    """Collectives of mixed sizes with statistics on; each rank writes its own file."""
+    from commlib.observe import CollectiveStats
+    from commlib.plugins import plugin_manager
+
+    stats = CollectiveStats()
+    plugin_manager().register(stats)
+    try:
+        c = Communicator(timeout=60)
+        for i in range(60):
+            c.all_reduce(torch.ones(1 << (2 * (i % 4) + 2)))  # 16 B to 1 KiB
+            c.broadcast(torch.ones(1 << 12), src=i % 2)
+            if c.rank == 1:
+                time.sleep(0.001)  # rank 1 comes late to each all_gather
+            c.all_gather(torch.ones(256))
+    finally:
+        plugin_manager().unregister(stats)
+    out = io.StringIO()
+    stats.report(directory, stream=out)  # the last rank to write prints every rank's view
+    return out.getvalue()
+
+
+def test_statistics_by_op_and_size_with_the_straggler_view(pair, tmp_path, capsys):
+    world, _ = pair
+    printed = world.run(_mixed_sizes, str(tmp_path))
+    (view,) = [p for p in printed if p]  # printed once, by whichever wrote last
+    assert cli(["stats", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == view.strip()
+    assert "by op and size, every rank" in view
+    merged = stats_report.merge(tmp_path)
+    rows = {(r["name"], r["bucket"]): r for r in merged["sizes"]}
+    assert sorted(rows) == [
+        ("all_gather", 2048),  # 2 ranks x 1 KiB gathered
+        ("all_reduce", 16),
+        ("all_reduce", 64),
+        ("all_reduce", 256),
+        ("all_reduce", 1024),
+        ("broadcast", 16384),
+    ]
+    assert rows[("all_reduce", 16)]["calls"] == 15 and rows[("broadcast", 16384)]["calls"] == 60
+    assert all(stats_report.bandwidths(r)[1] is not None for r in rows.values())
+    (straggle,) = merged["stragglers"]
+    assert straggle["collectives"] == 180
+    # rank 1 sleeps before each all_gather: it is last at least at those
+    assert straggle["per_rank"]["1"]["last"] >= 60
+    assert "stragglers, group" in view and "last to arrive" in view
 
 
 def _busy(seconds_at_most: float, directory: str) -> int:

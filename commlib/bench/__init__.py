@@ -31,18 +31,28 @@ from typing import Any
 
 from commlib.bench.cases import select_cases
 from commlib.bench.dispatch_cases import select_dispatch
-from commlib.bench.launcher import RankFailure, launch_local, under_torchrun
+from commlib.bench.launcher import RankFailure, launch_local, launch_with, under_torchrun
 from commlib.bench.options import BenchOptions
 from commlib.bench.runner import run_rank
 
 __all__ = ["BenchOptions", "RankFailure", "run", "run_rank"]
 
 
+def _launch_command(opts: BenchOptions) -> list[str] | None:
+    """The backend's own launcher for ``opts.nproc`` ranks (``mpiexec``), or ``None``."""
+    if opts.backend is None:
+        return None
+    from commlib.bench.options import backend_plugin
+
+    return backend_plugin(opts.backend).launch_command(opts.nproc)
+
+
 def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and report it; the exit status for the command line.
 
-    Alone, it starts ``opts.nproc`` local ranks; under torchrun it is one of
-    the given ranks and rank 0 reports. A failed rank ends the run with its
+    Alone, it starts ``opts.nproc`` local ranks (with the backend's own
+    launcher where it has one: ``mpiexec`` for ``mpi``); under torchrun it is
+    one of the given ranks and rank 0 reports. A failed rank ends the run with its
     error on stderr and status 1. The dispatch cases run first, in this
     process (rank 0's under torchrun).
 
@@ -67,8 +77,11 @@ def run(opts: BenchOptions, argv: Sequence[str] | None = None) -> int:
 
             rows += run_dispatch(opts)
         if across_ranks:
+            command = None if torchrun else _launch_command(opts)
             if torchrun:
                 ranked = run_rank(opts)
+            elif command is not None:
+                ranked = launch_with(command, opts, timeout=opts.timeout)
             else:
                 ranked = launch_local(opts.nproc, run_rank, opts, timeout=opts.timeout)
             rows += ranked or []

@@ -478,12 +478,20 @@ CASES: list[Case] = [
 ]
 
 
-def prepare_sides(case: Case, comms: Mapping[str, Communicator], size: int) -> Prepared:
+def prepare_sides(
+    case: Case,
+    comms: Mapping[str, Communicator],
+    size: int,
+    baseline: Communicator | None = None,
+) -> Prepared:
     """``case`` at ``size``: torch's call and a commlib call per communicator of ``comms``.
 
     ``comms`` maps a side (``"commlib"``, ``"unchecked"``) to the communicator
     its calls go through, all over one process group; each side gets buffers
-    of its own, filled alike, so the sides move the same data.
+    of its own, filled alike, so the sides move the same data. torch's call
+    runs on ``comms["commlib"]``'s group, or on ``baseline``'s when given (the
+    same ranks on the engine torch itself drives for the device, where
+    commlib's runs on one torch does not ship).
 
     Examples:
         >>> off = Communicator(comm.group, strict=False)   # every rank  # doctest: +SKIP
@@ -497,7 +505,8 @@ def prepare_sides(case: Case, comms: Mapping[str, Communicator], size: int) -> P
     for side, comm in comms.items():
         if side != "commlib":
             calls[side] = case.prepare(comm, size).calls["commlib"]
-    calls["torch"] = prepared.calls["torch"]
+    theirs = prepared if baseline is None else case.prepare(baseline, size)
+    calls["torch"] = theirs.calls["torch"]
     return Prepared(prepared.nbytes, prepared.count, calls, prepared.check)
 
 

@@ -1,9 +1,11 @@
-"""Starting the benchmark's ranks: torch's own launcher, or the ranks torchrun gave us.
+"""Starting the benchmark's ranks: torch's own launcher, an engine's, or torchrun's ranks.
 
 ``commlib bench`` on its own starts ``--nproc`` local ranks on 127.0.0.1
 through ``torch.distributed.launcher.api.elastic_launch`` (c10d rendezvous on
-a free port, no restarts). Under torchrun (one machine or several) the
-process already is a rank: it runs its share and rank 0 reports.
+a free port, no restarts), or through the backend's own launcher where it
+has one (:meth:`commlib.Backend.launch_command`: ``mpiexec`` for ``mpi``).
+Under torchrun (one machine or several) the process already is a rank: it
+runs its share and rank 0 reports.
 
 A rank that fails ends the run: the launcher's monitor stops the other ranks
 and :class:`RankFailure` carries the failed rank's error to the caller.
@@ -15,7 +17,10 @@ import contextlib
 import json
 import logging
 import os
+import pickle
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -115,6 +120,46 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, timeout: float 
         except SignalException as exc:  # the launcher stopped the ranks first
             raise KeyboardInterrupt(str(exc)) from None
     return results[0]
+
+
+def launch_with(command: list[str], opts: Any, timeout: float = 120.0) -> Any:
+    """Run the benchmark on ranks that ``command`` starts (an engine's own launcher).
+
+    ``command`` (from :meth:`commlib.Backend.launch_command`, ``mpiexec -n N``)
+    runs ``python -m commlib.bench.launched``: each rank runs
+    :func:`~commlib.bench.run_rank`, rank 0 writes its rows to a file this
+    process reads. A rank that fails ends the run (the launcher ends the
+    others) and :class:`RankFailure` carries the launcher's output.
+
+    Examples:
+        >>> launch_with(["mpiexec", "-n", "2"], BenchOptions(backend="mpi"))  # doctest: +SKIP
+        [{'case': 'all_reduce', ...}, ...]
+    """
+    with (
+        tempfile.TemporaryDirectory(prefix="commlib-bench-") as folder,
+        _env_default("OMP_NUM_THREADS", "1"),
+    ):
+        out = os.path.join(folder, "rows.pickle")
+        spec = pickle.dumps(opts).hex()
+        # a run's own budget on top of the ranks' timeout per call
+        limit = max(timeout, 60.0) * 20
+        try:
+            done = subprocess.run(
+                [*command, sys.executable, "-m", "commlib.bench.launched", spec, out],
+                stdout=None if opts.progress else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=limit,
+            )
+        except subprocess.TimeoutExpired:
+            raise RankFailure({0: f"the ranks did not finish in {limit:.0f} s"}, 0) from None
+        if done.returncode != 0 or not os.path.exists(out):
+            text = (done.stderr or "").strip()
+            raise RankFailure(
+                {0: f"{command[0]} exited with status {done.returncode}"}, 0, text[-4000:]
+            )
+        with open(out, "rb") as f:
+            return pickle.load(f)
 
 
 @contextlib.contextmanager

@@ -317,6 +317,14 @@ def summaries(rows: Sequence[Row]) -> list[str]:
     return out
 
 
+def _torch_side(row: Row) -> str:
+    """Where torch's calls ran, when not on commlib's engine (an engine torch does not ship)."""
+    theirs = row.get("torch_backend")
+    if theirs is None:
+        return ""
+    return f"; the torch side runs torch.distributed on {theirs} in the same ranks"
+
+
 def header(rows: Sequence[Row]) -> list[str]:
     """The lines that say what was run and how to read the table.
 
@@ -340,7 +348,7 @@ def header(rows: Sequence[Row]) -> list[str]:
     trials = r0.get("trials", "?")
     return [
         f"# commlib bench: {r0['world_size']} ranks, backend {r0['backend']} ({r0['device']}), "
-        f"torch {torch.__version__}, commlib {commlib.__version__}",
+        f"torch {torch.__version__}, commlib {commlib.__version__}" + _torch_side(r0),
         f"# time: median over {trials} trials of each trial's median call (iters calls a side, "
         "commlib and torch alternating), slowest rank per trial; algbw/busbw in GB/s; "
         f"rss(MiB): {rss}, largest rank",

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import commlib
+from commlib import plugins
 from commlib.bench import bandwidth, stats
 from commlib.bench.cases import SIDES, Case, Prepared, prepare_sides, select_cases
 from commlib.bench.launcher import note_failure
@@ -90,6 +91,7 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
     """
     cases = [c for c in select_cases(opts.ops) if comm.world_size >= c.min_world]
     comms = sides(comm, opts.strict)
+    torch_side = baseline(comm)
     steps = plan(cases, opts.sizes())
     bar = Progress(len(steps) * (2 if opts.memory else 1), opts.progress and comm.rank == 0)
     results: list[_Result] = []
@@ -103,12 +105,12 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
             if i == len(steps) - 1:
                 _injected_failure(comm.rank)
             bar.step(_label(case, size))
-            results.append(_time_one(comms, case, size, opts))
+            results.append(_time_one(comms, case, size, opts, torch_side))
         if opts.memory:
             steady_malloc()
             for result, (case, size) in zip(results, steps):
                 bar.step("peak memory: " + _label(case, size))
-                prepared = prepare_sides(case, comms, size)
+                prepared = prepare_sides(case, comms, size, torch_side)
                 grown = probe_memory(prepared, comm.group, comm.plugin.synchronize)
                 result.rss = _worst(comm, grown)
     finally:
@@ -116,7 +118,32 @@ def sweep(comm: Communicator, opts: BenchOptions) -> list[Row] | None:
         gc.unfreeze()
     if comm.rank != 0:
         return None
-    return [_row(comm, r, opts.strict, comms["commlib"].checks) for r in results]
+    rows = [_row(comm, r, opts.strict, comms["commlib"].checks) for r in results]
+    if torch_side is not None:  # torch's calls ran on another engine: say which
+        for row in rows:
+            row["torch_backend"] = str(dist.get_backend(torch_side.group))
+    return rows
+
+
+def baseline(comm: Communicator) -> Communicator | None:
+    """What torch's side runs on when ``comm``'s engine is not one torch.distributed ships.
+
+    A plugin that finds its ranks itself (:attr:`~commlib.Backend.own_rendezvous`,
+    MPI) is compared with torch.distributed on the engine torch picks for the
+    device, in the same ranks: a group of it over the world's store. ``None``
+    (torch's calls run on ``comm``'s own group) for every other backend.
+
+    Examples:
+        >>> baseline(comm) is None             # a world on a torch engine  # doctest: +SKIP
+        True
+    """
+    if not comm.plugin.own_rendezvous:
+        return None
+    plugin = plugins.resolve_backend(comm.device.type)
+    if plugin.own_rendezvous or plugin.torch_backend is None:
+        return None
+    group = dist.new_group(backend=plugin.torch_backend, timeout=comm.timeout)
+    return Communicator(group, backend=plugin, timeout=comm.timeout)
 
 
 def sides(comm: Communicator, strict: str) -> dict[str, Communicator]:
@@ -142,10 +169,14 @@ def sides(comm: Communicator, strict: str) -> dict[str, Communicator]:
 
 
 def _time_one(
-    comms: dict[str, Communicator], case: Case, size: int, opts: BenchOptions
+    comms: dict[str, Communicator],
+    case: Case,
+    size: int,
+    opts: BenchOptions,
+    torch_side: Communicator | None = None,
 ) -> _Result:
     comm = comms["commlib"]
-    prepared: Prepared = prepare_sides(case, comms, size)
+    prepared: Prepared = prepare_sides(case, comms, size, torch_side)
     iters = iterations_for(prepared.nbytes, opts.iters)
     warmup = iterations_for(prepared.nbytes, opts.warmup, floor=1)
     m = measure(prepared, iters, warmup, comm.group, comm.plugin.synchronize, opts.trials)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import time
+from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -214,3 +217,26 @@ def _async(comm) -> list[float]:
 @pytest.mark.timeout(180)
 def test_async_op_runs_on_mpi_nonblocking_collectives():
     assert _kit().call(4, _async) == [[6.0, 6.0]] * 4
+
+
+# -- commlib bench --backend mpi: its ranks start with mpiexec ------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_starts_its_ranks_with_mpiexec_and_compares_with_torch_on_its_engine(tmp_path):
+    if _REASON is not None:
+        pytest.skip(f"mpi cannot run here: {_REASON}")
+    if not any(ep.name == "mpi" for ep in entry_points(group="commlib.backends")):
+        pytest.skip("the mpi entry point is not installed: the bench's ranks could not find it")
+    out = tmp_path / "rows.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "commlib.cli", "bench", "--backend", "mpi", "--ops",
+         "all_reduce", "--min-bytes", "4K", "--max-bytes", "4K", "--trials", "2", "--iters",
+         "3", "--no-progress", "--no-memory", "--json", str(out)],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "torch side runs torch.distributed on gloo in the same ranks" in done.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["backend"], r["torch_backend"], r["world_size"]) for r in rows] == [
+        ("mpi", "gloo", 2)
+    ]

@@ -1,11 +1,12 @@
 """Recovery without restarting: a rank dies, the survivors shrink and go on.
 
-Each test starts its own world (a killed rank leaves it unusable) on gloo. A
-rank SIGKILLs itself in the middle of a collective; every survivor gets a
-commlib error, its communicator is broken (the next call says so at once),
-and ``shrink()`` gives a communicator over the survivors, renumbered in order,
-on which every collective (the object ones too) is checked. The seconds shrink
-took are printed (``pytest -s``) for the reliability report.
+Each test starts its own world on gloo (a killed rank leaves it unusable, and a
+shrink breaks the group it shrank). A rank SIGKILLs itself in the middle of a
+collective; every survivor gets a commlib error, its communicator is broken
+(the next call says so at once), and ``shrink()`` gives a communicator over the
+survivors, renumbered in order, on which every collective (the object ones too)
+is checked. The seconds shrink took are printed (``pytest -s``) for the
+reliability report.
 """
 
 from __future__ import annotations
@@ -107,9 +108,16 @@ def _report(name: str, outcomes) -> None:
         print(f"\n[shrink] {name} rank {o.rank}: {steps}")
 
 
-@pytest.mark.parametrize(
-    ("size", "victim"), [(2, 1), (3, 0), (3, 2), (4, 1)], ids=lambda v: str(v)
-)
+def _check_step(step: dict, new_rank: int, world_size: int) -> None:
+    """One survivor's kill-and-shrink step: the error, the broken communicator, its new place."""
+    assert step["error"] in ("CommError", "CommTimeoutError")
+    assert "comm.shrink()" in step["broken"]
+    assert (step["new_rank"], step["world_size"]) == (new_rank, world_size)
+
+
+# victim rank 0 at world 3 is test_module_level_shrink_replaces_the_default_communicator's;
+# rank 1 of 4 is the first step of test_shrink_twice_four_to_three_to_two
+@pytest.mark.parametrize(("size", "victim"), [(2, 1), (3, 2)], ids=lambda v: str(v))
 def test_survivors_shrink_after_a_rank_is_killed_mid_collective(make_world, size, victim):
     world = make_world(size)
     outcomes = world.outcomes(_on_kill_and_shrink, [victim], timeout=240)
@@ -119,9 +127,7 @@ def test_survivors_shrink_after_a_rank_is_killed_mid_collective(make_world, size
     for new_rank, o in enumerate(survivors):
         assert o.ok, o.traceback
         (step,) = o.value["shrinks"]
-        assert step["error"] in ("CommError", "CommTimeoutError")
-        assert "comm.shrink()" in step["broken"]
-        assert (step["new_rank"], step["world_size"]) == (new_rank, size - 1)
+        _check_step(step, new_rank, size - 1)
         assert o.value["ranks_after"] == [q for q in range(size) if q != victim]
 
 
@@ -131,11 +137,13 @@ def test_shrink_twice_four_to_three_to_two(make_world):
     outcomes = world.outcomes(_on_kill_and_shrink, [1, 2], timeout=240)
     _report("world=4 twice", outcomes)
     assert isinstance(outcomes[1].error, RankDied) and isinstance(outcomes[3].error, RankDied)
-    for new_rank, o in enumerate(outcomes[q] for q in (0, 2)):
+    for q in (0, 2):
+        o = outcomes[q]
         assert o.ok, o.traceback
         first, second = o.value["shrinks"]
-        assert first["world_size"] == 3 and second["world_size"] == 2
-        assert second["new_rank"] == new_rank
+        # world ranks 0, 2, 3 become 0, 1, 2; then 0 and 2 become 0, 1
+        _check_step(first, (0, 2, 3).index(q), 3)
+        _check_step(second, (0, 2).index(q), 2)
         assert o.value["ranks_after"] == [0, 2]
 
 
@@ -176,20 +184,34 @@ def test_a_rank_later_than_the_shrink_timeout_is_left_out_and_told(make_world):
     assert "rank 2 was left out of the new group" in results[2]
 
 
-def _on_module_level_shrink(comm, victim: int) -> tuple[int, int]:
+def _on_module_level_shrink(comm, victim: int) -> dict:
     if commlib.get_rank() == victim:
         _die_soon()
-    _until_it_fails(commlib.get_communicator())
+    error, _ = _until_it_fails(commlib.get_communicator())
+    try:
+        commlib.all_reduce(torch.ones(1))
+    except CommBrokenError as exc:
+        broken = str(exc)
     commlib.shrink()
     check_every_collective(commlib.get_communicator())
-    return commlib.get_rank(), commlib.get_world_size()
+    return {
+        "error": error,
+        "broken": broken,
+        "new_rank": commlib.get_rank(),
+        "world_size": commlib.get_world_size(),
+        "ranks_after": commlib.get_communicator().ranks,
+    }
 
 
 def test_module_level_shrink_replaces_the_default_communicator(make_world):
+    # also the kill-and-shrink case where rank 0 dies: every survivor is renumbered
     world = make_world(3)
     outcomes = world.outcomes(_on_module_level_shrink, 0, timeout=240)
     assert isinstance(outcomes[0].error, RankDied)
-    assert [o.value for o in outcomes[1:]] == [(0, 2), (1, 2)]
+    for new_rank, o in enumerate(outcomes[1:]):
+        assert o.ok, o.traceback
+        _check_step(o.value, new_rank, 2)
+        assert o.value["ranks_after"] == [1, 2]
 
 
 def test_shrink_checks_its_arguments_first():

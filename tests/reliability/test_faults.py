@@ -29,7 +29,9 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 3.0
 
 
-@pytest.fixture(params=[2, 3, 4], ids=lambda n: f"world{n}")
+# an even and an odd size: the faults that break a group pay for a world each (the
+# ones on the session's worlds, which cost nothing to start, run at 2, 3 and 4)
+@pytest.fixture(params=[2, 3], ids=lambda n: f"world{n}")
 def fresh_world(request):
     world = World(request.param, timeout=60, pg_timeout=20).start()
     yield world
@@ -192,7 +194,9 @@ def test_dict_keys_differ(multi_world):
 
 
 def _on_killed_mid_transfer(comm, nbytes):
-    c = Communicator(timeout=15)
+    # a survivor waiting on another survivor learns of the death only by this
+    # timeout (waited in full): long enough for a 32 MiB round on 2 busy cores
+    c = Communicator(timeout=6)
     payload = {"rank": c.rank, "blob": np.ones(nbytes, dtype=np.uint8)}
     if c.rank == c.world_size - 1:
         # die while the payload is on the wire

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,9 @@ def _ended_by_itself(rank: dict) -> None:
     assert _exit_after(rank) <= EXIT_WITHIN, detail
 
 
-@pytest.mark.parametrize("world", [2, 4])
+# Each scenario at an even and an odd size (2 and 3; stuck at 3 and 4, where the ranks
+# are in three different calls): every process here is a fresh one, started for it
+@pytest.mark.parametrize("world", [2, 3])
 def test_baseline_exit_after_a_plain_error(world):
     # what any process takes here to exit after an error: the yardstick for the others
     ranks = _run("baseline", world)
@@ -146,7 +149,7 @@ def test_baseline_exit_after_a_plain_error(world):
         assert r["errors"][0]["error_type"] == "ValueError", r
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_mismatched_arguments_raise_everywhere_and_nothing_aborts(world):
     ranks = _run("mismatch", world)
     _report("mismatch", ranks)
@@ -161,7 +164,7 @@ def test_mismatched_arguments_raise_everywhere_and_nothing_aborts(world):
     assert f"rank {world - 1}: all_reduce(op=sum, torch.float32, (3000,))" in msg
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [3, 4])
 def test_stuck_in_different_collectives_times_out_then_exits(world):
     ranks = _run("stuck", world)
     _report("stuck", ranks)
@@ -172,7 +175,7 @@ def test_stuck_in_different_collectives_times_out_then_exits(world):
         assert err["seconds"] < TIMEOUT + 8, r
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_retry_after_a_timeout_raises_at_once_and_late_ranks_do_not_pair(world):
     ranks = _run("retry", world)
     _report("retry", ranks)
@@ -191,7 +194,7 @@ def test_retry_after_a_timeout_raises_at_once_and_late_ranks_do_not_pair(world):
         assert "gave up on it first" in err["message"] or "failed first" in err["message"], r
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_a_killed_rank_lets_every_survivor_raise_and_exit(world):
     ranks = _run("killed", world)
     _report("killed", ranks)
@@ -245,9 +248,12 @@ def test_a_communicator_held_until_exit_lets_the_process_exit_cleanly(scenario):
     # a communicator the script still holds when it exits used to be the last
     # reference to its group, destroyed during C++ teardown: SIGABRT ("terminate
     # called without an active exception") in about half of the runs; commlib
-    # now lets go of it at exit. Three runs: a regression shows in most of them.
-    for _ in range(3):
-        ranks = _run(scenario, 2)
+    # now lets go of it at exit. Three runs: a regression shows in most of them. They
+    # run at once: their ranks' waits (the group's start, the exit) overlap, and the
+    # race was seen more often on a busy machine, not less
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda _: _run(scenario, 2), range(3)))
+    for ranks in runs:
         for r in ranks:
             assert r["returncode"] == 0, f"rank {r['rank']}: {r}"
             assert _EXIT_RACE not in r["stderr"], r

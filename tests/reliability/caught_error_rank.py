@@ -1,6 +1,6 @@
-"""One rank of ``test_exit_after_caught_error.py``, started by torchrun.
+"""One rank of ``test_exit_after_caught_error.py``, started as torchrun starts its workers.
 
-Usage::
+Usage (the test sets torchrun's variables and holds the store, as its agent does)::
 
     torchrun --nproc-per-node N caught_error_rank.py {broadcast|gather} [uncaught] [teardown]
 

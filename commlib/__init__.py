@@ -55,6 +55,7 @@ from commlib.functional import (
     get_local_size,
     get_rank,
     get_world_size,
+    grow,
     init_local_group,
     irecv,
     is_distributed,
@@ -80,7 +81,7 @@ from commlib.functional import (
     tensor2obj,
 )
 from commlib.hookspecs import hookimpl
-from commlib.launch import infer_launcher, init_dist
+from commlib.launch import infer_launcher, init_dist, is_newcomer, join
 from commlib.p2p import P2POp
 from commlib.plugins import list_backends, register_backend, unregister_backend
 from commlib.serialization import (
@@ -149,6 +150,7 @@ __all__ = [
     "get_local_size",
     "get_rank",
     "get_world_size",
+    "grow",
     "hookimpl",
     "infer_launcher",
     "init_dist",
@@ -156,7 +158,9 @@ __all__ = [
     "irecv",
     "is_distributed",
     "is_main_process",
+    "is_newcomer",
     "isend",
+    "join",
     "list_backends",
     "master_only",
     "new_group",

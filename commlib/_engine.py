@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commlib import _failure_notes, _survivors, _waiting
+from commlib import _failure_notes, _newcomers, _survivors, _waiting
 from commlib._error_map import Kind, kind_of
 from commlib._health import health_of
 from commlib._world import default_store, store_failed
@@ -872,3 +872,35 @@ class Engine:
             ) from exc
         self.health.mark_broken(f"shrunk into a group of ranks {keep}")
         return group, keep
+
+    def grow(
+        self, count: int | None, wait: datetime.timedelta, timeout: datetime.timedelta
+    ) -> int | None:
+        """Take the newcomers that asked to join into a new world; this rank's rank there.
+
+        Every member calls it; ``None`` (and nothing changed) when no newcomer
+        asked within ``wait`` (``count``: how many to wait for, at most). Else
+        this process's world is replaced by the grown one (every group of the
+        old world is destroyed; this one is broken) and the new world formed
+        within ``timeout``, or without the processes that failed
+        (:func:`commlib._newcomers.form`).
+
+        Examples:
+            >>> engine.grow(1, timedelta(seconds=30), timedelta(seconds=60))  # doctest: +SKIP
+            0
+        """
+        if self.on_call is not None:
+            self.on_call("grow")
+        address = _newcomers.store_address()
+        kv = _newcomers.client(address, timeout)
+        try:
+            decided = _newcomers.decide(kv, self.world_size, count, wait, self.plugin, timeout)
+        except Exception as exc:  # the store's host died (rank 0 with env://)
+            raise CommError(f"grow: the job's store failed: {type(exc).__name__}: {exc}") from exc
+        if decided is None:
+            return None
+        name, tickets = decided
+        self.health.mark_broken(f"grown into world {name} with {len(tickets)} newcomer(s)")
+        size = self.world_size + len(tickets)
+        place = _newcomers.Place(name, self.rank, size, self.plugin.name, timeout.total_seconds())
+        return _newcomers.form(self.plugin, kv, place, timeout)

@@ -50,6 +50,39 @@ def _this_machine() -> str | None:
         return None
 
 
+def process_record() -> str | None:
+    """This process as another process of this machine can check on it: ``"<machine> <pid>"``.
+
+    ``None`` where there is no telling (not Linux).
+
+    Examples:
+        >>> process_record().endswith(str(os.getpid()))  # doctest: +SKIP
+        True
+    """
+    where = _this_machine()
+    return None if where is None else f"{where} {os.getpid()}"
+
+
+def record_ended(record: str) -> bool:
+    """Whether the process :func:`process_record` described has ended (on this machine only).
+
+    A process of another machine (or pid namespace) is never known ended.
+
+    Examples:
+        >>> record_ended(process_record())
+        False
+    """
+    where, _, pid = record.rpartition(" ")
+    if where != _this_machine():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")  # a zombie has ended; only its parent has not looked yet
+
+
 def record_process() -> None:
     """Leave this process's id in the world's store, once per world.
 
@@ -61,10 +94,10 @@ def record_process() -> None:
     world = dist.group.WORLD
     if world is None or world in _world.world.worlds_recorded:
         return
-    where, kv = _this_machine(), store()
-    if where is not None and kv is not None:
+    record, kv = process_record(), store()
+    if record is not None and kv is not None:
         try:
-            kv.set(f"commlib/proc/{dist.get_rank()}", f"{where} {os.getpid()}")
+            kv.set(f"commlib/proc/{dist.get_rank()}", record)
         except Exception as exc:  # only a shortcut for shrink; without it shrink waits
             _world.store_failed(exc)
     _world.world.worlds_recorded.add(world)
@@ -77,15 +110,7 @@ def _dead_here(kv: Any, world_rank: int, seen: dict[int, str]) -> bool:
         if not kv.check([key]):
             return False
         seen[world_rank] = kv.get(key).decode()
-    where, _, pid = seen[world_rank].rpartition(" ")
-    if where != _this_machine():
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")  # a zombie has ended; only its parent has not looked yet
+    return record_ended(seen[world_rank])
 
 
 def ended(world_ranks: Sequence[int]) -> list[int]:

@@ -57,6 +57,12 @@ class World:
         #: said so: asked no more, since each call on a dead store logs torch's C++
         #: warning with its stack (20 lines)
         self.stores_lost: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        #: the name of the world this process is in, among the worlds grow formed in the
+        #: job's store (``w0``: the one the launcher started), and how many grows it began
+        self.world_name = "w0"
+        self.grows = 0
+        #: (address, client) of the job's store that grow and join use, kept between calls
+        self.job_store: Any = None
         #: set at interpreter exit: threads looking for a future's end stop looking
         self.exiting = threading.Event()
         # bound ``release`` methods of objects holding process groups, held weakly
@@ -81,6 +87,7 @@ class World:
         self.launch_warning_decided = False
         self.worlds_recorded = weakref.WeakSet()
         self.stores_lost = weakref.WeakKeyDictionary()
+        self.world_name, self.grows, self.job_store = "w0", 0, None
 
     # -- the communicator cache ----------------------------------------------------
     def forget_communicators(self) -> None:

@@ -1,4 +1,4 @@
-"""The ``commlib`` command: ``commlib info``, ``bench``, ``trace`` and ``stacks``."""
+"""The ``commlib`` command: ``commlib info``, ``bench``, ``trace``, ``stacks`` and ``run``."""
 
 from __future__ import annotations
 
@@ -157,11 +157,18 @@ def stats(directory: str, as_json: bool = False, out=None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``commlib`` console script."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["run"]:
+        # everything after the script is the script's: argparse's subparsers would take it
+        from commlib.run import main as run_main
+
+        return run_main(args_in[1:])
     parser = argparse.ArgumentParser(
         prog="commlib",
         description="commlib's command line: the backends found here (info), every collective "
         "against torch.distributed (bench), the flight recorder's files read (trace), a live "
-        "job's stacks (stacks), the statistics files merged (stats).",
+        "job's stacks (stacks), the statistics files merged (stats), a launcher whose "
+        "survivors live on when a rank dies (run).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="registered backends, availability, torch version, device")
@@ -186,6 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "what each rank was doing, the ranks that never arrived and the missing files.",
     )
     trace_parser.add_argument("directory", metavar="DIR")
+    sub.add_parser(
+        "run",
+        help="start the ranks (torchrun's flags) so that survivors live on when one dies, "
+        "and start replacements that join them (`commlib run --help`)",
+        add_help=False,
+    )
     trace_parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     trace_parser.add_argument(
         "--stacks",

@@ -172,6 +172,8 @@ class Communicator:
         # the group's world ranks as new_group made it, for a non-member (torch cannot say)
         self._outside_view: list[int] | None = None
         self._exited = False
+        # the whole job: the world's group, or what shrink made of it (grow replaces the world)
+        self._whole_job = not self._distributed or group is dist.group.WORLD
 
         if backend is not None:
             # an instance, a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device
@@ -459,7 +461,7 @@ class Communicator:
                 backend=self.plugin, serializer=self._serializer, timeout=self.timeout
             )
         group, _ = engine.shrink(self.ranks, set(excluded), as_timedelta(timeout))
-        return Communicator(
+        shrunk = Communicator(
             group,
             backend=self.plugin,
             serializer=self._serializer,
@@ -467,6 +469,76 @@ class Communicator:
             slot_size=self._slot_size,
             strict=self._strict,
         )
+        shrunk._whole_job = self._whole_job
+        return shrunk
+
+    @_collective("grow")
+    def grow(
+        self,
+        count: int | None = None,
+        wait: Timeout = 0.0,
+        timeout: Timeout = None,
+    ) -> Communicator:
+        """A communicator over this group and the newcomers that asked to join (``commlib.join``).
+
+        Every member calls it. ``count`` newcomers are awaited for up to
+        ``wait`` (seconds or a timedelta), and at most ``count`` are taken;
+        ``count=None`` takes whoever has asked when ``wait`` ends (by
+        default at once: those already waiting). When nobody asked, the
+        same communicator comes back, untouched and usable: calling ``grow``
+        every few steps costs a look at the store. Otherwise members keep
+        their order (ranks ``0 .. world_size - 1``) and newcomers follow in
+        the order they asked; the new communicator is over a new world that
+        replaces this process's: this communicator, and every other of the
+        old world, cannot be used again.
+
+        A process that dies or cannot connect while the group forms (within
+        ``timeout``, by default this communicator's) is left out: the others
+        form the smaller group, renumbered in order, so a failed grow ends
+        in a clean group; the same ``CommError`` on every process only when
+        forming fails three times.
+
+        Only the whole job grows: call it on the world's communicator or on
+        what :meth:`shrink` made of it.
+
+        Examples:
+            >>> comm = comm.shrink(timeout=10)      # a rank died  # doctest: +SKIP
+            >>> comm = comm.grow(count=1, wait=60)  # its replacement joined  # doctest: +SKIP
+            >>> comm.world_size  # doctest: +SKIP
+            4
+        """
+        engine = self._member("grow")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise TypeError(f"count must be an int or None, got {type(count).__name__}")
+        if count is not None and count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        waiting = as_timedelta(wait) if wait else datetime.timedelta(0)
+        if not self._distributed:
+            raise ValueError(
+                "grow needs a distributed job (started with `commlib run`, torchrun or "
+                "init_dist): a single process has no store for newcomers to ask in"
+            )
+        if not self._whole_job:
+            raise ValueError(
+                "grow: this communicator is a subgroup; the whole job grows (the world's "
+                "communicator, or what shrink made of it)"
+            )
+        if self.plugin.own_rendezvous:
+            raise ValueError(
+                f"grow: backend {self.plugin.name!r} finds its ranks itself (its launcher's "
+                "processes): it cannot take in a newcomer"
+            )
+        limit = as_timedelta(timeout) or self.timeout
+        if engine.grow(count, waiting or datetime.timedelta(0), limit) is None:
+            return self
+        grown = Communicator(
+            backend=self.plugin,
+            serializer=self._serializer,
+            timeout=self.timeout,
+            slot_size=self._slot_size,
+            strict=self._strict,
+        )
+        return grown
 
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:

@@ -112,6 +112,27 @@ def shrink(
     return comm
 
 
+def grow(
+    count: int | None = None,
+    wait: datetime.timedelta | float = 0.0,
+    timeout: datetime.timedelta | float | None = None,
+) -> Communicator:
+    """Grow the default communicator by the newcomers that asked to join; it becomes the default.
+
+    Every member calls it; newcomers call :func:`commlib.join`. Members keep
+    their ranks, newcomers follow (see :meth:`Communicator.grow`); when
+    nobody asked within ``wait``, nothing changes.
+
+    Examples:
+        >>> comm = grow(count=1, wait=60)  # doctest: +SKIP
+        >>> get_world_size()  # doctest: +SKIP
+        4
+    """
+    comm = get_communicator().grow(count, wait, timeout)
+    set_default_communicator(comm)
+    return comm
+
+
 def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
     """Make the group of this machine's ranks; every rank calls it, with its own ``node_rank``.
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commlib import _communicators, plugins
+from commlib import _communicators, _newcomers, plugins
 from commlib._launched import launched_world_size, warn_if_launched_without_init
+from commlib._settings import as_timedelta, default_timeout
 from commlib._world import world
 from commlib.backend import Backend
 from commlib.communicator import Communicator
@@ -20,6 +21,8 @@ __all__ = [
     "default_torch_backend",
     "infer_launcher",
     "init_dist",
+    "is_newcomer",
+    "join",
     "launched_world_size",
     "plugin_of_started_world",
     "teardown_at_exit",
@@ -125,6 +128,11 @@ def init_dist(
         )
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialised")
+    if is_newcomer():
+        raise RuntimeError(
+            "init_dist: this process replaces a lost rank (COMMLIB_NEWCOMER=1, set by "
+            "`commlib run`): it joins the running ranks with commlib.join(), not init_dist()"
+        )
     plugin = _plugin(backend)
     if isinstance(timeout, (int, float)):
         timeout = datetime.timedelta(seconds=timeout)
@@ -187,6 +195,58 @@ def _start(plugin: Backend, launched: list[str | None], kwargs: dict[str, Any]) 
     # the plugin that started the world serves it, even if another one drives
     # the same torch backend
     _communicators.set_default(Communicator(backend=plugin))
+
+
+NEWCOMER_ENV = "COMMLIB_NEWCOMER"
+
+
+def is_newcomer() -> bool:
+    """Whether this process was started to replace a lost rank (``commlib run`` says so).
+
+    Such a process calls :func:`join` instead of :func:`init_dist`.
+
+    Examples:
+        >>> is_newcomer()           # python train.py, or a rank commlib run started first
+        False
+    """
+    return os.environ.get(NEWCOMER_ENV) == "1"
+
+
+def join(
+    backend: str | Backend | None = None,
+    timeout: datetime.timedelta | float | None = None,
+) -> Communicator:
+    """Join a running job as a newcomer; returns the communicator of the grown job.
+
+    Started with the job's rendezvous settings (``MASTER_ADDR``,
+    ``MASTER_PORT``: ``commlib run`` gives them to the replacement it
+    starts), the process asks to join in the job's store and waits up to
+    ``timeout`` (default: ``COMMLIB_TIMEOUT``, else 30 minutes) until the
+    members call :meth:`Communicator.grow`. It then becomes a member: its
+    rank follows the members' (``comm.world_size - 1`` for the one newcomer
+    of a grow; several take the next ranks in the order they asked). The
+    backend is the members' (``backend`` overrides it, e.g. a plugin
+    instance); the result is the default communicator, as after
+    :func:`init_dist`.
+
+    Examples:
+        >>> if commlib.is_newcomer():  # doctest: +SKIP
+        ...     comm = commlib.join()
+        ...     state = comm.broadcast_object(None, src=0)  # the members send theirs
+    """
+    if dist.is_initialized():
+        raise RuntimeError("join: torch.distributed is already initialised in this process")
+    limit = as_timedelta(timeout) or default_timeout()
+    address = _newcomers.store_address()
+    kv = _newcomers.client(address, limit)
+    place = _newcomers.await_place(kv, _newcomers.ask(kv), limit)
+    plugin = _plugin(backend if backend is not None else place.plugin)
+    plugin.setup_device(int(os.environ.get("LOCAL_RANK", 0)))
+    forming = datetime.timedelta(seconds=place.timeout)
+    _newcomers.form(plugin, _newcomers.client(address, forming), place, forming)
+    comm = Communicator(backend=plugin)
+    _communicators.set_default(comm)
+    return comm
 
 
 def plugin_of_started_world(torch_backend: str) -> Backend | None:

@@ -36,6 +36,7 @@ _LIBRARIES = tuple(
 )
 _kinds: dict[str, str] = {}
 _DISPATCH = os.path.join("observe", "dispatch.py")  # the observed collectives' wrapper
+_OWN_THREADS = ("commlib-trace",)  # the flight recorder's threads (commlib.observe.alarm)
 
 
 def kind_of(filename: str) -> str:
@@ -94,6 +95,8 @@ def capture(reason: str = "") -> dict[str, Any]:
         thread = names.get(ident)
         if ident == me and ident != main and thread is not None and thread.daemon:
             continue  # the watcher writing this: its own stack says nothing
+        if thread is not None and thread.name.startswith(_OWN_THREADS):
+            continue  # commlib's watcher, waiting: nothing of the program's
         threads.append(
             {
                 "name": thread.name if thread is not None else f"thread {ident}",
@@ -132,11 +135,26 @@ def where(threads: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def _collapsed(frames: Any) -> tuple[Any, ...]:
+    """The frames as a key, each run of commlib's own frames as one."""
+    out: list[Any] = []
+    for f in frames:
+        if len(f) > 4 and f[4] == "commlib":
+            if not out or out[-1] != "commlib":
+                out.append("commlib")
+        else:
+            out.append(tuple(f[:3]))
+    return tuple(out)
+
+
 def roll_call(stacks: dict[int, dict[str, Any]], width: int = 24) -> list[str]:
     """The ranks' stacks as lines, ranks with the same stack in the same thread together.
 
     ``stacks`` maps a rank to what :func:`capture` took there. Each stack shows
-    its innermost ``width`` frames, innermost last, as a traceback does.
+    its innermost ``width`` frames, innermost last, as a traceback does;
+    commlib's own frames in a row are one line, and stacks that differ only
+    there are the same (the program's call before that line says which
+    collective it is in).
 
     Examples:
         >>> lines = roll_call({0: capture(), 1: capture()})
@@ -147,7 +165,7 @@ def roll_call(stacks: dict[int, dict[str, Any]], width: int = 24) -> list[str]:
     shown: dict[tuple[Any, ...], dict[str, Any]] = {}
     for rank, taken in sorted(stacks.items()):
         for thread in taken.get("threads") or ():
-            frames = tuple(tuple(f[:3]) for f in thread.get("frames") or ())
+            frames = _collapsed(thread.get("frames") or ())
             key = (not thread.get("main"), thread.get("name"), frames)
             groups.setdefault(key, []).append(rank)
             shown.setdefault(key, thread)
@@ -160,7 +178,16 @@ def roll_call(stacks: dict[int, dict[str, Any]], width: int = 24) -> list[str]:
         kept = thread.get("frames") or []
         if len(kept) > width:
             lines.append(f"    ... {len(kept) - width} outer frames")
-        for f in kept[-width:]:
+        inside = 0
+        for f in [*kept[-width:], None]:
+            if f is not None and len(f) > 4 and f[4] == "commlib":
+                inside += 1
+                continue
+            if inside:
+                lines.append("    ... inside commlib")
+                inside = 0
+            if f is None:
+                break
             file, line, function = f[0], f[1], f[2]
             code = f[3] if len(f) > 3 else ""
             lines.append(f"    {os.path.basename(str(file))}:{line} in {function}")

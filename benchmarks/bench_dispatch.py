@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_dispatch.py                         # worlds 2 and 8, every collective
     python benchmarks/bench_dispatch.py --world 8 --ops all_reduce,broadcast --trials 11
     python benchmarks/bench_dispatch.py --profile all_reduce    # cProfile of commlib's call
+    python benchmarks/bench_dispatch.py --layers all_reduce --world 8 --trials 9  # layer map
 
 Examples:
     >>> main(["--world", "2", "--ops", "all_reduce", "--calls", "100", "--trials", "3"])
@@ -34,6 +35,9 @@ import gc
 import io
 import os
 import pstats
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -92,6 +96,83 @@ def profile(op: str, world: int, calls: int, top: int = 25) -> None:
         print(f"{own / calls * 1e6:8.2f} {cum / calls * 1e6:8.2f}  {name} ({where}:{line})")
 
 
+def _layer_calls(comm: Any, op: str) -> dict[str, Callable[[], object]]:
+    """``op``'s call at each layer of commlib's path, innermost first (all_reduce, broadcast)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    x, pg, engine, plugin = torch.ones(4), comm.group, comm._engine, comm.plugin
+    body = getattr(type(comm), op).__wrapped__  # the method without its wrapper
+    if op == "all_reduce":
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        return {
+            "the ProcessGroup's own method and wait(), options made once": (
+                lambda: pg.allreduce([x], opts).wait()
+            ),
+            "torch.distributed.all_reduce, for comparison": lambda: dist.all_reduce(x, group=pg),
+            "the plugin (EngineGaps, DirectCalls), async_op=True and wait()": (
+                lambda: plugin.all_reduce(x, "sum", pg, True).wait()
+            ),
+            "the engine's typed method (Engine.all_reduce -> Engine._issue)": (
+                lambda: engine.all_reduce(x, "sum")
+            ),
+            "the Communicator method's body": lambda: body(comm, x),
+            "the whole call (observer and refusal wrapper, no observer)": (
+                lambda: comm.all_reduce(x)
+            ),
+        }
+    opts = c10d.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    return {
+        "the ProcessGroup's own method and wait(), options made once": (
+            lambda: pg.broadcast([x], opts).wait()
+        ),
+        "torch.distributed.broadcast, for comparison": lambda: dist.broadcast(x, 0, group=pg),
+        "the plugin (EngineGaps, DirectCalls), async_op=True and wait()": (
+            lambda: plugin.broadcast(x, 0, pg, True).wait()
+        ),
+        "the engine's typed method (Engine.broadcast -> Engine._issue)": (
+            lambda: engine.broadcast(x, 0)
+        ),
+        "the Communicator method's body": lambda: body(comm, x, 0),
+        "the whole call (observer and refusal wrapper, no observer)": lambda: comm.broadcast(x, 0),
+    }
+
+
+def layers(op: str, world: int, calls: int, trials: int) -> None:
+    """Time ``op`` (all_reduce or broadcast) at each layer of the call path, interleaved.
+
+    Each layer's figure is the median of ``trials`` blocks of ``calls``
+    calls, the layers taking turns in an order that rotates each block (as
+    the dispatch kind's sides do), the collector off inside a block. Each
+    line adds one layer to the one above it (torch's own call aside).
+    """
+    with fake_world(world, dispatch_plugin(backend_plugin(None))) as comm:
+        calls_of = _layer_calls(comm, op)
+        names = list(calls_of)
+        for call in calls_of.values():
+            for _ in range(200):
+                call()
+        times: dict[str, list[float]] = {n: [] for n in names}
+        gc.collect()
+        for trial in range(trials):
+            k = trial % len(names)
+            for name in names[k:] + names[:k]:
+                call = calls_of[name]
+                gc.disable()
+                start = time.perf_counter_ns()
+                for _ in range(calls):
+                    call()
+                times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
+                gc.enable()
+    print(f"\n{op}, world {world}: us per call, median (lowest-highest) of {trials} blocks")
+    print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    for name in names:
+        got = sorted(times[name])
+        print(f"{got[len(got) // 2]:7.2f}  ({got[0]:.2f}-{got[-1]:.2f})  {name}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", default="2,8", help="fake world sizes, comma-separated")
@@ -99,6 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls of each side per trial")
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--profile", metavar="OP", help="profile commlib's unchecked OP instead")
+    parser.add_argument(
+        "--layers",
+        metavar="OP",
+        choices=("all_reduce", "broadcast"),
+        help="time OP (all_reduce or broadcast) at each layer of the call path instead",
+    )
     args = parser.parse_args(argv)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in ops + ([args.profile] if args.profile else []) if o not in OPS]
@@ -108,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, commlib {commlib.__version__}; times in us per call")
     if args.profile:
         profile(args.profile, worlds[0], args.calls * 10)
+        return
+    if args.layers:
+        layers(args.layers, worlds[0], args.calls, args.trials)
         return
     compare(worlds, ops, args.calls, args.trials)
 

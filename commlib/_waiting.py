@@ -122,7 +122,10 @@ class _Job:
 
     def __init__(self, work: Work, limit: datetime.timedelta):
         self.work, self.limit = work, limit
-        self.done = threading.Event()
+        # held until the waiter is done with the work: a bare lock, where an Event
+        # (a Condition and a lock, a new lock per wait) costs microseconds a call
+        self.done = threading.Lock()
+        self.done.acquire()
         self.failure: BaseException | None = None
 
 
@@ -149,7 +152,7 @@ class _Waiter(threading.Thread):
                 job.failure = exc
             finally:
                 _idle.append(self)  # first: the caller's next wait may reuse this thread
-                job.done.set()
+                job.done.release()
 
 
 #: waiters with nothing to wait for (list.append and pop are atomic)
@@ -167,7 +170,7 @@ def _beside(work: Work, limit: datetime.timedelta, group: Any) -> None:
         waiter.start()
     waiter.jobs.put(job)
     look = _FIRST_LOOK
-    while not job.done.wait(look):
+    while not job.done.acquire(timeout=look):
         _look(group)
         look = min(2 * look, _LAST_LOOK)
     if job.failure is not None:

@@ -123,7 +123,18 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
         ((), ('dict',), 0)
     """
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape),), (_dtype_name(value.dtype),), value.nbytes
+        # the same shape and dtype call after call: their facts are made once
+        key = (value.shape, value.dtype)
+        found = _TENSOR_FACTS.get(key)
+        if found is None:
+            if len(_TENSOR_FACTS) >= _TENSOR_FACTS_KEPT:
+                _TENSOR_FACTS.clear()
+            found = _TENSOR_FACTS[key] = (
+                (tuple(value.shape),),
+                (_dtype_name(value.dtype),),
+                value.nbytes,
+            )
+        return found
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
         tensors = [t for t in value if isinstance(t, torch.Tensor)]
         return (
@@ -137,6 +148,10 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+# a tensor's facts by (shape, dtype): bytes are elements times element size whatever
+# the strides, so the two say it all; bounded, for programs whose shapes keep changing
+_TENSOR_FACTS: dict[tuple[torch.Size, torch.dtype], tuple[Any, ...]] = {}
+_TENSOR_FACTS_KEPT = 1024
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -34,7 +34,12 @@ _ERROR_CHARS = 500  # enough to name the ranks; a whole traceback would swamp th
 
 
 class Record:
-    """One collective as the recorder keeps it: plain data, nothing of the caller's."""
+    """One collective as the recorder keeps it: plain data, nothing of the caller's.
+
+    A slot of the recorder's ring, filled again (:meth:`keep`) once the ring is
+    full: no object is made or freed per collective then. ``number`` says
+    which collective it holds now (the recorder's count when it was kept).
+    """
 
     __slots__ = (
         "call_site",
@@ -44,6 +49,7 @@ class Record:
         "group",
         "name",
         "nbytes",
+        "number",
         "op",
         "peers",
         "point_to_point",
@@ -55,7 +61,12 @@ class Record:
         "uniform",
     )
 
-    def __init__(self, event: CollectiveEvent):
+    def __init__(self, event: CollectiveEvent, number: int = 0):
+        self.keep(event, number)
+
+    def keep(self, event: CollectiveEvent, number: int) -> None:
+        """Hold ``event`` (started), the recorder's ``number``-th collective."""
+        self.number = number
         self.group, self.seq, self.name, self.rank = event.group, event.seq, event.name, event.rank
         self.shapes, self.dtypes, self.nbytes = event.shapes, event.dtypes, event.nbytes
         self.peers, self.op, self.uniform = dict(event.peers), event.op, event.uniform
@@ -123,8 +134,9 @@ class FlightRecorder:
         # does, per run) would write somewhere else at its failure or exit
         self.directory = Path(directory).absolute() if directory else None
         self.recorded = 0
-        self._records: deque[Record] = deque(maxlen=capacity)
-        self._open: dict[int, Record] = {}  # id(event) -> its record, until it ends
+        # the ring: grows to capacity, then its oldest slot is filled again
+        self._slots: list[Record] = []
+        self._open: dict[int, int] = {}  # id(event) -> its record's number, until it ends
         self._groups: dict[str, list[int]] = {}
         self._rank: int | None = None
         self._reasons: deque[str] = deque(maxlen=20)  # why the file was written, oldest first
@@ -139,12 +151,16 @@ class FlightRecorder:
     @hookimpl
     def commlib_collective_start(self, event: CollectiveEvent) -> None:
         """Keep a record of ``event`` (the oldest record goes when full)."""
-        record = Record(event)
-        self._records.append(record)
-        self.recorded += 1
+        number = self.recorded + 1
+        slots = self._slots
+        if len(slots) < self.capacity:
+            slots.append(Record(event, number))
+        else:
+            slots[self.recorded % self.capacity].keep(event, number)
+        self.recorded = number
         if len(self._open) >= self.capacity:  # handles nobody waits on must not pile up
             self._open.pop(next(iter(self._open)))
-        self._open[id(event)] = record
+        self._open[id(event)] = number
         if event.group not in self._groups:
             self._groups[event.group] = list(event.group_ranks)
             if self._rank is None:
@@ -153,9 +169,12 @@ class FlightRecorder:
     @hookimpl
     def commlib_collective_end(self, event: CollectiveEvent) -> None:
         """Complete the record; a failure writes the file (and tells the other ranks)."""
-        record = self._open.pop(id(event), None)
-        if record is None:
+        number = self._open.pop(id(event), None)
+        if number is None:
             return
+        record = self._slots[(number - 1) % self.capacity]
+        if record.number != number:
+            return  # its slot holds a later collective now: it left the ring
         record.end = record.start + (event.duration or 0.0)
         record.state = event.state
         if event.error is not None:
@@ -211,12 +230,11 @@ class FlightRecorder:
             'asked'
         """
         rank, world = self.identity()
-        while True:
-            try:  # another thread may dump while this one records
-                records = list(self._records)
-                break
-            except RuntimeError:
-                continue
+        # oldest first: the slot the next collective fills, onwards (another
+        # thread may dump while this one records: slicing a list is atomic)
+        slots = self._slots
+        cut = self.recorded % self.capacity if len(slots) >= self.capacity else 0
+        records = slots[cut:] + slots[:cut]
         return {
             "format": trace_files.FORMAT,
             "rank": rank,

@@ -268,6 +268,29 @@ def test_flight_recorder_keeps_the_last_collectives(tmp_path):
     assert json.loads(path.read_text())["entries"] == snap["entries"]
 
 
+def test_flight_recorder_ring_reuses_its_slots_oldest_first():
+    recorder = FlightRecorder(capacity=2)
+    plugin_manager().register(recorder)
+    try:
+        comm = Communicator()
+        late = comm.all_reduce(torch.ones(2), async_op=True)  # record 1, still open
+        comm.broadcast(torch.ones(2), src=0)  # record 2
+        slots = list(recorder._slots)
+        for _ in range(2):  # records 3 and 4 fill both slots again
+            comm.all_gather_into_tensor(torch.empty(2), torch.ones(2))
+        late.wait()  # its slot holds record 3 now: the late end leaves it alone
+        names = [e["name"] for e in recorder.snapshot()["entries"]]
+        states = [e["state"] for e in recorder.snapshot()["entries"]]
+        comm.barrier()  # record 5: the oldest slot, record 3's
+        after = [e["name"] for e in recorder.snapshot()["entries"]]
+    finally:
+        plugin_manager().unregister(recorder)
+    assert names == ["all_gather_into_tensor", "all_gather_into_tensor"]
+    assert states == ["completed", "completed"]
+    assert after == ["all_gather_into_tensor", "barrier"]
+    assert recorder._slots == slots and recorder.recorded == 5  # the same two objects
+
+
 def test_enable_flight_recorder_registers_once():
     try:
         first = enable_flight_recorder()

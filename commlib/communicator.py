@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from commlib import (
+    _finite,
     _guard,
     _nested,
     _objects,
@@ -53,6 +54,7 @@ from commlib.errors import (
     BackendUnavailableError,
     CommError,
     NotInGroupError,
+    RemoteArgumentError,
 )
 from commlib.handle import Handle, ResultHandle
 from commlib.observe.dispatch import observed
@@ -132,6 +134,14 @@ class Communicator:
             ``COMMLIB_STRICT=1`` / ``0`` set it for communicators that do not.
             A check travels with small tensors (one round, as unchecked) and
             costs one small round more for larger ones; see :attr:`checks`.
+        check_finite: before ``all_reduce`` and ``reduce``, every rank checks
+            that its floating-point tensor holds no NaN or Inf and the ranks
+            agree on it: if any does, every rank raises the same
+            :class:`~commlib.errors.NonFiniteError` naming those ranks and the
+            calling line, and nothing is reduced. The flag rides in the
+            argument check's round where that runs, and takes one small round
+            of its own elsewhere. ``None``: ``COMMLIB_CHECK_FINITE=1`` turns it
+            on; off by default (it reads every element of the tensor).
 
     ``src`` and ``dst`` arguments are ranks *within* the group.
 
@@ -154,6 +164,7 @@ class Communicator:
         timeout: Timeout = None,
         slot_size: int = 4096,
         strict: bool | None = None,
+        check_finite: bool | None = None,
     ):
         if slot_size < 64:
             raise ValueError(f"slot_size must be at least 64 bytes, got {slot_size}")
@@ -162,6 +173,8 @@ class Communicator:
         # sends the same bytes, and data in the slots stays aligned for every dtype
         self._slot_size = (slot_size + 15) // 16 * 16
         self._strict: bool | None = strict_from_env() if strict is None else bool(strict)
+        #: whether reductions first agree that no rank passes NaN or Inf (see above)
+        self.check_finite: bool = _finite.from_env() if check_finite is None else check_finite
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -662,6 +675,27 @@ class Communicator:
         return cast(_Data, _nested.all_gather_cat(self, data, dim, timeout))
 
     # -- tensor collectives -------------------------------------------------------
+    def _checked_finite(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        data: torch.Tensor,
+        timeout: Timeout,
+        finite: bool,
+    ) -> list[torch.Tensor] | None:
+        """The argument check, with the NaN/Inf flag riding in it when ``check_finite``."""
+        if not self.check_finite:
+            return self._guard.check(engine, what, describe, data, timeout)
+        try:
+            parts = self._guard.check(
+                engine, what, lambda: describe() + ("" if finite else _finite.MARK), data, timeout
+            )
+        except RemoteArgumentError as exc:
+            raise _finite.from_mismatch(what, exc) from None
+        _finite.raise_if_every_rank(what, finite, engine.world_size)
+        return parts
+
     @overload
     def all_reduce(
         self,
@@ -723,17 +757,21 @@ class Communicator:
         work_t = engine.to_device(tensor)
         world = engine.world_size
         guard = self._guard
+        finite = not self.check_finite or _finite.is_finite(tensor)
         if "all_reduce" in guard.checked:
-            parts = guard.check(
+            parts = self._checked_finite(
                 engine,
                 "all_reduce",
                 lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
                 work_t,
                 timeout,
+                finite,
             )
             if parts is not None:
                 reduce_into(work_t, parts, engine_op)
                 return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
+        elif self.check_finite:
+            _finite.agree_finite(engine, "all_reduce", finite, self._serializer, self._slot_size)
         return engine.all_reduce(
             work_t,
             engine_op,
@@ -1142,19 +1180,23 @@ class Communicator:
         world = engine.world_size
         is_dst = engine.rank == dst
         guard = self._guard
+        finite = not self.check_finite or _finite.is_finite(tensor)
         if "reduce" in guard.checked:
-            parts = guard.check(
+            parts = self._checked_finite(
                 engine,
                 "reduce",
                 lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
                 work_t,
                 timeout,
+                finite,
             )
             if parts is not None:
                 if not is_dst:
                     return finished(lambda: None, async_op, [tensor])
                 reduce_into(work_t, parts, engine_op)
                 return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
+        elif self.check_finite:
+            _finite.agree_finite(engine, "reduce", finite, self._serializer, self._slot_size)
         finish = None
         if not is_dst:
             if work_t is tensor:

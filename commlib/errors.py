@@ -92,6 +92,38 @@ def _remote_argument_error(
     return RemoteArgumentError(collective, failures, summary, refused=refused)
 
 
+class NonFiniteError(RemoteError, ValueError):
+    """A rank's tensor holds NaN or Inf before a reduction (``check_finite``); nothing was reduced.
+
+    Raised on every rank alike, naming the ranks and the line that called the
+    collective.
+
+    Attributes:
+        ranks (list[int]): the group ranks whose tensors are not finite.
+        where (str): `` at train.py:88 (step)``, or empty when unknown.
+
+    Examples:
+        >>> err = NonFiniteError("all_reduce", [1], " at train.py:88 (step)")
+        >>> print(err)
+        all_reduce at train.py:88 (step): rank 1 passes NaN or Inf; nothing was reduced
+    """
+
+    def __init__(self, collective: str, ranks: list[int], where: str = ""):
+        self.ranks, self.where = list(ranks), where
+        one = len(self.ranks) == 1
+        who = ("rank " if one else "ranks ") + ", ".join(map(str, self.ranks))
+        who += " passes" if one else " pass"
+        failures = dict.fromkeys(self.ranks, "NaN or Inf")
+        super().__init__(collective, failures, f"{where}: {who} NaN or Inf")
+        self.args = (f"{collective}{where}: {who} NaN or Inf; nothing was reduced",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self):
+        return (type(self), (self.collective, self.ranks, self.where))
+
+
 class CommTimeoutError(CommError, TimeoutError):
     """A collective did not complete within the communicator's timeout."""
 

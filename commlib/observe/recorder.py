@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from commlib._world import default_store
-from commlib.errors import CommError, RemoteArgumentError
+from commlib.errors import CommError, NonFiniteError, RemoteArgumentError
 from commlib.hookspecs import hookimpl
 from commlib.observe import stacks as threads_stacks
 from commlib.observe import trace_files
@@ -286,6 +286,8 @@ def _refused(error: BaseException) -> bool:
     """
     if isinstance(error, RemoteArgumentError):
         return error.refused
+    if isinstance(error, NonFiniteError):
+        return True  # every rank names the ranks and the line: it explains itself
     return isinstance(error, (ValueError, TypeError)) and not isinstance(error, CommError)
 
 

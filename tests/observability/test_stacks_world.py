@@ -155,6 +155,37 @@ def test_statistics_by_op_and_size_with_the_straggler_view(pair, tmp_path, capsy
     assert "stragglers, group" in view and "last to arrive" in view
 
 
+def _finite_checks(comm):
+    """NaN on one rank, on every rank, with the argument check and without it."""
+    from commlib.errors import NonFiniteError
+
+    seen = []
+    for strict in (None, False):  # the check's round (gloo's default), and a round of its own
+        c = Communicator(timeout=60, strict=strict, check_finite=True)
+        for bad in ({1}, {0, 1}, set()):
+            x = torch.tensor([float("nan") if c.rank in bad else 1.0, 2.0])
+            try:
+                c.all_reduce(x)  # the reduction
+                seen.append(x.tolist())
+            except NonFiniteError as exc:
+                seen.append((exc.ranks, str(exc)))
+    return seen
+
+
+def test_a_nan_is_refused_on_every_rank_before_it_spreads(pair):
+    world, _ = pair
+    first, second = world.run(_finite_checks)
+    assert first == second  # every rank raised the same error
+    where = _at("the reduction")
+    for one, both, none in (first[:3], first[3:]):
+        assert one == (
+            [1],
+            f"all_reduce at {where}: rank 1 passes NaN or Inf; nothing was reduced",
+        )
+        assert both[0] == [0, 1] and "ranks 0, 1 pass NaN or Inf" in both[1]
+        assert none == [2.0, 4.0]
+
+
 def _busy(seconds_at_most: float, directory: str) -> int:
     """A loop of the program's own that never reaches the collective in time.
 

@@ -874,11 +874,16 @@ class Engine:
         return group, keep
 
     def grow(
-        self, count: int | None, wait: datetime.timedelta, timeout: datetime.timedelta
+        self,
+        world_ranks: Sequence[int],
+        count: int | None,
+        wait: datetime.timedelta,
+        timeout: datetime.timedelta,
     ) -> int | None:
         """Take the newcomers that asked to join into a new world; this rank's rank there.
 
-        Every member calls it; ``None`` (and nothing changed) when no newcomer
+        Every member calls it (``world_ranks``: the group's, in order); ``None``
+        (and nothing changed) when no newcomer
         asked within ``wait`` (``count``: how many to wait for, at most). Else
         this process's world is replaced by the grown one (every group of the
         old world is destroyed; this one is broken) and the new world formed
@@ -886,7 +891,7 @@ class Engine:
         (:func:`commlib._newcomers.form`).
 
         Examples:
-            >>> engine.grow(1, timedelta(seconds=30), timedelta(seconds=60))  # doctest: +SKIP
+            >>> engine.grow([0, 1], 1, timedelta(30), timedelta(60))  # doctest: +SKIP
             0
         """
         if self.on_call is not None:
@@ -894,7 +899,9 @@ class Engine:
         address = _newcomers.store_address()
         kv = _newcomers.client(address, timeout)
         try:
-            decided = _newcomers.decide(kv, self.world_size, count, wait, self.plugin, timeout)
+            decided = _newcomers.decide(
+                kv, world_ranks, count, wait, self.plugin, timeout, self.timeout
+            )
         except Exception as exc:  # the store's host died (rank 0 with env://)
             raise CommError(f"grow: the job's store failed: {type(exc).__name__}: {exc}") from exc
         if decided is None:
@@ -902,5 +909,6 @@ class Engine:
         name, tickets = decided
         self.health.mark_broken(f"grown into world {name} with {len(tickets)} newcomer(s)")
         size = self.world_size + len(tickets)
-        place = _newcomers.Place(name, self.rank, size, self.plugin.name, timeout.total_seconds())
+        seconds = timeout.total_seconds(), self.timeout.total_seconds()
+        place = _newcomers.Place(name, self.rank, size, self.plugin.name, *seconds)
         return _newcomers.form(self.plugin, kv, place, timeout)

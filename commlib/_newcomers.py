@@ -31,6 +31,7 @@ import datetime
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +55,11 @@ _HOOK_BEFORE_WORLDS = sys.excepthook
 class Place:
     """Where a process stands in a world about to form: its name, this rank, the size.
 
-    ``timeout`` (seconds) is the members' limit for forming it.
+    ``timeout`` (seconds) is the members' limit for forming it; ``limit``
+    their communicator's timeout, which the newcomer's communicator takes.
 
     Examples:
-        >>> Place("w1", 2, 3, "gloo", 60.0).rank
+        >>> Place("w1", 2, 3, "gloo", 60.0, 1800.0).rank
         2
     """
 
@@ -66,6 +68,7 @@ class Place:
     size: int
     plugin: str
     timeout: float
+    limit: float
 
 
 def store_address() -> tuple[str, int]:
@@ -143,7 +146,7 @@ def await_place(kv: Any, ticket: int, timeout: datetime.timedelta) -> Place:
 
     Examples:
         >>> await_place(kv, 1, timedelta(minutes=5))  # doctest: +SKIP
-        Place(world='w1', rank=3, size=4, plugin='gloo', timeout=60.0)
+        Place(world='w1', rank=3, size=4, plugin='gloo', timeout=60.0, limit=1800.0)
     """
     key = f"{_GROW}/ticket/{ticket}/place"
     deadline = time.monotonic() + timeout.total_seconds()
@@ -154,8 +157,8 @@ def await_place(kv: Any, ticket: int, timeout: datetime.timedelta) -> Place:
                 f"{timeout.total_seconds():g} s: the members grow with comm.grow()"
             )
         time.sleep(_POLL)
-    name, rank, size, plugin, limit = kv.get(key).decode().split()
-    return Place(name, int(rank), int(size), plugin, float(limit))
+    name, rank, size, plugin, forming, limit = kv.get(key).decode().split()
+    return Place(name, int(rank), int(size), plugin, float(forming), float(limit))
 
 
 # -- the members' side ---------------------------------------------------------------
@@ -179,26 +182,32 @@ def _waiting(kv: Any, first: int, count: int | None) -> tuple[list[int], int]:
 
 def decide(
     kv: Any,
-    members: int,
+    members: Sequence[int],
     count: int | None,
     wait: datetime.timedelta,
     plugin: Backend,
     timeout: datetime.timedelta,
+    limit: datetime.timedelta,
 ) -> tuple[str, list[int]] | None:
     """Which newcomers join this world's next grow: the new world's name and their tickets.
 
-    Every member calls it with the same arguments; all get the same answer
+    ``members`` are the growing group's ranks in the current world (a group
+    shrink left with the same attempt count meets in another round). Every
+    member calls it with the same arguments; all get the same answer
     (``None``: nobody asked in time). ``count`` newcomers are awaited up to
     ``wait``; ``None`` takes whoever has asked when ``wait`` ends. Each
-    newcomer taken is told its place (and ``timeout``, the limit for forming the world).
+    newcomer taken is told its place, ``timeout`` (the limit for forming the
+    world) and ``limit`` (the members' communicator timeout).
 
     Examples:
-        >>> decide(kv, 3, 1, timedelta(seconds=30), plugin, timedelta(60))  # doctest: +SKIP
+        >>> decide(kv, [0, 1, 2], 1, timedelta(30), plugin, timedelta(60), timedelta(1800))
+        ... # doctest: +SKIP
         ('w1', [1])
     """
     attempt = world.grows
     world.grows += 1
-    decision = f"{_GROW}/round/{world.world_name}/{attempt}"
+    group = ",".join(map(str, members))
+    decision = f"{_GROW}/round/{world.world_name}/{attempt}/{group}"
     deadline = time.monotonic() + wait.total_seconds()
     while not kv.check([decision]):
         ready, after = _waiting(kv, _int(kv, f"{_GROW}/first", 1), count)
@@ -213,11 +222,13 @@ def decide(
     kv.set(f"{_GROW}/first", after_text)
     if not tickets:
         return None
-    size = members + len(tickets)
+    size = len(members) + len(tickets)
     for i, ticket in enumerate(tickets):
         # where the newcomer runs, so the others know at once if it dies while the world forms
-        kv.set(f"{_WORLDS}/{name}/proc/{members + i}", kv.get(f"{_GROW}/ticket/{ticket}"))
-        place = f"{name} {members + i} {size} {plugin.name} {timeout.total_seconds()}"
+        rank = len(members) + i
+        kv.set(f"{_WORLDS}/{name}/proc/{rank}", kv.get(f"{_GROW}/ticket/{ticket}"))
+        seconds = f"{timeout.total_seconds()} {limit.total_seconds()}"
+        place = f"{name} {rank} {size} {plugin.name} {seconds}"
         kv.set(f"{_GROW}/ticket/{ticket}/place", place)
     return name, tickets
 
@@ -285,7 +296,7 @@ def form(plugin: Backend, kv: Any, place: Place, timeout: datetime.timedelta) ->
     raises the same :class:`CommError`. A process left out raises too.
 
     Examples:
-        >>> form(plugin, kv, Place("w1", 3, 4, "gloo", 60.0), timedelta(60))
+        >>> form(plugin, kv, Place("w1", 3, 4, "gloo", 60.0, 1800.0), timedelta(60))
         ... # doctest: +SKIP
         3
     """
@@ -304,9 +315,8 @@ def form(plugin: Backend, kv: Any, place: Place, timeout: datetime.timedelta) ->
             break
         if attempt + 1 == _TRIES:
             break
-        place = Place(
-            f"{place.world}r", there.index(place.rank), len(there), place.plugin, place.timeout
-        )
+        rank, size = there.index(place.rank), len(there)
+        place = Place(f"{place.world}r", rank, size, place.plugin, place.timeout, place.limit)
     raise CommError(
         "grow: the new group did not form (" + "; ".join(tried) + "); this process is not "
         f"in any group now (last failure here: {why})"

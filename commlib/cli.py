@@ -1,4 +1,4 @@
-"""The ``commlib`` command: ``commlib info``, ``bench``, ``trace``, ``stacks`` and ``run``."""
+"""The ``commlib`` command: ``info``, ``bench``, ``trace``, ``stacks``, ``stats`` and ``run``."""
 
 from __future__ import annotations
 

@@ -525,7 +525,7 @@ class Communicator:
             raise TypeError(f"count must be an int or None, got {type(count).__name__}")
         if count is not None and count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
-        waiting = as_timedelta(wait) if wait else datetime.timedelta(0)
+        waiting = (as_timedelta(wait) if wait else None) or datetime.timedelta(0)
         if not self._distributed:
             raise ValueError(
                 "grow needs a distributed job (started with `commlib run`, torchrun or "
@@ -542,7 +542,7 @@ class Communicator:
                 "processes): it cannot take in a newcomer"
             )
         limit = as_timedelta(timeout) or self.timeout
-        if engine.grow(count, waiting or datetime.timedelta(0), limit) is None:
+        if engine.grow(self.ranks, count, waiting, limit) is None:
             return self
         grown = Communicator(
             backend=self.plugin,

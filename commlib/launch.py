@@ -226,8 +226,8 @@ def join(
     rank follows the members' (``comm.world_size - 1`` for the one newcomer
     of a grow; several take the next ranks in the order they asked). The
     backend is the members' (``backend`` overrides it, e.g. a plugin
-    instance); the result is the default communicator, as after
-    :func:`init_dist`.
+    instance), and so is the communicator's timeout; the result is the
+    default communicator, as after :func:`init_dist`.
 
     Examples:
         >>> if commlib.is_newcomer():  # doctest: +SKIP
@@ -244,7 +244,7 @@ def join(
     plugin.setup_device(int(os.environ.get("LOCAL_RANK", 0)))
     forming = datetime.timedelta(seconds=place.timeout)
     _newcomers.form(plugin, _newcomers.client(address, forming), place, forming)
-    comm = Communicator(backend=plugin)
+    comm = Communicator(backend=plugin, timeout=place.limit)
     _communicators.set_default(comm)
     return comm
 

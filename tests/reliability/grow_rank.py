@@ -11,10 +11,13 @@ Scenarios:
 * ``twice``: at steps 2 and 5 the current rank 1 dies (the second time, at
   world 2, it is the first replacement); the survivors shrink, grow back by
   one newcomer, and send it the training state.
-* ``newcomer_dies``: rank 2 dies at step 2; its first replacement dies once it
+* ``mid_grow``: rank 2 dies at step 2; its first replacement dies once it
   has been given its place (mid-grow), so the survivors' grow ends in the
-  smaller group; the second replacement joins the next grow; then a grow that
-  nobody joins within its wait gives the same communicator back.
+  smaller group; the second replacement joins the next grow. At step 5 that
+  one dies; in the grow that follows, survivor 1 dies once the grow is
+  decided: rank 0 and the third replacement form the group of 2, and slot
+  1's replacement joins the next grow. Then a grow that nobody joins within
+  its wait gives the same communicator back.
 * ``two_newcomers``: ranks 2 and 3 die at step 2; the two survivors grow by
   two newcomers at once.
 
@@ -49,12 +52,19 @@ FORM = 3.0  # forming a grown group: a newcomer that died is given up after this
 JOIN_WAIT = 90.0  # how long members wait for a replacement to start (a loaded machine)
 STEPS = 8
 RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+SLOT = int(os.environ["RANK"])  # the launcher's slot: the rank this process started as
 
 
 def log(**record: object) -> None:
-    record.update(pid=os.getpid(), at=time.time(), restart=RESTART)
+    record.update(pid=os.getpid(), at=time.time(), restart=RESTART, slot=SLOT)
     with open(os.path.join(OUT, f"{os.getpid()}.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def die_in_form(*args: object, **kwargs: object) -> None:
+    """Stands in for ``commlib._newcomers.form``: this process dies as the group forms."""
+    log(event="dying", where="forming the grown group")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def checksum(state: dict) -> float:
@@ -63,37 +73,34 @@ def checksum(state: dict) -> float:
 
 def dies(step: int) -> bool:
     """Whether this process dies at ``step``: by its launcher slot and which start of it it is."""
-    slot = int(os.environ["RANK"])
+    slot = SLOT
     if SCENARIO == "twice":  # slot 1's first process at step 2, its replacement at step 5
         return slot == 1 and (step, RESTART) in ((2, 0), (5, 1))
-    if SCENARIO == "newcomer_dies":
-        return slot == 2 and step == 2 and RESTART == 0
+    if SCENARIO == "mid_grow":  # slot 2's first process at step 2, its second at step 5
+        return slot == 2 and (step, RESTART) in ((2, 0), (5, 2))
     return slot in (2, 3) and step == 2 and RESTART == 0
 
 
 def grow_back(comm: commlib.Communicator, lost: int, state: dict) -> commlib.Communicator:
     """The members' side: grow by ``lost`` newcomers, send them the state."""
-    before = comm.world_size
-    started = time.time()
-    comm = comm.grow(count=lost, wait=JOIN_WAIT, timeout=FORM)
-    log(
-        event="grow",
-        size_before=before,
-        size_after=comm.world_size,
-        started=started,
-        ended=time.time(),
-    )
-    if comm.world_size > before:
-        comm.broadcast_object(state, src=0)
+    before, started = comm.world_size, time.time()
+    if SCENARIO == "mid_grow" and SLOT == 1 and RESTART == 0 and state["step"] == 5:
+        # survivor 1 dies once this grow is decided: the others form the group without it
+        _newcomers.form = die_in_form  # type: ignore[assignment]
+    grown = comm.grow(count=lost, wait=JOIN_WAIT, timeout=FORM)
+    size_after, ended = grown.world_size, time.time()
+    log(event="grow", size_before=before, size_after=size_after, started=started, ended=ended)
+    if grown is not comm:  # a new group (a newcomer in it, or a smaller one after a failure)
+        grown.broadcast_object(state, src=0)
         log(event="state", step=state["step"], checksum=checksum(state))
-    return comm
+    return grown
 
 
 def main() -> None:
     if commlib.is_newcomer():
-        if SCENARIO == "newcomer_dies" and RESTART == 1:
+        if SCENARIO == "mid_grow" and SLOT == 2 and RESTART == 1:
             # dies once it has its place: the members are forming the group with it
-            _newcomers.form = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+            _newcomers.form = die_in_form  # type: ignore[assignment]
         log(event="asked")
         comm = commlib.join(timeout=JOIN_WAIT)
         state = comm.broadcast_object(None, src=0)
@@ -105,6 +112,12 @@ def main() -> None:
         state = {"step": 0, "w": torch.zeros(4)}
     full = int(os.environ["WORLD_SIZE"])
     while state["step"] < STEPS:
+        if comm.world_size < full:  # every member, a newcomer that just joined too
+            grown = grow_back(comm, full - comm.world_size, state)
+            if grown is comm:  # nobody came: go on smaller
+                full = comm.world_size
+            comm = grown
+            continue  # once more if someone died while it grew
         step = state["step"]
         if dies(step):
             log(event="dying", rank=comm.rank, step=step)
@@ -115,13 +128,10 @@ def main() -> None:
         except CommError:
             comm = comm.shrink(timeout=TIMEOUT)
             log(event="shrunk", size=comm.world_size)
-            comm = grow_back(comm, full - comm.world_size, state)
-            if comm.world_size < full:  # a newcomer died while joining: once more
-                comm = grow_back(comm, full - comm.world_size, state)
-            continue  # the step again, with everyone
+            continue  # grow back, then the step again with everyone
         state["w"] += grad / comm.world_size
         state["step"] = step + 1
-    if SCENARIO == "newcomer_dies":
+    if SCENARIO == "mid_grow":
         started = time.time()
         same = comm.grow(count=1, wait=1.0, timeout=FORM)
         log(event="nobody", same=same is comm, started=started, ended=time.time())

@@ -3,8 +3,9 @@
 Each test is one ``commlib run`` (the way docs/reliability.md starts a job),
 in this process as the command runs it, of ``grow_rank.py`` with short
 timeouts: kill, shrink and grow back twice in a row (world 2, gloo); a
-replacement that dies while the group forms with it, then a grow nobody joins
-(world 3, gloo); two replacements at once (world 4, the simulated hccl
+replacement that dies while the group forms with it, then a survivor that
+dies while the group forms, then a grow nobody joins (world 3, gloo); two
+replacements at once (world 4, the simulated hccl
 plugin over gloo). The training state the members send each newcomer must
 match theirs, and every process that was not killed must exit 0 (the launcher
 too). Then the training loop of docs/reliability.md itself, at world 4 on
@@ -73,7 +74,7 @@ def _check_ends(records: dict[int, list[dict]], world: int) -> None:
     assert sorted(d["rank"] for d in done) == list(range(world))
     assert all(d["size"] == world and d["agree"] for d in done)
     for lines in records.values():
-        assert lines[-1]["event"] in ("done", "dying", "asked"), lines  # "asked": died joining
+        assert lines[-1]["event"] in ("done", "dying"), lines
 
 
 def _check_states(records: dict[int, list[dict]]) -> None:
@@ -104,25 +105,30 @@ def test_kill_shrink_grow_twice(capfd, tmp_path, world):
     print("grow, 1 newcomer (s):", [round(_grow_seconds(records, g), 3) for g in grows])
 
 
-def test_newcomer_dies_mid_grow_then_nobody_joins(capfd, tmp_path):
-    records = _launch(capfd, tmp_path, "newcomer_dies", 3, restarts=2, killed=2)
-    grows = _events(records, "grow")
-    # on both survivors: the grow whose newcomer died gives the clean group of two,
-    # the next one takes the second replacement
-    assert sorted((g["size_before"], g["size_after"]) for g in grows) == [
-        (2, 2),
-        (2, 2),
-        (2, 3),
-        (2, 3),
+def test_a_newcomer_then_a_survivor_die_mid_grow_then_nobody_joins(capfd, tmp_path):
+    records = _launch(capfd, tmp_path, "mid_grow", 3, restarts=4, killed=4)
+    first = [
+        r for lines in records.values() for r in lines if r["slot"] == 0 and r["restart"] == 0
     ]
-    failed = [g for g in grows if g["size_after"] == 2]
+    grows = [g for g in first if g["event"] == "grow"]
+    # rank 0 throughout: the newcomer that died leaves the group of two; the next one
+    # joins; then survivor 1 dies in the grow: rank 0 and that grow's newcomer form
+    # the group of two, and survivor 1's replacement joins the next grow
+    assert [(g["size_before"], g["size_after"]) for g in grows] == [(2, 2), (2, 3), (2, 2), (2, 3)]
     nobody = _events(records, "nobody")
     assert len(nobody) == 3 and all(n["same"] for n in nobody)
     _check_states(records)
     _check_ends(records, 3)
+    asked = {(a["slot"], a["restart"]): a["at"] for a in _events(records, "asked")}
+
+    def cost(grow: dict, newcomer: tuple[int, int]) -> float:  # from that grow's newcomer's ask
+        return round(grow["ended"] - max(grow["started"], asked[newcomer]), 3)
+
     print(
-        "failed grow (s, from the newcomer's ask):",
-        [round(_grow_seconds(records, g), 3) for g in failed],
+        "failed grows (s): newcomer died",
+        cost(grows[0], (2, 1)),
+        "| survivor died",
+        cost(grows[2], (2, 3)),
         "| grow nobody joins, wait=1 s (s):",
         [round(n["ended"] - n["started"], 3) for n in nobody],
     )

@@ -26,6 +26,7 @@ import atexit
 import datetime
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,8 +57,6 @@ def mpi() -> Any:
         return module
     with _lock:
         if "MPI" not in _loaded:
-            import sys
-
             import mpi4py
 
             if "mpi4py.MPI" not in sys.modules:
@@ -78,7 +77,10 @@ def mpi() -> Any:
 def start_mpi() -> Any:
     """Start MPI if nothing has yet (thread level ``MULTIPLE``); return the ``MPI`` module.
 
-    MPI started here is finalized at exit, after commlib's own teardown.
+    MPI started here is finalized at exit, after commlib's own teardown. A
+    process that ends with an uncaught exception aborts the MPI job instead
+    (as ``python -m mpi4py`` does): its peers may be inside a collective that
+    waits for it, and ``MPI_Finalize`` would wait for them.
 
     Examples:
         >>> start_mpi().Is_initialized()  # doctest: +SKIP
@@ -88,7 +90,25 @@ def start_mpi() -> Any:
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         atexit.register(_finalize)
+    if "abort_hook" not in _loaded:
+        _loaded["abort_hook"] = sys.excepthook
+        sys.excepthook = _note_uncaught
+        # registered after MPI's own finalize (ours or mpi4py's), so it runs first
+        atexit.register(_abort_after_uncaught)
     return MPI
+
+
+def _note_uncaught(kind: Any, value: Any, tb: Any) -> None:
+    _loaded["uncaught"] = True
+    _loaded["abort_hook"](kind, value, tb)
+
+
+def _abort_after_uncaught() -> None:
+    MPI = _loaded["MPI"]
+    if _loaded.get("uncaught") and MPI.Is_initialized() and not MPI.Is_finalized():
+        if MPI.COMM_WORLD.Get_size() > 1:
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)  # the launcher ends the other ranks
 
 
 def _finalize() -> None:

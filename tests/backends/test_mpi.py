@@ -240,3 +240,36 @@ def test_bench_starts_its_ranks_with_mpiexec_and_compares_with_torch_on_its_engi
     assert [(r["backend"], r["torch_backend"], r["world_size"]) for r in rows] == [
         ("mpi", "gloo", 2)
     ]
+
+
+_UNCAUGHT = """
+import torch, commlib
+from commlib import plugins
+try:
+    plugins.resolve_backend("mpi")
+except ValueError:
+    from commlib_backends.mpi import MPIBackend
+    commlib.register_backend(MPIBackend)
+commlib.init_dist("mpi", timeout=600)
+comm = commlib.get_communicator()
+if comm.rank == 1:
+    raise RuntimeError("rank 1 fails outside any collective")
+comm.all_reduce(torch.ones(2))  # rank 0 waits here for a rank that will never come
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_uncaught_error_in_one_rank_ends_the_mpi_job(tmp_path):
+    if _REASON is not None:
+        pytest.skip(f"mpi cannot run here: {_REASON}")
+    script = tmp_path / "uncaught.py"
+    script.write_text(_UNCAUGHT)
+    # without the abort, rank 1's MPI_Finalize and rank 0's all_reduce wait for each
+    # other until the 600 s timeout: the 150 s limit here fails the test instead
+    done = subprocess.run(
+        [*_plugin().launch_command(2), sys.executable, str(script)],
+        capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "rank 1 fails outside any collective" in done.stderr + done.stdout

@@ -259,6 +259,7 @@ def _four(comm, directory):
     c.all_reduce(torch.ones(4))  # ranks 0 and 2
 
 
+@pytest.mark.slow  # a world of its own: the killed rank ends it
 def test_four_ranks_one_in_a_loop_one_killed(tmp_path):
     with World(
         4, timeout=90, pg_timeout=30, setup=functools.partial(_trace_into, str(tmp_path))

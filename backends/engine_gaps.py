@@ -230,7 +230,8 @@ class EngineGaps(Backend):
         Small tensors (``small_exchange_bytes``) and what the library cannot
         reduce take the gather.
         """
-        small = self.exchanges_small(tensor, group)
+        # no call to exchanges_small where the backend never exchanges small ones
+        small = self.small_exchange_bytes is not None and self.exchanges_small(tensor, group)
         if not small and self.reduces_natively(op, tensor.dtype):
             return super().all_reduce(tensor, op, group, async_op)
         if not tensor.numel():
@@ -359,7 +360,11 @@ class EngineGaps(Backend):
         Small tensors (``small_exchange_bytes``) and what the library cannot
         reduce take the gather.
         """
-        small = self.native_gather and self.exchanges_small(tensor, group)
+        small = (
+            self.native_gather
+            and self.small_exchange_bytes is not None
+            and self.exchanges_small(tensor, group)
+        )
         if not small and self.reduces_natively(op, tensor.dtype):
             return super().reduce(tensor, dst, op, group, async_op)
         if not tensor.numel():

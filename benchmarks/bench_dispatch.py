@@ -146,7 +146,10 @@ def layers(op: str, world: int, calls: int, trials: int) -> None:
     Each layer's figure is the median of ``trials`` blocks of ``calls``
     calls, the layers taking turns in an order that rotates each block (as
     the dispatch kind's sides do), the collector off inside a block. Each
-    line adds one layer to the one above it (torch's own call aside).
+    line adds one layer to the one above it (torch's own call aside). Times
+    are the process's CPU time, not the clock's: what the calls cost,
+    whatever else a shared machine runs meanwhile (on a quiet machine the two
+    agree; a wait on another thread counts only its CPU).
     """
     with fake_world(world, dispatch_plugin(backend_plugin(None))) as comm:
         calls_of = _layer_calls(comm, op)
@@ -161,12 +164,12 @@ def layers(op: str, world: int, calls: int, trials: int) -> None:
             for name in names[k:] + names[:k]:
                 call = calls_of[name]
                 gc.disable()
-                start = time.perf_counter_ns()
+                start = time.process_time_ns()
                 for _ in range(calls):
                     call()
-                times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
+                times[name].append((time.process_time_ns() - start) / calls / 1e3)
                 gc.enable()
-    print(f"\n{op}, world {world}: us per call, median (lowest-highest) of {trials} blocks")
+    print(f"\n{op}, world {world}: CPU us per call, median (lowest-highest) of {trials} blocks")
     print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
     for name in names:
         got = sorted(times[name])

@@ -907,6 +907,7 @@ class Engine:
         if decided is None:
             return None
         name, tickets = decided
+        _newcomers.note_members(kv, name, _survivors.records(world_ranks))
         self.health.mark_broken(f"grown into world {name} with {len(tickets)} newcomer(s)")
         size = self.world_size + len(tickets)
         seconds = timeout.total_seconds(), self.timeout.total_seconds()

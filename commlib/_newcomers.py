@@ -233,6 +233,20 @@ def decide(
     return name, tickets
 
 
+def note_members(kv: Any, world_name: str, records: Sequence[str | None]) -> None:
+    """Leave where the members run (their old ranks' records) in the new world's room.
+
+    A member that dies before it starts the new world is then known dead at
+    once on its machine, as a newcomer is, instead of by the timeout.
+
+    Examples:
+        >>> note_members(kv, "w1", ["<machine> 4242", None])  # doctest: +SKIP
+    """
+    for rank, record in enumerate(records):
+        if record is not None:
+            kv.set(f"{_WORLDS}/{world_name}/proc/{rank}", record)
+
+
 # -- every process of the new world --------------------------------------------------
 def _let_go() -> None:
     """Destroy this process's old world (every group of it) before it joins the new one."""

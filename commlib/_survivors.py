@@ -135,6 +135,27 @@ def ended(world_ranks: Sequence[int]) -> list[int]:
         return []
 
 
+def records(world_ranks: Sequence[int]) -> list[str | None]:
+    """The process records (:func:`process_record`) the world's ranks left; ``None`` where none.
+
+    Examples:
+        >>> records([0, 1])  # doctest: +SKIP
+        ['<boot>/pid:[4026531836] 4242', '<boot>/pid:[4026531836] 4243']
+    """
+    kv = store()
+    if kv is None:
+        return [None] * len(world_ranks)
+    found: list[str | None] = []
+    try:
+        for world_rank in world_ranks:
+            key = f"commlib/proc/{world_rank}"
+            found.append(kv.get(key).decode() if kv.check([key]) else None)
+    except Exception as exc:  # the store is gone: nothing to tell by
+        _world.store_failed(exc)
+        return [None] * len(world_ranks)
+    return found
+
+
 def _ranks(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 

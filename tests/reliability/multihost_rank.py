@@ -10,11 +10,11 @@ Usage (torchrun supplies RANK, WORLD_SIZE, MASTER_ADDR, ...; the test supplies
 ``conformance`` runs every collective once across the hosts and writes what it
 observed to ``OUTDIR/rank<R>.json``; the test holds the expected values.
 ``fault`` loops over collectives (writing ``alive-<R>`` once it is in the loop)
-until one raises, because the test killed the other host; it then writes the
+until one raises, because the test cut off the other host; it then writes the
 exception and the seconds it took to ``OUTDIR/rank<R>.json`` and re-raises, as a
-training script would. ``shrink`` loops the same way, but when a collective
-fails the surviving ranks shrink their communicator and check every collective
-on the survivors, then exit normally.
+training script would. ``shrink`` loops and records the error the same way, but
+then the surviving ranks shrink their communicator and check every collective
+on the survivors, and exit normally.
 """
 
 from __future__ import annotations
@@ -129,10 +129,13 @@ def conformance(outdir: str) -> dict:
     return out
 
 
-def fault(outdir: str) -> None:
-    dist.init_dist("pytorch", timeout=TIMEOUT)
-    comm = Communicator(timeout=TIMEOUT)
-    rank, host = comm.rank, int(os.environ["MH_HOST"])
+def _until_it_fails(comm: Communicator, outdir: str, record: dict) -> BaseException | None:
+    """Loop over collectives until one raises (the test kills or cuts off the other host).
+
+    Writes ``alive-<R>`` once in the loop; puts what was raised, where and when
+    into ``record``, and returns the exception (None if none came in time).
+    """
+    rank = comm.rank
     # 256 KiB per rank: large enough that a kill is likely to land mid-transfer
     payload = {"rank": rank, "blob": big_array(rank, 256 << 10)}
     steps = [
@@ -142,7 +145,6 @@ def fault(outdir: str) -> None:
         ("all_reduce_mean", lambda: comm.all_reduce(torch.ones(8), op="mean")),
     ]
     iterations, current, started = 0, "", time.monotonic()
-    record: dict = {"rank": rank, "host": host}
     give_up = time.monotonic() + 120  # never loop forever if the kill never comes
     try:
         while time.monotonic() < give_up:
@@ -152,11 +154,7 @@ def fault(outdir: str) -> None:
             iterations += 1
             if iterations == 3:
                 open(os.path.join(outdir, f"alive-{rank}"), "w").close()
-        record.update(outcome="finished without error", iterations=iterations)
-        _write(outdir, rank, record)
-        return
     except Exception as exc:
-        raised_at = time.time()
         record.update(
             outcome="raised",
             collective=current,
@@ -169,19 +167,32 @@ def fault(outdir: str) -> None:
             cause_type=None if exc.__cause__ is None else type(exc.__cause__).__qualname__,
             message=str(exc)[:2000],
             seconds=time.monotonic() - started,
-            raised_at=raised_at,
+            raised_at=time.time(),
         )
-        _write(outdir, rank, record)
-        open(os.path.join(outdir, f"done-h{host}-r{rank}"), "w").close()
-        # torchrun stops the other local workers as soon as one exits with an
-        # error: wait (briefly) until this host's ranks have all written theirs
-        deadline = time.monotonic() + 3 * TIMEOUT
-        local = dist.get_local_size()
-        while time.monotonic() < deadline:
-            if len(glob.glob(os.path.join(outdir, f"done-h{host}-r*"))) >= local:
-                break
-            time.sleep(0.05)
-        raise
+        return exc
+    record.update(outcome="finished without error", iterations=iterations)
+    return None
+
+
+def fault(outdir: str) -> None:
+    dist.init_dist("pytorch", timeout=TIMEOUT)
+    comm = Communicator(timeout=TIMEOUT)
+    rank, host = comm.rank, int(os.environ["MH_HOST"])
+    record: dict = {"rank": rank, "host": host}
+    exc = _until_it_fails(comm, outdir, record)
+    _write(outdir, rank, record)
+    if exc is None:
+        return
+    open(os.path.join(outdir, f"done-h{host}-r{rank}"), "w").close()
+    # torchrun stops the other local workers as soon as one exits with an
+    # error: wait (briefly) until this host's ranks have all written theirs
+    deadline = time.monotonic() + 3 * TIMEOUT
+    local = dist.get_local_size()
+    while time.monotonic() < deadline:
+        if len(glob.glob(os.path.join(outdir, f"done-h{host}-r*"))) >= local:
+            break
+        time.sleep(0.05)
+    raise exc
 
 
 def shrink(outdir: str) -> None:
@@ -191,17 +202,10 @@ def shrink(outdir: str) -> None:
     comm = Communicator(timeout=TIMEOUT)
     rank = comm.rank
     record: dict = {"rank": rank, "host": int(os.environ["MH_HOST"])}
-    iterations = 0
-    give_up = time.monotonic() + 120
-    try:
-        while time.monotonic() < give_up:
-            comm.all_reduce(torch.ones(1024))
-            comm.all_gather_object({"rank": rank, "blob": big_array(rank, 64 << 10)})
-            iterations += 1
-            if iterations == 3:
-                open(os.path.join(outdir, f"alive-{rank}"), "w").close()
-    except CommError as exc:
-        record.update(error_type=type(exc).__name__, raised_at=time.time())
+    exc = _until_it_fails(comm, outdir, record)
+    if not isinstance(exc, CommError):  # no error, or not commlib's: the test says which
+        _write(outdir, rank, record)
+        return
     started = time.monotonic()
     survivors = comm.shrink(timeout=TIMEOUT)
     record.update(

@@ -26,16 +26,17 @@ Scenarios:
 
 * conformance: every collective and helper, with peers on the other host, and
   each rank's observations checked against the expected values here.
-* shrink: host 1 is killed mid-loop; host 0's ranks shrink their communicator
-  to the two of them (the rendezvous store lives in host 0's torchrun agent)
-  and check every collective on it, then exit normally.
 * a host is killed mid-loop: SIGKILL to everything in host 1's namespace (its
   torchrun agent's process group, and the workers, which torchrun starts in
-  sessions of their own). ``kill``: the kernel closes host 1's sockets, so
-  host 0's ranks see the connections drop. ``vanish``: host 1's link goes down
-  first (a power cut, a pulled cable): nothing tells host 0, so its ranks can
-  only notice by their communicator timeout. Either way each surviving rank
-  must raise within the timeout (plus a little) and nothing may hang.
+  sessions of their own). ``kill`` (the shrink test): the kernel closes host
+  1's sockets, so host 0's ranks see the connections drop; they then shrink
+  their communicator to the two of them (the rendezvous store lives in host
+  0's torchrun agent), check every collective on it and exit normally.
+  ``vanish``: host 1's link goes down first (a power cut, a pulled cable):
+  nothing tells host 0, so its ranks can only notice by their communicator
+  timeout; they re-raise, and host 0's torchrun must end by itself. Either way
+  each surviving rank must raise a commlib error within the timeout (plus a
+  little) and nothing may hang.
 
 The tests skip, with the reason, where namespaces cannot be made (not root,
 no ``ip`` from iproute2, no netns/veth/bridge support): the check tries it.
@@ -325,9 +326,39 @@ def _wait_for(paths: list[Path], agents: list[subprocess.Popen], limit: float) -
         time.sleep(0.05)
 
 
+def _check_raised(s: dict, how: str, killed_at: float, outdir: Path) -> None:
+    """A survivor's error after host 1 was killed (``kill``) or cut off (``vanish``)."""
+    detail = f"{s}\n{_logs(outdir)}"
+    assert s["outcome"] in ("raised", "shrunk"), detail
+    # every engine failure, tensor or object collective, comes out as a commlib error
+    assert s["is_comm_error"], detail
+    assert s["seconds"] <= TIMEOUT + SLACK, detail
+    assert s["raised_at"] - killed_at <= TIMEOUT + SLACK, detail
+    if s["is_timeout_error"]:
+        # the dead host's ranks never reach the store, so they are named
+        assert f"did not complete within {TIMEOUT:g}s" in s["message"], detail
+        for r in range(NPROC, WORLD):
+            assert f"rank {r}: did not arrive" in s["message"], detail
+    if how == "vanish":
+        # nobody told host 0: only the communicator's timeout ends the wait (its own,
+        # or a host-0 peer's that closes the connection as it gives up)
+        assert s["is_timeout_error"] or "closed by peer" in s["message"], detail
+        assert s["seconds"] >= TIMEOUT - 1, detail
+
+
+def _report(what: str, survivors: list[dict], killed_at: float) -> str:
+    return ", ".join(
+        f"rank {s['rank']}: {s.get('error_type')} in {s.get('collective')} after "
+        f"{s.get('seconds', float('nan')):.2f}s ({s.get('raised_at', 0) - killed_at:.2f}s "
+        f"after the {what})"
+        for s in survivors
+    )
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("how", ["kill", "vanish"])
-def test_surviving_host_fails_cleanly(topology, tmp_path, how):
+def test_surviving_host_fails_cleanly_when_the_other_vanishes(topology, tmp_path):
+    # a kill of the other host is test_survivors_shrink_across_hosts' fault: the
+    # survivors raise as here, then shrink; here they re-raise and torchrun must end
     rdzv_id = uuid.uuid4().hex
     agents = [topology.torchrun(h, "fault", tmp_path, rdzv_id) for h in range(HOSTS)]
     try:
@@ -335,9 +366,8 @@ def test_surviving_host_fails_cleanly(topology, tmp_path, how):
     except AssertionError as exc:
         pytest.fail(f"{exc}\n{_logs(tmp_path)}")
 
-    if how == "vanish":
-        # no FIN or RST will reach host 0: the link is gone before the processes are
-        _ip("-n", topology.hosts[1], "link", "set", IFACE, "down")
+    # no FIN or RST will reach host 0: the link is gone before the processes are
+    _ip("-n", topology.hosts[1], "link", "set", IFACE, "down")
     killed_at = time.time()
     topology.kill_host(1)
 
@@ -347,36 +377,19 @@ def test_surviving_host_fails_cleanly(topology, tmp_path, how):
     except subprocess.TimeoutExpired:
         pytest.fail(f"host 0 still running {EXIT_WITHIN:g}s after the kill\n{_logs(tmp_path)}")
     survivors = [_read(tmp_path, r) for r in range(NPROC)]
-    report = ", ".join(
-        f"rank {s['rank']}: {s.get('error_type')} in {s.get('collective')} after "
-        f"{s.get('seconds', float('nan')):.2f}s ({s.get('raised_at', 0) - killed_at:.2f}s "
-        "after the kill)"
-        for s in survivors
-    )
-    print(f"\n[multihost] {how}: host 0 torchrun exit {rc}; {report}")
+    report = _report("cut", survivors, killed_at)
+    print(f"\n[multihost] vanish: host 0 torchrun exit {rc}; {report}")
     for s in survivors:
-        detail = f"{s}\n{_logs(tmp_path)}"
-        assert s["outcome"] == "raised", detail
-        # every engine failure, tensor or object collective, comes out as a commlib error
-        assert s["is_comm_error"], detail
-        assert s["seconds"] <= TIMEOUT + SLACK, detail
-        assert s["raised_at"] - killed_at <= TIMEOUT + SLACK, detail
-        if s["is_timeout_error"]:
-            # the dead host's ranks never reach the store, so they are named
-            assert f"did not complete within {TIMEOUT:g}s" in s["message"], detail
-            for r in range(NPROC, WORLD):
-                assert f"rank {r}: did not arrive" in s["message"], detail
-        if how == "vanish":
-            # nobody told host 0: only the communicator's timeout ends the wait (its own,
-            # or a host-0 peer's that closes the connection as it gives up)
-            assert s["is_timeout_error"] or "closed by peer" in s["message"], detail
-            assert s["seconds"] >= TIMEOUT - 1, detail
+        assert s["outcome"] == "raised", s
+        _check_raised(s, "vanish", killed_at, tmp_path)
     # the workers re-raised: torchrun reports the failure rather than success
     assert rc != 0, _logs(tmp_path)
 
 
 @pytest.mark.timeout(150)
 def test_survivors_shrink_across_hosts(topology, tmp_path):
+    # host 1 is SIGKILLed (the kernel closes its sockets): host 0's ranks raise a
+    # commlib error in time, as when it vanishes, then shrink to the two of them
     rdzv_id = uuid.uuid4().hex
     agents = [topology.torchrun(h, "shrink", tmp_path, rdzv_id) for h in range(HOSTS)]
     try:
@@ -394,15 +407,13 @@ def test_survivors_shrink_across_hosts(topology, tmp_path):
             break
         time.sleep(0.1)
     survivors = [_read(tmp_path, r) for r in range(NPROC)]
-    report = ", ".join(
-        f"rank {s['rank']}: {s.get('error_type')} {s.get('raised_at', 0) - killed_at:.2f}s "
-        f"after the kill, shrink {s.get('shrink_seconds', float('nan')):.3f}s"
-        for s in survivors
-    )
-    print(f"\n[multihost] shrink: {report}")
+    report = _report("kill", survivors, killed_at)
+    shrinks = ", ".join(f"{s.get('shrink_seconds', float('nan')):.3f}s" for s in survivors)
+    print(f"\n[multihost] kill: {report}; shrink {shrinks}")
     for new_rank, s in enumerate(survivors):
         detail = f"{s}\n{_logs(tmp_path)}"
         assert "error" not in s, detail
+        _check_raised(s, "kill", killed_at, tmp_path)
         assert s["outcome"] == "shrunk" and s["checked"], detail
         got = (s["new_rank"], s["new_world"], s["world_ranks"])
         assert got == (new_rank, NPROC, [0, 1]), survivors

@@ -20,6 +20,11 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# Ranks fork from a server that imported torch once, instead of each importing it
+# (seconds per rank, most of a world's start on 2 cores): every world the tests and
+# the conformance kit start, the ones that must start afresh after a fault too
+World.default_start_method = "forkserver"
+
 _worlds: dict[int, World] = {}
 
 

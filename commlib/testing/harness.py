@@ -1,7 +1,8 @@
 """A multi-rank test harness: start N local ranks once, run many functions on them.
 
 Starting torch processes costs seconds; tests should not pay it per test.
-:class:`World` starts its ranks once (``spawn``), joins them into a process
+:class:`World` starts its ranks once (``spawn``, or forked from a server that
+imported torch once: ``start_method="forkserver"``), joins them into a process
 group through a ``TCPStore`` the parent owns on 127.0.0.1 (the OS picks the
 port, so there is no race for a free one), and then runs functions on every
 rank on request. Each run has a timeout: a hung collective kills the world's
@@ -74,9 +75,25 @@ class RankFailed(AssertionError):
         super().__init__("ranks failed:\n" + "\n".join(parts))
 
 
+#: what a forkserver imports once, before it forks any rank: torch's import is most
+#: of a rank's start
+_PRELOAD = ["torch", "torch.distributed"]
+
+
 def _worker(
-    rank: int, size: int, port: int, backend: str, setup: Any, conn: Any, pg_timeout: float
+    rank: int,
+    size: int,
+    port: int,
+    backend: str,
+    setup: Any,
+    conn: Any,
+    pg_timeout: float,
+    environ: dict[str, str],
 ) -> None:
+    # the parent's environment at start(): a forked rank would otherwise have the
+    # forkserver's, as it was when the server started
+    os.environ.clear()
+    os.environ.update(environ)
     try:
         # as torchrun does: N ranks on few cores must not each spin up a thread pool
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -240,7 +257,19 @@ class World:
             the backend's own launcher starts the ranks
             (:meth:`~commlib.Backend.launch_command`), right after it started.
         pg_timeout: torch.distributed's own timeout inside the ranks.
+        start_method: how the ranks' processes start (unless the backend has a
+            launcher of its own): ``"spawn"``, a fresh interpreter each, or
+            ``"forkserver"``, forked from a server process that imported torch
+            once (started with the first such world, kept until this process
+            exits), so a rank starts in a fraction of the time. Either way a
+            rank gets this process's environment as it is at :meth:`start`;
+            torch itself was imported in the server with the environment of
+            then. ``None``: :attr:`default_start_method`.
     """
+
+    #: the ``start_method`` of worlds made without one; a test suite may set it once
+    #: (commlib's own tests/conftest.py sets ``"forkserver"``)
+    default_start_method = "spawn"
 
     def __init__(
         self,
@@ -249,9 +278,17 @@ class World:
         timeout: float = 60.0,
         setup: Callable[[int, int], None] | None = None,
         pg_timeout: float = 30.0,
+        start_method: str | None = None,
     ):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
+        method = start_method or self.default_start_method
+        if method not in ("spawn", "forkserver") or method not in mp.get_all_start_methods():
+            raise ValueError(
+                f"start_method must be 'spawn' or 'forkserver' (where this platform has it), "
+                f"got {method!r}"
+            )
+        self.start_method = method
         self.size, self.backend, self.timeout = size, backend, timeout
         self.setup, self.pg_timeout = setup, pg_timeout
         self._procs: list[Any] = []
@@ -270,7 +307,9 @@ class World:
         command = self._launch_command()
         if command is not None:
             return self._start_launched(command)
-        ctx = mp.get_context("spawn")
+        ctx: Any = mp.get_context(self.start_method)  # a SpawnContext or a ForkServerContext
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload(_PRELOAD)  # no effect once the server runs
         self._store = dist.TCPStore(
             "127.0.0.1",
             0,
@@ -293,6 +332,7 @@ class World:
                     self.setup,
                     child,
                     self.pg_timeout,
+                    dict(os.environ),
                 ),
             )
             proc.start()

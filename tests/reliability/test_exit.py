@@ -24,8 +24,9 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-# slow: each test starts its ranks as fresh processes and waits for them to exit
-pytestmark = pytest.mark.slow
+# slow: each test starts its ranks as fresh processes and waits for them to exit; the
+# limit lets a run's own deadline (START + 3 * TIMEOUT + EXIT_WITHIN) speak first
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 
 SCRIPT = Path(__file__).with_name("fault_rank.py")
 ROOT = SCRIPT.parents[2]

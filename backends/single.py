@@ -35,7 +35,9 @@ class SingleBackend(Backend):
     def init_process_group(self, **kwargs: Any) -> None:
         raise ValueError("the 'single' backend runs without a process group; nothing to init")
 
-    def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Any:
+    def new_group(
+        self, ranks: Sequence[int], timeout: datetime.timedelta | None = None, **how: Any
+    ) -> Any:
         if list(ranks) != [0]:
             raise ValueError(f"a single-process world has only rank 0, got ranks {list(ranks)}")
         return None

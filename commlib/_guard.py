@@ -87,9 +87,9 @@ OBJECT_ROUNDS = frozenset(
 )
 # fixed-size first rounds: checked only in strict mode (the guard checks what the
 # engine would abort on)
-_UNSIZED = frozenset({"barrier", "all_gather", "all_gather_shapes"})
+_UNSIZED = frozenset({"barrier", "all_gather", "all_gather_shapes", "gather"})
 # first rounds of every rank's shape (commlib._ragged)
-_RAGGED = frozenset({"all_gather", "all_gather_shapes"})
+_RAGGED = frozenset({"all_gather", "all_gather_shapes", "gather"})
 # which collectives each mode checks
 _CHECKED_IN: dict[str, frozenset[str]] = {
     "strict": CHECKED_ROUNDS,

@@ -206,14 +206,17 @@ def broadcast(
 
     Leaves that are not tensors (numbers, strings, anything picklable) are
     ``src``'s on every rank, in the result; the others may pass anything there.
+    A value or structure without tensors is ``src``'s object, whatever the
+    others pass (``None``, as ignite's ``safe_mode``).
 
     Examples:
         >>> broadcast(comm, {"step": 3, "w": torch.ones(2)}, 0)
         {'step': 3, 'w': tensor([1., 1.])}
     """
-    if not _trees.is_container(data) and not async_op:
-        return comm.broadcast_object(data, src, timeout=timeout)  # it refuses a bad src itself
     found = _trees.leaves(data)
+    if not async_op and not any(isinstance(v, torch.Tensor) for _, v in found):
+        # no tensor to write in place: src's object (the others may pass None, as ignite's)
+        return comm.broadcast_object(data, src, timeout=timeout)  # it refuses a bad src itself
     tensors = [i for i, (_, v) in enumerate(found) if isinstance(v, torch.Tensor)]
     try:
         if async_op:
@@ -286,9 +289,9 @@ def all_gather(comm: Any, data: Any, timeout: Any = None) -> list[Any]:
         >>> all_gather(comm, {"ids": torch.arange(2), "name": "a"})
         [{'ids': tensor([0, 1]), 'name': 'a'}]
     """
-    if not _trees.is_container(data):
-        return comm.all_gather_object(data, timeout=timeout)
     found = _trees.leaves(data)
+    if not any(isinstance(v, torch.Tensor) for _, v in found):
+        return comm.all_gather_object(data, timeout=timeout)  # nothing to pack: one object round
     refused = None
     try:
         for path, value in found:

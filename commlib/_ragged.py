@@ -38,7 +38,8 @@ assert _HEADER_BYTES == HEADER
 # gathered slots up to this many bytes land in a bytearray, larger ones in torch.empty
 _ZEROED_UP_TO = 64 << 10
 _HEADS = struct.Struct(f"<{_HEADER}q")
-_FIELDS = [struct.Struct(f"<{n}q") for n in range(4 + MAX_DIMS + 1)]
+_FIELDS = [struct.Struct(f"<{n}q") for n in range(_HEADER + 1)]
+_ROOT = _HEADER - 1  # the field after the largest shape: a gather's dst
 
 
 def _own_slot(engine: Engine, size: int) -> SentSlot:
@@ -61,8 +62,13 @@ def inline_room(slot_size: int) -> int:
 
 # a slot's first field: which protocol filled it, or why it carries no tensor;
 # ``adapt_empty`` gathers say so in it, so ranks that differ there agree to fail
-TOO_MANY_DIMS, GATHER, SHAPES, REFUSED, GATHER_ADAPTING = 0, 1, 2, 3, 4
-_CALLED = {GATHER: "all_gather", SHAPES: "all_gather_shapes", GATHER_ADAPTING: "all_gather"}
+TOO_MANY_DIMS, GATHER, SHAPES, REFUSED, GATHER_ADAPTING, GATHER_TO = 0, 1, 2, 3, 4, 5
+_CALLED = {
+    GATHER: "all_gather",
+    SHAPES: "all_gather_shapes",
+    GATHER_ADAPTING: "all_gather",
+    GATHER_TO: "gather",
+}
 _GATHERS = frozenset({GATHER, GATHER_ADAPTING})
 
 
@@ -76,6 +82,7 @@ def exchange(
     rooms: Rooms | None = None,
     shapes_only: bool = False,
     adapt_empty: bool = False,
+    dst: int | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype]:
     """Every rank's shape, every rank's tensor if all fit ``room`` bytes, and their dtype.
 
@@ -87,6 +94,8 @@ def exchange(
     out instead of making the engine abort. With ``adapt_empty``, a tensor
     without elements takes the dtype and number of dims the others agree on
     (its shape becomes ``(0, *trailing dims of the first rank with data)``).
+    With ``dst``, the round is a gather's to ``dst`` (whose data only ``dst``
+    keeps): ranks that name different roots raise alike.
 
     Examples:
         >>> shapes, tensors, dtype = exchange(engine, torch.ones(2), "all_gather", room=3808)
@@ -96,9 +105,13 @@ def exchange(
     ok = tensor.dim() <= MAX_DIMS
     nbytes = tensor.numel() * tensor.element_size()
     gathering = GATHER_ADAPTING if adapt_empty else GATHER
+    if dst is not None:
+        gathering = GATHER_TO
     status = (SHAPES if shapes_only else gathering) if ok else TOO_MANY_DIMS
     fields = [status, dtype_code(tensor.dtype), tensor.dim(), nbytes]
     fields += list(tensor.shape) if ok else []
+    if dst is not None:
+        fields += [0] * (_ROOT - len(fields)) + [dst]
     inline = tensor if ok and not shapes_only and 0 < nbytes else None
     size, gathered, heads = _round(engine, what, fields, inline, room, rooms, timeout)
     room = size - _HEADER_BYTES
@@ -106,6 +119,9 @@ def exchange(
     if adapt_empty and all(h[0] == GATHER_ADAPTING for h in heads):
         heads = _adapted(heads)
     _agree(what, heads, gathered, size)
+    if dst is not None and len({h[_ROOT] for h in heads}) > 1:
+        roots = {r: f"dst={h[_ROOT]}" for r, h in enumerate(heads)}
+        raise RemoteArgumentError(what, roots, "ranks passed different arguments")
     shapes = [list(h[4 : 4 + h[2]]) for h in heads]
     dtype = tensor.dtype
     if adapt_empty and isinstance(agreed := dtype_from_code(heads[0][1]), torch.dtype):

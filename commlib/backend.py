@@ -472,7 +472,14 @@ class Backend:
         """
         dist.init_process_group(backend=self.torch_backend, **kwargs)
 
-    def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Group:
+    def new_group(
+        self,
+        ranks: Sequence[int],
+        timeout: datetime.timedelta | None = None,
+        *,
+        members_only: bool = False,
+        keep_order: bool = False,
+    ) -> Group:
         """Create a subgroup of the world; every world rank must call it.
 
         Args:
@@ -480,6 +487,13 @@ class Backend:
                 without duplicates, the same list on every rank (the core
                 checked all that and agreed on it before the call).
             timeout: the new group's operation timeout; ``None``: the world's.
+            members_only: only the ranks in ``ranks`` call it (torch's
+                ``use_local_synchronization=True``): ``Communicator.split``
+                and ``new_group(..., use_local_synchronization=True)``. The
+                core passes it (and ``keep_order``) only when true, so a
+                plugin whose override lacks them serves every other call.
+            keep_order: the new group numbers its ranks in the order of
+                ``ranks`` (torch's ``sort_ranks=False``), not ascending.
 
         Returns:
             The new group (what the collectives receive as ``group``); on a
@@ -490,6 +504,14 @@ class Backend:
             >>> backend = commlib.plugins.resolve_backend("gloo")
             >>> pair = backend.new_group([0, 1])  # every rank of 2 or more  # doctest: +SKIP
         """
+        if members_only or keep_order:
+            return dist.new_group(
+                list(ranks),
+                timeout=timeout,
+                backend=self.torch_backend,
+                use_local_synchronization=members_only,
+                sort_ranks=not keep_order,
+            )
         return dist.new_group(list(ranks), timeout=timeout, backend=self.torch_backend)
 
     def rank(self, group: Group) -> int:

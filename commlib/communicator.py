@@ -31,6 +31,7 @@ from commlib import (
     _ragged,
     _rooms,
     _scatter_objects,
+    _split,
     _steps,
     _world,
     plugins,
@@ -339,7 +340,13 @@ class Communicator:
         return f"<Communicator backend={self.backend!r} {who}>"
 
     # -- groups ------------------------------------------------------------------
-    def new_group(self, ranks: Sequence[int], timeout: Timeout = None) -> Communicator:
+    def new_group(
+        self,
+        ranks: Sequence[int],
+        timeout: Timeout = None,
+        *,
+        use_local_synchronization: bool = False,
+    ) -> Communicator:
         """A communicator for a subgroup; ``ranks`` are ranks of *this* group.
 
         Like ``torch.distributed.new_group``, every rank of the world must call
@@ -356,11 +363,25 @@ class Communicator:
         The new communicator keeps this one's backend, serializer, slot size
         and ``strict``.
 
+        With ``use_local_synchronization=True`` (torch's name), only the
+        members call it, all with the same ``ranks``, while the other ranks
+        go on with their own work; a rank outside ``ranks`` that calls it
+        gets a ``ValueError``. torch names such a group after its ranks and
+        the number of groups each member knows, so the members must have
+        made the same number of groups before (a classic ``new_group`` they
+        were left out of counts for its members only): members whose counts
+        differ wait for each other until the timeout.
+
         Examples:
             >>> evens = comm.new_group(range(0, comm.world_size, 2))
             >>> evens.is_member, evens.world_size
             (True, 1)
+            >>> pair = comm.new_group([0], use_local_synchronization=True)  # rank 0 alone calls
+            >>> pair.world_size
+            1
         """
+        if use_local_synchronization:
+            return self._new_group_of_members(ranks, timeout)
         try:
             ranks = list(ranks)
             world_ranks = self._world_ranks_of(ranks)
@@ -414,6 +435,88 @@ class Communicator:
         # ascending world ranks as torch numbers them
         child._outside_view = sorted(world_ranks)
         return child
+
+    def _new_group_of_members(self, ranks: Sequence[int], timeout: Timeout) -> Communicator:
+        """``new_group`` that only the members call (no round over the others)."""
+        self._member("new_group")
+        ranks = list(ranks)
+        world_ranks = self._world_ranks_of(ranks) or []
+        if self.rank not in ranks:
+            raise ValueError(
+                f"new_group(use_local_synchronization=True) is called by the members only; "
+                f"rank {self.rank} is not in {ranks}"
+            )
+        return self._child(sorted(world_ranks), as_timedelta(timeout) or self.timeout)
+
+    def _child(
+        self, world_ranks: list[int], limit: datetime.timedelta, *, keep_order: bool = False
+    ) -> Communicator:
+        """A communicator over ``world_ranks``, made by its members only, with these settings."""
+        settings: dict[str, Any] = {
+            "backend": self.plugin,
+            "serializer": self._serializer,
+            "timeout": limit,
+            "slot_size": self._slot_size,
+            "strict": self._strict,
+        }
+        if not self._distributed:
+            return Communicator(**settings)
+        group = self.plugin.new_group(world_ranks, limit, members_only=True, keep_order=keep_order)
+        child = Communicator(group, **settings)
+        child._outside_view = list(world_ranks)
+        return child
+
+    def split(
+        self, color: int | None, key: int | None = None, *, timeout: Timeout = None
+    ) -> Communicator | None:
+        """The communicator of the ranks that pass the same ``color`` (MPI_Comm_split).
+
+        Every rank of this group calls it once; ranks of one color form a new
+        group, ordered by ``key`` (by default a rank's rank here) and then by
+        their rank here, as ``MPI_Comm_split`` and torch's ``split_group``
+        do. A rank that passes ``color=None`` joins no group and gets
+        ``None`` (MPI's ``MPI_UNDEFINED``). One round over this group; then
+        each new group is made by its own members only, all at once (as
+        ``new_group(..., use_local_synchronization=True)``, with its note on
+        torch's naming: every rank of a split makes one group, so ranks that
+        went through the same splits stay able to meet). An
+        invalid color or key on any rank raises the same
+        :class:`~commlib.errors.RemoteArgumentError` on every rank.
+
+        Examples:
+            >>> halves = comm.split(color=comm.rank % 2)   # evens and odds
+            >>> halves.world_size                           # 4 ranks: 2
+            1
+            >>> backwards = comm.split(0, key=-comm.rank)   # the same ranks, reversed
+            >>> backwards.rank                              # 4 ranks, on rank 0: 3
+            0
+        """
+        engine = self._member("split")
+        refused: Exception | None = None
+        try:
+            mine: tuple[int | None, int] = _split.checked(color, key, engine.rank)
+            limit = as_timedelta(timeout) or self.timeout
+        except (ValueError, TypeError) as exc:
+            refused, mine, limit = exc, (None, 0), self.timeout
+        said: Any = ("refused", f"{type(refused).__name__}: {refused}") if refused else mine
+        table = self.all_gather_object(said, timeout=timeout) if self.world_size > 1 else [said]
+        refusals = {r: t[1] for r, t in enumerate(table) if t[0] == "refused"}
+        if refusals:
+            if refused is not None and len(refusals) == len(table):
+                if len(set(refusals.values())) == 1:
+                    raise refused  # every rank made the same mistake: its own error
+            raise RemoteArgumentError("split", refusals, refused=True)
+        known = self.ranks
+        order = _split.members(table, mine[0])
+        if not order:
+            if self._distributed:
+                # torch names a members-only group after how many groups each member
+                # knows: a rank left out makes a group of its own, so that every rank
+                # of this split still knows as many as the others afterwards
+                self.plugin.new_group([known[engine.rank]], limit, members_only=True)
+            return None
+        # each group is made by its own members, all groups at once
+        return self._child([known[r] for r in order], limit, keep_order=True)
 
     def _world_ranks_of(self, ranks: list[int]) -> list[int] | None:
         """``ranks`` of this group as world ranks, checked; ``None`` where unknown here.
@@ -941,36 +1044,57 @@ class Communicator:
     ) -> list[torch.Tensor]:
         """Every rank's ``tensor`` on ``dst`` (a list); other ranks get ``[]``.
 
-        All ranks must pass tensors of the same shape and dtype.
+        Ranks may pass tensors of different shapes (same dtype and number of
+        dims: MPI's ``Gatherv``, torchcomms' ``gather_v``); ``dst`` receives
+        every rank's true tensor. As in :meth:`all_gather`, the first round
+        carries every rank's shape, and small tensors with it (one round);
+        larger ones follow in the engine's gather, padded to the largest
+        shape where shapes differ and cut back on ``dst``. A dtype, number of
+        dims or ``dst`` that differs across ranks raises the same
+        :class:`~commlib.errors.RemoteArgumentError` on every rank.
 
         Examples:
             >>> comm.gather(torch.tensor([comm.rank]), dst=0)
             [tensor([0])]
             >>> # on 2 ranks: [tensor([0]), tensor([1])] on rank 0, [] on rank 1
+            >>> comm.gather(torch.arange(comm.rank + 1))   # uneven: [tensor([0]), tensor([0, 1])]
+            [tensor([0])]
         """
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
-        guard = self._guard
-        if "gather" in guard.checked:
-            parts = guard.check(
-                engine,
-                "gather",
-                lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
-                work_t,
-                timeout,
-            )
-            if parts is not None:
-                return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
-        out = [torch.empty_like(work_t) for _ in range(engine.world_size)] if is_dst else None
-        engine.gather(work_t, out, dst, timeout=None if timeout is None else as_timedelta(timeout))
+        limit = as_timedelta(timeout)
+        shapes, parts, _ = _ragged.exchange(
+            engine,
+            work_t,
+            "gather",
+            room=_ragged.inline_room(self._slot_size),
+            timeout=limit,
+            rooms=_rooms.rooms_of(engine),
+            dst=dst,
+        )
+        if parts is not None:
+            return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
+        mine = list(work_t.shape)
+        if all(s == mine for s in shapes):
+            out = [torch.empty_like(work_t) for _ in shapes] if is_dst else None
+            engine.gather(work_t, out, dst, timeout=limit)
+            if out is None:
+                return []
+            if engine.on_cpu and tensor.is_cpu:  # where the caller's tensor is already
+                return out
+            return [t.to(tensor.device) for t in out]
+        # uneven: the engine's gather of the largest shape, each rank's part cut back
+        largest = [max(dims) for dims in zip(*shapes)]
+        padded = work_t.new_zeros(largest)
+        padded[tuple(slice(0, d) for d in mine)] = work_t
+        out = [torch.empty_like(padded) for _ in shapes] if is_dst else None
+        engine.gather(padded, out, dst, timeout=limit)
         if out is None:
             return []
-        if engine.on_cpu and tensor.is_cpu:  # where the caller's tensor is already
-            return out
-        return [t.to(tensor.device) for t in out]
+        return [t[tuple(slice(0, d) for d in s)].to(tensor.device) for t, s in zip(out, shapes)]
 
     @overload
     def broadcast(
@@ -1056,9 +1180,20 @@ class Communicator:
         ``input`` is a list of ``world_size`` tensors shaped like ``output``, or
         one tensor of ``world_size`` such chunks along dim 0.
 
+        Chunks may differ in size (MPI's ``Reduce_scatter`` with counts,
+        torchcomms' ``reduce_scatter_v``): ``input[i]`` is rank ``i``'s chunk,
+        every rank passes the same list of shapes, and each rank's ``output``
+        is shaped like its own chunk. The engine's reduce_scatter then runs
+        on chunks padded to the largest.
+
         Examples:
             >>> out = torch.empty(1)
             >>> comm.reduce_scatter(out, torch.ones(comm.world_size))
+            >>> out
+            tensor([1.])
+            >>> sizes = [r + 1 for r in range(comm.world_size)]   # rank r keeps r + 1 values
+            >>> out = torch.empty(comm.rank + 1)
+            >>> comm.reduce_scatter(out, [torch.ones(n) for n in sizes])
             >>> out
             tensor([1.])
         """
@@ -1077,6 +1212,9 @@ class Communicator:
                 raise ValueError(f"reduce_scatter needs {world} input tensors, got {len(input)}")
             for t in input:
                 check.tensor(t, "input[i]")
+            if any(t.shape != input[0].shape for t in input):
+                return self._reduce_scatter_v(engine, output, input, op, async_op, timeout)
+            for t in input:
                 if t.shape != output.shape:
                     raise ValueError(
                         f"each input tensor must be shaped like output {tuple(output.shape)}, "
@@ -1116,6 +1254,57 @@ class Communicator:
             if back is copy_back and out_t is output
             else lambda: back(out_t, output, world),
             timeout=None if timeout is None else as_timedelta(timeout),
+            async_op=async_op,
+            value=[output],
+        )
+
+    def _reduce_scatter_v(
+        self,
+        engine: Engine,
+        output: torch.Tensor,
+        chunks: Sequence[torch.Tensor],
+        op: ReduceOp | str,
+        async_op: bool,
+        timeout: Timeout,
+    ) -> Handle | None:
+        """reduce_scatter of chunks that differ in size: padded to the largest, cut back."""
+        world, me = engine.world_size, engine.rank
+        if output.shape != chunks[me].shape:
+            raise ValueError(
+                f"output must be shaped like this rank's chunk input[{me}] "
+                f"{tuple(chunks[me].shape)}, got {tuple(output.shape)}"
+            )
+        dtype = check.same_dtype([output, *chunks], "reduce_scatter's output and input")
+        name = check.reduce_op(op, output)
+        engine_op, back = reduction(name, output, self.plugin.native_avg)
+        largest = max(t.numel() for t in chunks)
+        flat = torch.zeros(world, largest, dtype=dtype, device=engine.device())
+        for row, t in zip(flat, chunks):
+            row[: t.numel()].copy_(t.reshape(-1))
+        in_t = flat.view(-1)
+        out_t = torch.empty(largest, dtype=dtype, device=in_t.device)
+        n = output.numel()
+
+        def finish() -> None:
+            back(out_t[:n], output, world)
+
+        parts = self._guard.check(
+            engine,
+            "reduce_scatter",
+            # every rank's list of shapes, the same everywhere (output's differs by rank)
+            lambda: f"op={name}, {dtype}, v{[tuple(t.shape) for t in chunks]}",
+            in_t,
+            timeout,
+        )
+        if parts is not None:
+            out_t.copy_(reduce_locally(parts, engine_op).view(world, -1)[me])
+            return finished(finish, async_op, [output])
+        return engine.reduce_scatter(
+            out_t,
+            in_t,
+            engine_op,
+            finish=finish,
+            timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[output],
         )

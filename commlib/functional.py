@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import functools
 import os
+import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from commlib._launched import warn_if_launched_without_init
 from commlib._torch_groups import dist_ready
 from commlib._world import world
 from commlib.communicator import Communicator, Handle, ResultHandle
+from commlib.errors import BackendUnavailableError
 from commlib.p2p import P2POp
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,9 +77,15 @@ def set_default_communicator(comm: Communicator) -> None:
 
 
 def new_group(
-    ranks: Sequence[int], timeout: datetime.timedelta | float | None = None
+    ranks: Sequence[int],
+    timeout: datetime.timedelta | float | None = None,
+    *,
+    use_local_synchronization: bool = False,
 ) -> Communicator:
     """A communicator for the world ranks ``ranks``; every rank must call it.
+
+    With ``use_local_synchronization=True`` (torch's argument) only the
+    members call it (see :meth:`Communicator.new_group`).
 
     The result can be passed as ``group=`` to every function here.
 
@@ -87,7 +95,9 @@ def new_group(
         >>> if pair.is_member:                 # doctest: +SKIP
         ...     all_reduce(x, group=pair)
     """
-    return get_communicator().new_group(ranks, timeout)
+    return get_communicator().new_group(
+        ranks, timeout, use_local_synchronization=use_local_synchronization
+    )
 
 
 def shrink(
@@ -1074,8 +1084,10 @@ def collect_results(
     default; a given one is removed when collecting leaves it empty).
     ``device="gpu"`` (the group's own device) or an accelerator type a
     registered backend serves (``"cuda"``, ``"npu"``, ``"mlu"``) goes through
-    the backend's object collective; an accelerator that is not available
-    here raises :class:`~commlib.errors.BackendUnavailableError` with its reason.
+    the backend's object collective. As in mmengine, where the device only
+    chooses that path over files, an accelerator that is not available here
+    (``device="npu"`` without ``torch_npu``) still collects through the
+    group's own backend, with a ``RuntimeWarning`` naming what is missing.
 
     Examples:
         >>> part = [get_rank() * 10]         # this rank's results
@@ -1095,7 +1107,17 @@ def collect_results(
                 f"device must be one of {', '.join(map(repr, accepted))} (the device types "
                 f"registered backends serve), got {device!r}"
             )
-        data_device.resolve_device(device)  # not available here: a clear error, on every rank
+        try:
+            data_device.resolve_device(device)
+        except BackendUnavailableError as exc:
+            # mmengine's device picks the object path; the group's backend carries it
+            comm = _collective_comm(group)
+            warnings.warn(
+                f"collect_results(device={device!r}): {exc}; collecting through the "
+                f"group's {comm.backend!r} backend on {comm.device} instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     if tmpdir is not None:
         raise ValueError(f"tmpdir is only used with device='cpu', not device={device!r}")
     return collect_results_gpu(results, size, group=group)

@@ -207,3 +207,37 @@ def test_single_process_structures():
         comm.all_gather_cat({"p": torch.zeros(())})
     with pytest.raises(TypeError, match="async_op=True takes a tensor"):
         comm.all_reduce({"a": x}, async_op=True)
+
+
+def _on_uneven(comm):
+    r, n = comm.rank, comm.world_size
+    out = {}
+    for rows in (2, 600):  # with the shapes' round, and past the slot
+        got = comm.gather(torch.full((rows * (r + 1), 3), float(r)), dst=n - 1)
+        out[f"gather{rows}"] = [(*t.shape, t.sum().item()) for t in got]
+        sizes = [rows * (q + 1) for q in range(n)]
+        chunks = [torch.arange(s, dtype=torch.float64) * (r + 1) for s in sizes]
+        mine = torch.empty(sizes[r], dtype=torch.float64)
+        comm.reduce_scatter(mine, chunks, "mean")
+        out[f"rs{rows}"] = mine.tolist()
+    out["dst"] = _caught(lambda: comm.gather(torch.ones(r + 1), dst=r % 2))
+    out["ndim"] = _caught(lambda: comm.gather(torch.ones(2, 2) if r == 1 else torch.ones(2)))
+    return out
+
+
+def test_uneven_gather_and_reduce_scatter(world):
+    n = world.size
+    for r, got in enumerate(world.run(_on_uneven)):
+        for rows in (2, 600):
+            if r == n - 1:
+                want = [(rows * (q + 1), 3, float(q * rows * (q + 1) * 3)) for q in range(n)]
+                assert got[f"gather{rows}"] == want
+            else:
+                assert got[f"gather{rows}"] == []
+            mean = sum(q + 1 for q in range(n)) / n
+            assert got[f"rs{rows}"] == pytest.approx(
+                (torch.arange(rows * (r + 1), dtype=torch.float64) * mean).tolist()
+            )
+        if n > 1:
+            assert got["dst"][:2] == ("remote", False) and "dst=1" in got["dst"][2]
+            assert got["ndim"][:2] == ("remote", False) and "ndim=2" in got["ndim"][2]

@@ -131,7 +131,7 @@ def _refusals(comm):
         lambda: c.all_reduce(torch.ones(4), op="nope" if c.rank == 1 else "sum"),  # one rank
         lambda: c.broadcast(torch.ones(4), src=7),  # every rank's own mistake
         lambda: c.broadcast_object({"x": 1}, src=9 if c.rank == 0 else 0),
-        lambda: c.all_gather([1.0] if c.rank == 2 else torch.ones(2)),
+        lambda: c.all_gather(torch.ones(2).to_sparse() if c.rank == 2 else torch.ones(2)),
     ):
         try:
             call()
@@ -277,6 +277,7 @@ def _every_collective(comm):
     c.broadcast_object_list([me, "x"], src=0)
     c.broadcast_object("hello", src=2)
     c.all_gather_shapes(torch.ones(2, me + 1))
+    c.all_gather_cat({"x": torch.ones(me + 1), "y": [torch.zeros(me, 2)]})  # one collective
     c.ensure_same("check", "same everywhere")
     Communicator(timeout=60, strict=True).all_reduce(torch.ones(1))
     # the collectives of issue 12 every rank runs alike
@@ -336,7 +337,7 @@ def test_a_third_party_observer_sees_every_collective(observed_world):
         assert [(s[1], s[2]) for s in starts] == [(e[1], e[2]) for e in ends]
         assert all(e[4] == "completed" for e in ends)
         assert rank_seen[::2] == starts and rank_seen[1::2] == ends
-        assert len(starts) == 23
+        assert len(starts) == 24
         # point to point: each call ends, completed (isend and irecv overlap)
         assert sorted(s[1:3] for s in p2p_starts) == sorted(e[1:3] for e in p2p_ends)
         assert all(e[4] == "completed" for e in p2p_ends) and len(p2p_starts) == 7

@@ -244,8 +244,10 @@ def _relevant(name, per_rank):
     """What must match across ranks for ``name`` (the rest is ignored by the collective)."""
     if name == "all_reduce":
         return [(s, d, o) for s, d, o, _, _ in per_rank]
-    if name in ("broadcast", "gather"):
+    if name == "broadcast":
         return [(s, d, r) for s, d, _, r, _ in per_rank]
+    if name == "gather":  # shapes may differ (an uneven gather), not their number of dims
+        return [(len(s), d, r) for s, d, _, r, _ in per_rank]
     if name == "all_gather_into_tensor":
         return [(d, n) for _, d, _, _, n in per_rank]
     return [(d, o, n) for _, d, o, _, n in per_rank]

@@ -57,3 +57,25 @@ def _structures(comm: Any, ctx: dict) -> None:
     expect(comm.all_reduce(r + 1) == n * (n + 1) // 2, "all_reduce of an int")
     expect(comm.all_gather(f"r{r}") == [f"r{q}" for q in range(n)], "all_gather of a str")
     expect(comm.broadcast(f"r{r}", n - 1) == f"r{n - 1}", "broadcast of a str")
+
+
+@check("uneven_gather_reduce_scatter")
+def _uneven(comm: Any, ctx: dict) -> None:
+    """gather of a different shape per rank, reduce_scatter of per-rank sizes, small and large."""
+    n, r = comm.world_size, comm.rank
+    for rows in (1, 700):  # inline with the shapes, and past the slot
+        for dev in devices(comm):
+            shape = (rows * (r + 1), 2)
+            got = comm.gather(rank_tensor(r, torch.float32, shape, dev), dst=n - 1)
+            if r != n - 1:
+                expect(got == [], f"gather on a non-dst rank returned {got!r}")
+            else:
+                for q, t in enumerate(got):
+                    want = rank_tensor(q, torch.float32, (rows * (q + 1), 2), dev)
+                    expect_tensor(t, want, f"uneven gather [{q}] rows={rows}")
+            sizes = [rows * (q + 1) for q in range(n)]
+            chunks = [rank_tensor(r, torch.int64, (s,), dev) for s in sizes]
+            out = torch.empty(sizes[r], dtype=torch.int64, device=dev)
+            comm.reduce_scatter(out, chunks, "sum")
+            want = oracle([rank_tensor(q, torch.int64, (sizes[r],)) for q in range(n)], "sum")
+            expect_tensor(out, want.to(dev), f"reduce_scatter with per-rank sizes rows={rows}")

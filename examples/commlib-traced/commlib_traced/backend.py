@@ -86,8 +86,10 @@ class TracedBackend(Backend):
     def init_process_group(self, **kwargs: Any) -> None:
         self.inner.init_process_group(**kwargs)
 
-    def new_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None) -> Any:
-        return self.inner.new_group(ranks, timeout)
+    def new_group(
+        self, ranks: Sequence[int], timeout: datetime.timedelta | None = None, **how: Any
+    ) -> Any:
+        return self.inner.new_group(ranks, timeout, **how)
 
     def rank(self, group: Any) -> int:
         return self.inner.rank(group)

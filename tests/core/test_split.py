@@ -1,6 +1,6 @@
 """comm.split (MPI_Comm_split's rule) and new_group that only the members call, on gloo.
 
-One world of 4 ranks of its own, started once for the module: torch names a
+Worlds of 2, 3 and 4 ranks of their own, each started once for the module: torch names a
 group its members alone make after how many groups each member knows, and
 the session's shared worlds have made classic subgroups that left some
 ranks out (a documented limit of members-only groups).
@@ -16,9 +16,9 @@ from commlib.errors import RemoteArgumentError
 from commlib.testing import World
 
 
-@pytest.fixture(scope="module")
-def world4():
-    with World(4, timeout=60) as world:
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"own_world{n}")
+def own_world(request):
+    with World(request.param, timeout=60) as world:
         yield world
 
 
@@ -63,8 +63,8 @@ def _expected(table, color_of, key_of, r):
     )
 
 
-def test_split_colors_and_keys(world4):
-    world = world4
+def test_split_colors_and_keys(own_world):
+    world = own_world
     n = world.size
     ranks = list(range(n))
     for r, got in enumerate(world.run(_on_split)):
@@ -101,9 +101,9 @@ def _on_members_only(comm):
     return out
 
 
-def test_members_only_new_group(world4):
-    n = world4.size
-    for r, got in enumerate(world4.run(_on_members_only)):
+def test_members_only_new_group(own_world):
+    n = own_world.size
+    for r, got in enumerate(own_world.run(_on_members_only)):
         assert got["world"] == n
         if r in (0, n - 1):
             assert got["pair"] == (2, float(n - 1), [0, n - 1])

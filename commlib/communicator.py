@@ -466,6 +466,7 @@ class Communicator:
         child._outside_view = list(world_ranks)
         return child
 
+    @_collective("split")
     def split(
         self, color: int | None, key: int | None = None, *, timeout: Timeout = None
     ) -> Communicator | None:

@@ -287,6 +287,8 @@ def _every_collective(comm):
     c.all_to_all_single(torch.empty(world), torch.ones(world))
     c.scatter_object_list([None], list(range(world)), src=1)
     c.new_group(list(range(world))).shrink()  # a subgroup: the world stays usable
+    assert c.grow() is c  # nobody asked to join: the same communicator, still usable
+    assert c.split(0).world_size == world  # one collective: its round is not observed apart
     return list(observer.seen)
 
 
@@ -337,7 +339,7 @@ def test_a_third_party_observer_sees_every_collective(observed_world):
         assert [(s[1], s[2]) for s in starts] == [(e[1], e[2]) for e in ends]
         assert all(e[4] == "completed" for e in ends)
         assert rank_seen[::2] == starts and rank_seen[1::2] == ends
-        assert len(starts) == 24
+        assert len(starts) == 26
         # point to point: each call ends, completed (isend and irecv overlap)
         assert sorted(s[1:3] for s in p2p_starts) == sorted(e[1:3] for e in p2p_ends)
         assert all(e[4] == "completed" for e in p2p_ends) and len(p2p_starts) == 7

@@ -225,7 +225,8 @@ def world_section(path, meta, rows):
     s(f"## Results: {n} ranks, {r0['backend']}, {cpu} CPU cores\n")
     busy = (
         f" The 1/5/15-minute load averages when it ended were {load[0]:.1f}/{load[1]:.1f}/"
-        f"{load[2]:.1f}: other work shared the machine throughout."
+        f"{load[2]:.1f} (the run's own ranks count in the first; a figure well above {n} "
+        "means other work shared the machine, and the rows are noisier)."
         if load
         else ""
     )
@@ -240,7 +241,7 @@ def world_section(path, meta, rows):
     s(
         f"Produced by `{meta['command']}` ({how}; torch {meta['torch']}, Python "
         f"{meta['python']}, commlib {meta['commlib']}, {meta['date'][:10]}) on a {cpu}-core "
-        f"Linux VM shared with other work, so it is noisy.{busy}{oversub} Run it on your "
+        f"Linux VM.{busy}{oversub} Run it on your "
         "machine for your numbers.\n"
     )
     if "unchecked_ratio" in r0:

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 import torch
 
@@ -46,7 +47,9 @@ def main() -> None:
         "objs": objs,
         "pair": float(x),
     }
-    print("RESULT " + json.dumps(out), flush=True)
+    # a file per rank: hydra merges the ranks' stdout, and two lines written at once
+    # can come out joined on one line
+    Path(f"result-rank{comm.rank}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

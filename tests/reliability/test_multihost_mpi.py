@@ -75,11 +75,7 @@ def test_mpi_ranks_on_two_hosts(topology, tmp_path):  # noqa: F811
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = sorted(
-        (json.loads(line[len("RESULT ") :]) for line in done.stdout.splitlines()
-         if line.startswith("RESULT ")),
-        key=lambda r: r["rank"],
-    )  # fmt: skip
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result-rank*.json"))]
     assert [r["rank"] for r in results] == [0, 1], done.stdout
     for r in results:
         assert r["size"] == 2 and r["big"] == [3.0, 3.0] and r["pair"] == 1.0, r

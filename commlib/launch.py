@@ -43,6 +43,14 @@ _LAUNCHER_ENV = {
 
 
 # MPICH's hydra (and Intel MPI) names them so; the other launcher names are Open MPI's
+# what a process started by hand is told: the launcher sets the variables
+_HOW_TO_START = {
+    "pytorch": "start the ranks with torchrun (or `commlib run`), or set RANK, WORLD_SIZE, "
+    "MASTER_ADDR and MASTER_PORT yourself",
+    "slurm": "start the ranks with srun",
+    "mpi": "start the ranks with `mpiexec -n N python SCRIPT` (MPICH sets PMI_RANK and "
+    "PMI_SIZE, Open MPI OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE)",
+}
 _MPICH_ENV = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 _MPI_RANK_NAMES = ("OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK")
 
@@ -174,7 +182,10 @@ def _launcher_env(launcher: str, required: bool) -> list[str | None]:
     if launcher == "mpi" and values[0] is None:
         names, values = _MPICH_ENV, [os.environ.get(n) for n in _MPICH_ENV]
     if required and (values[0] is None or values[1] is None):
-        raise ValueError(f"launcher {launcher!r}: {names[0]} and {names[1]} must be set")
+        raise ValueError(
+            f"launcher {launcher!r}: {names[0]} and {names[1]} are not set: "
+            f"{_HOW_TO_START[launcher]}"
+        )
     return values
 
 

@@ -265,7 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Examples:
         $ commlib run --nproc-per-node 4 --max-restarts 2 train.py --epochs 3
     """
-    parser = argparse.ArgumentParser(prog="commlib run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="commlib run", description=__doc__.split("\n")[0].replace("``", "")
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -87,6 +87,16 @@ def test_init_dist_arguments(monkeypatch):
         commlib.init_dist("pytorch", backend="single")
 
 
+def test_a_script_started_by_hand_is_told_how_to_start_it(monkeypatch):
+    # `python train.py` with init_dist("mpi") or ("pytorch"): the launcher is missing
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"mpiexec -n N python SCRIPT"):
+        commlib.init_dist("mpi", backend="gloo")
+    with pytest.raises(ValueError, match=r"RANK and WORLD_SIZE are not set: start .* torchrun"):
+        commlib.init_dist("pytorch")
+
+
 # what init_dist writes into the environment
 _WRITTEN = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 

@@ -21,6 +21,9 @@ _ROOTS = tuple(
     os.path.join(os.path.dirname(_COMMLIB), name) + os.sep
     for name in ("commlib", "backends", "commlib_backends")
 )
+# ... except `commlib bench`: a program written against commlib, as a user's is; its
+# calls' sites are its own lines (else each call would walk up to the console script)
+_CLIENTS = (os.path.join(_COMMLIB, "bench") + os.sep,)
 _inside: dict[CodeType, bool] = {}
 # the function's qualified name (Class.method) where Python has it (3.11 on)
 _NAME = "co_qualname" if sys.version_info >= (3, 11) else "co_name"
@@ -56,11 +59,13 @@ class CallSite(NamedTuple):
 def is_commlib_file(filename: str) -> bool:
     """Whether ``filename`` is in commlib's package or its built-in backends.
 
+    ``commlib bench`` is not: it calls commlib as a program does.
+
     Examples:
         >>> is_commlib_file(__file__), is_commlib_file("/job/train.py")
         (True, False)
     """
-    return filename.startswith(_ROOTS)
+    return filename.startswith(_ROOTS) and not filename.startswith(_CLIENTS)
 
 
 def is_commlib(code: CodeType) -> bool:

@@ -74,3 +74,13 @@ def test_the_call_site_passes_over_commlib_s_own_frames():
 def test_outside_a_collective_there_is_no_call_site():
     assert call_site.call_site() is None
     assert CallSite("/a/train.py", 88, "step").short() == "train.py:88 (step)"
+
+
+def test_commlib_bench_calls_as_a_program_does():
+    # the bench's own lines are its calls' sites: otherwise every timed call's walk
+    # would climb through the bench to the console script, which no program pays
+    import commlib.bench.dispatch
+    import commlib.communicator
+
+    assert not call_site.is_commlib_file(commlib.bench.dispatch.__file__)
+    assert call_site.is_commlib_file(commlib.communicator.__file__)

@@ -14,7 +14,11 @@ Facts about failures (torch 2.13), and what follows from them:
 * ``ProcessGroup.abort()`` and ``shutdown()`` leave pending operations
   running: only the operation's own timeout (set per call through
   ``ProcessGroup.set_timeout``) or the peer closing its connection ends one;
-* ``Work.wait(timeout)`` only waits: ``interruptible_wait``;
+* a collective's ``Work.wait(timeout)`` only waits: ``interruptible_wait``;
+  a send's or receive's that times out closes every connection of the group
+  ("Application timeout caused pair closure"), which ends every operation
+  pending on it and any other thread's wait on them at once:
+  ``p2p_timeout_ends_group``;
 * gloo cannot shrink a group (``supports_shrinking`` is false): the default
   ``shrink_group`` builds a new gloo group over the survivors through the store;
 * gloo raises plain ``RuntimeError``: a timeout reads "Timed out waiting
@@ -86,6 +90,7 @@ class GlooBackend(EngineGaps, DirectCalls):
     reduce_dtypes = _MOVES
     mismatch_aborts = True
     interruptible_wait = True
+    p2p_timeout_ends_group = True
     # gloo's results for these are what the check computes from its round
     completed_by_check = frozenset(
         {

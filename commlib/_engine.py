@@ -165,6 +165,8 @@ class Engine:
         self.on_cpu = plugin.device().type == "cpu"
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
+        # and whether a point-to-point wait may be ended by another thread's timed-out wait
+        self._interrupt_p2p = bool(plugin.p2p_timeout_ends_group)
         # the plugin's methods the typed calls make, bound once
         self._all_reduce = plugin.all_reduce
         self._broadcast = plugin.broadcast
@@ -360,7 +362,7 @@ class Engine:
     def _wait_work(self, work: Work, limit: datetime.timedelta) -> None:
         """``work.wait(limit)``, ended early when another rank announces the group broke."""
         if self._sliced:
-            _waiting.wait_watching(work, limit, self.group)
+            _waiting.wait_watching(work, limit, self.group, self._interrupt_p2p)
         else:
             work.wait(limit)
 
@@ -430,7 +432,7 @@ class Engine:
             work = call(*args, group=self.group, async_op=True, **kwargs)
             if work is not None:
                 if self._sliced:
-                    _waiting.wait_watching(work, limit, self.group)
+                    _waiting.wait_watching(work, limit, self.group, self._interrupt_p2p)
                 else:
                     work.wait(limit)
         except BaseException as exc:
@@ -518,7 +520,7 @@ class Engine:
                 )
             if work is not None:
                 if self._sliced:
-                    _waiting.wait_watching(work, limit, self.group)
+                    _waiting.wait_watching(work, limit, self.group, self._interrupt_p2p)
                 else:
                     work.wait(limit)
         except BaseException as exc:

@@ -109,6 +109,9 @@ class WorkList:
         self.works: list[Work] = [w for w in works if w is not None]
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if timeout is not None and len(self.works) == 1:
+            self.works[0].wait(timeout)  # a send or a receive: no deadline to share
+            return True
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         for work in self.works:
             if deadline is None:
@@ -203,7 +206,17 @@ class Backend:
       between for a failure another rank announced: a rank waiting on a live
       peer that gave up learns it within a moment rather than at its own
       timeout. Point-to-point works (a :class:`WorkList`) are not sliced (gloo
-      ends a receive whose wait timed out): a thread waits on them instead;
+      ends a receive whose wait timed out); see ``p2p_timeout_ends_group``;
+    * ``p2p_timeout_ends_group``: a point-to-point ``Work.wait(timeout)`` that
+      times out ends every operation pending on the group, and with it any
+      other thread's wait on them (gloo closes the group's connections:
+      "Application timeout caused pair closure"). commlib relies on it to
+      watch a point-to-point wait without a thread handoff: the caller waits
+      on the work in its own thread, and a watcher thread that finds the
+      group announced broken elsewhere ends that wait with a wait of a
+      millisecond on the same work. ``False`` (not known to hold): a waiter
+      thread waits on the work while the caller's thread watches, tens of
+      microseconds a wait;
     * ``completed_by_check``: the collectives whose small results the
       argument check may compute from its own round (it gathers every rank's
       data anyway) instead of calling this backend's method, one round
@@ -246,6 +259,11 @@ class Backend:
     interruptible_wait: ClassVar[bool] = False
     """Whether ``Work.wait(timeout)`` only waits; ``True``: commlib watches for failures announced
     elsewhere while it waits.
+    """
+    p2p_timeout_ends_group: ClassVar[bool] = False
+    """Whether a point-to-point wait that times out ends the group's pending operations;
+    ``True``: commlib ends a watched point-to-point wait that way instead of handing it to a
+    waiter thread.
     """
     own_rendezvous: ClassVar[bool] = False
     """Whether the engine finds its ranks itself (MPI under ``mpiexec``): :func:`commlib.init_dist`

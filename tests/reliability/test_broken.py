@@ -63,30 +63,38 @@ def test_a_timeout_breaks_its_group_for_every_communicator_and_no_other(world3):
             assert r["subgroup"] == 2.0, r
 
 
-def _on_point_to_point_waiter(comm) -> tuple[str, float]:
-    # rank 0 waits to receive from rank 1 (gloo's receive cannot be waited on in
-    # slices); rank 1 never sends: its own call times out and breaks the group
-    c = Communicator(timeout=30.0)
-    engine = c._engine
-    started = time.monotonic()
-    try:
-        if c.rank == 0:
-            buf = torch.empty(4)
-            engine.run("exchange", engine.plugin.exchange, [], [(buf, 1)])
-        else:
-            c.all_reduce(torch.ones(1), timeout=1.0)
-    except CommTimeoutError as exc:
-        return type(exc).__name__, time.monotonic() - started
-    return "ok", time.monotonic() - started
+def _on_point_to_point_waiter(comm) -> dict[str, tuple[str, float]]:
+    # rank 0 waits to receive from rank 1, then, on a pair of its own, to send to it
+    # (gloo's sends and receives cannot be waited on in slices); rank 1 never matches
+    # either: its own call on that pair times out and breaks it
+    out = {}
+    for side in ("recv", "send"):
+        c = Communicator(timeout=30.0).new_group([0, 1])
+        started = time.monotonic()
+        try:
+            if c.rank == 1:
+                c.all_reduce(torch.ones(1), timeout=1.0)
+            elif side == "recv":
+                engine = c._engine
+                engine.run("exchange", engine.plugin.exchange, [], [(torch.empty(4), 1)])
+            else:
+                c.send(torch.ones(4), dst=1)
+            out[side] = "ok", time.monotonic() - started
+        except CommTimeoutError as exc:
+            out[side] = type(exc).__name__, time.monotonic() - started
+    return out
 
 
 def test_a_point_to_point_wait_learns_of_the_failure_within_moments():
     with World(2, timeout=120, pg_timeout=60) as world:
-        (kind0, waited0), (kind1, waited1) = world.run(_on_point_to_point_waiter, timeout=120)
-        world.kill()  # its group is broken
-    assert kind1 == "CommTimeoutError" and waited1 < 5
-    # not its own 30 s: rank 1's announcement, seen from the thread-watched wait
-    assert kind0 == "CommTimeoutError" and waited0 < 10, waited0
+        waiter, giver = world.run(_on_point_to_point_waiter, timeout=120)
+        world.kill()  # its groups are broken
+    for side in ("recv", "send"):
+        kind1, waited1 = giver[side]
+        assert kind1 == "CommTimeoutError" and waited1 < 5, (side, giver)
+        # not its own 30 s: rank 1's announcement, seen by the watcher, which ended the wait
+        kind0, waited0 = waiter[side]
+        assert kind0 == "CommTimeoutError" and waited0 < 10, (side, waiter)
 
 
 def _on_barrier_waiter(comm) -> tuple[str, float]:

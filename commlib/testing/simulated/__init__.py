@@ -147,6 +147,7 @@ def simulated_plugin(real: Any) -> type[Backend]:
             "reduce_dtypes": real.reduce_dtypes & gloo.reduce_dtypes,
             "mismatch_aborts": gloo.mismatch_aborts,
             "interruptible_wait": gloo.interruptible_wait,
+            "p2p_timeout_ends_group": gloo.p2p_timeout_ends_group,
         },
     )
 

@@ -21,7 +21,11 @@ the engine's ``Work.wait(timeout)`` does when its time runs out:
   wait with an error at once; the caller then raises :class:`PeerFailed`
   with the reason the watcher found. Registering a wait is a set insertion;
   the watcher is woken only when it was idle (it ticks every 50 ms while a
-  wait is in progress, and sleeps on an event when none is);
+  wait is in progress, and sleeps on an event when none is). What this
+  relies on: that a timed-out wait on a send or receive ends the waits of
+  other threads on it (the group is broken anyway, and commlib aborts it);
+  and the caller's thread blocks in the engine's wait, where Ctrl-C is seen
+  only when the wait ends, as with torch's own ``recv``;
 * otherwise (a point-to-point work of an engine not known to end that way):
   a waiter thread, kept for the next wait, waits on the work while the
   caller's thread looks; the engine's own timeout ends a wait nobody watches

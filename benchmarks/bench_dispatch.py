@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_dispatch.py                         # worlds 2 and 8, every collective
     python benchmarks/bench_dispatch.py --world 8 --ops all_reduce,broadcast --trials 11
     python benchmarks/bench_dispatch.py --profile all_reduce    # cProfile of commlib's call
+    python benchmarks/bench_dispatch.py --profile all_reduce --side recorder  # ... recorded
     python benchmarks/bench_dispatch.py --layers all_reduce --world 8 --trials 9  # layer map
 
 Examples:
@@ -43,10 +44,11 @@ import torch
 
 import commlib
 from commlib.bench import dispatch_report
-from commlib.bench.dispatch import run_dispatch
+from commlib.bench.dispatch import NoOpObserver, run_dispatch
 from commlib.bench.dispatch_cases import CASES
 from commlib.bench.fake_world import dispatch_plugin, fake_world
 from commlib.bench.options import BenchOptions, backend_plugin
+from commlib.observe import FlightRecorder
 
 OPS = [c.op for c in CASES]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(commlib.__file__)))
@@ -63,31 +65,43 @@ def compare(worlds: list[int], ops: list[str], calls: int, trials: int) -> None:
         print("\n```text\n" + "\n".join(dispatch_report.summary(rows)) + "\n```", flush=True)
 
 
-def profile(op: str, world: int, calls: int, top: int = 25) -> None:
-    """cProfile of ``calls`` unchecked commlib calls of ``op``: the functions by own time.
+def profile(op: str, world: int, calls: int, top: int = 25, side: str = "unchecked") -> None:
+    """cProfile of ``calls`` commlib calls of ``op``: the functions by own time.
+
+    ``side``: ``unchecked`` (no observer), ``observer`` (the dispatch kind's
+    one observer registered) or ``recorder`` (the flight recorder, its ring
+    full, as in a job).
 
     Times are per call, in microseconds, with the profiler's own overhead in
     them (it inflates short functions most): read them as shares, and the
     table of :func:`compare` for the real cost.
     """
     case = next(c for c in CASES if c.op == op)
+    plugin = {"observer": NoOpObserver, "recorder": FlightRecorder}.get(side)
     with fake_world(world, dispatch_plugin(backend_plugin(None))) as comm:
         call = case.prepare(comm)["commlib"]
-        for _ in range(200):
-            call()
-        gc.collect()
-        gc.disable()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(calls):
-            call()
-        profiler.disable()
-        gc.enable()
+        observer = plugin() if plugin is not None else None
+        if observer is not None:
+            commlib.plugins.plugin_manager().register(observer)
+        try:
+            for _ in range(200 if observer is None else 3000):  # the recorder's ring full
+                call()
+            gc.collect()
+            gc.disable()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(calls):
+                call()
+            profiler.disable()
+            gc.enable()
+        finally:
+            if observer is not None:
+                commlib.plugins.plugin_manager().unregister(observer)
     # pstats keeps (calls, primitive calls, own time, cumulative time, callers) per function
     found = pstats.Stats(profiler, stream=io.StringIO()).stats  # type: ignore[attr-defined]
     rows = sorted(found.items(), key=lambda kv: kv[1][2], reverse=True)
     total = sum(v[2] for _, v in rows) / calls * 1e6
-    print(f"\n{op}, world {world}: {total:.1f} us per call under the profiler; own time per call")
+    print(f"\n{op} ({side}), world {world}: {total:.1f} us per call under the profiler; own time")
     print(f"{'us/call':>8} {'cum':>8}  function")
     for (path, line, name), (_, _, own, cum, _) in rows[:top]:
         where = path.split("site-packages/")[-1]
@@ -182,7 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ops", default=",".join(OPS), help=f"from {', '.join(OPS)}")
     parser.add_argument("--calls", type=int, default=2000, help="calls of each side per trial")
     parser.add_argument("--trials", type=int, default=7)
-    parser.add_argument("--profile", metavar="OP", help="profile commlib's unchecked OP instead")
+    parser.add_argument("--profile", metavar="OP", help="profile commlib's OP instead")
+    parser.add_argument(
+        "--side",
+        default="unchecked",
+        choices=("unchecked", "observer", "recorder"),
+        help="with --profile: no observer, one observer, or the flight recorder",
+    )
     parser.add_argument(
         "--layers",
         metavar="OP",
@@ -197,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     worlds = [int(w) for w in args.world.split(",")]
     print(f"torch {torch.__version__}, commlib {commlib.__version__}; times in us per call")
     if args.profile:
-        profile(args.profile, worlds[0], args.calls * 10)
+        profile(args.profile, worlds[0], args.calls * 10, side=args.side)
         return
     if args.layers:
         layers(args.layers, worlds[0], args.calls, args.trials)

@@ -102,13 +102,34 @@ def caller_of(frame: FrameType | None) -> CallSite | None:
     f = frame
     while f is not None:
         code = f.f_code
-        found = _inside.get(code)
-        if found is None:
-            found = is_commlib(code)
-        if not found:
-            return site_of(f)
-        f = f.f_back
+        # by the code's id: hashing a code object hashes its constants, each time
+        known = _by_id.get(id(code))
+        if known is None or known[0] is not code:
+            known = _judged(code)
+        if known[1] is None:  # commlib's
+            f = f.f_back
+            continue
+        # the same call (code and instruction) is at the same line: its site made once
+        sites = known[1]
+        site = sites.get(f.f_lasti)
+        if site is None:
+            site = sites[f.f_lasti] = site_of(f)
+        return site
     return None
+
+
+# id(code) -> (code, None for commlib's, else its call sites by instruction): the
+# code is held, so that its id is not reused while it is here; bounded, for
+# programs that compile code as they go
+_by_id: dict[int, tuple[CodeType, dict[int, CallSite] | None]] = {}
+_BY_ID_KEPT = 4096
+
+
+def _judged(code: CodeType) -> tuple[CodeType, dict[int, CallSite] | None]:
+    if len(_by_id) >= _BY_ID_KEPT:
+        _by_id.clear()
+    found = _by_id[id(code)] = (code, None if is_commlib(code) else {})
+    return found
 
 
 def call_site(frame: FrameType | None = None) -> CallSite | None:

@@ -255,33 +255,64 @@ _EVENT_DEFAULTS: dict[str, Any] = {
     for f in dataclasses.fields(CollectiveEvent)
 }
 _new_event = CollectiveEvent.__new__
-# where an engine keeps its collectives' event templates (Engine.kept)
-_TEMPLATES = "commlib.observe.events"
+# where an engine keeps a collective's event template (Engine.kept), before its name
+_TEMPLATES = "commlib.observe.event:"
+# a position no call's arguments reach: the argument was not passed positionally
+_NOWHERE = sys.maxsize
+
+# time.time() at a time.perf_counter() reading is the reading plus this offset,
+# taken again each second (the wall clock may be set meanwhile): an event's start
+# costs an addition, not two more clock readings
+_wall_offset = time.time() - time.perf_counter()
+_wall_until = 0.0
+
+
+def _wall_time(t: float) -> float:
+    """The wall-clock time (``time.time()``) at ``time.perf_counter()`` reading ``t``."""
+    global _wall_offset, _wall_until
+    now = time.perf_counter()
+    _wall_offset = time.time() - now
+    _wall_until = now + 1.0
+    return t + _wall_offset
 
 
 def _template(engine: Engine, collective: _Collective) -> dict[str, Any]:
-    """The attributes ``collective``'s events on ``engine`` share, made once."""
-    kept = engine.kept
-    templates = kept.get(_TEMPLATES)
-    if templates is None:
-        templates = kept[_TEMPLATES] = {}
-    found = templates.get(collective.name)
-    if found is None:
-        group, ranks = _group_label(engine)
-        found = dict(_EVENT_DEFAULTS)
-        found.update(
-            name=collective.name,
-            group=group,
-            group_ranks=ranks,
-            rank=engine.rank,
-            uniform=collective.uniform,
-        )
-        templates[collective.name] = found
+    """The attributes ``collective``'s events on ``engine`` share, made once per engine."""
+    group, ranks = _group_label(engine)
+    found = dict(_EVENT_DEFAULTS)
+    found.update(
+        name=collective.name,
+        group=group,
+        group_ranks=ranks,
+        rank=engine.rank,
+        uniform=collective.uniform,
+    )
+    engine.kept[collective.key] = found
     return found
 
 
+# a tensor's facts by (shape, dtype) (payload_facts): bytes are elements times element
+# size whatever the strides, so the two say it all; bounded, for shapes that keep changing
+_tensor_facts: dict[tuple[torch.Size, torch.dtype], Any] = {}
+
+# an op's name in events, by what the caller passed ("sum", ReduceOp.SUM): made once
+_OP_NAMES: dict[Any, str] = {}
+
+
+def _op_name(op: Any) -> str:
+    name = op if type(op) is str and op.islower() else str(op).lower()
+    if len(_OP_NAMES) < 256:
+        _OP_NAMES[op] = name
+    return name
+
+
 class _Collective:
-    """One wrapped Communicator method: its name and where its facts are."""
+    """One wrapped Communicator method: its name and where its facts are.
+
+    ``fn`` is the method; ``guarded`` the same with argument errors handed to
+    ``refuse`` (:func:`_refusing`), for the calls that do not go through
+    :meth:`call`'s own ``try``.
+    """
 
     def __init__(
         self,
@@ -291,29 +322,23 @@ class _Collective:
         peer: str | None,
         op: str | None,
         uniform: bool,
+        guarded: Callable[..., Any] | None = None,
+        refuse: Refuse | None = None,
     ):
         self.name, self.fn, self.uniform = name, fn, uniform
+        self.guarded = fn if guarded is None else guarded
+        self.refuse = refuse
+        self.key = _TEMPLATES + name
         self.payload, self.peer, self.op = payload, peer, op
         self.arguments = _Arguments(fn)
-        self._payload = self.arguments.finder(payload)
-        self._peer = self.arguments.finder(peer)
-        self._op = self.arguments.finder(op)
-
-    def fill(self, into: dict[str, Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        """Write the call's facts (:meth:`facts`) into an event's attributes ``into``."""
-        into["shapes"], into["dtypes"], into["nbytes"] = payload_facts(self._payload(args, kwargs))
-        peers: dict[str, int] = {}
-        if self.peer is not None:
-            root = self._peer(args, kwargs)
-            if isinstance(root, int):
-                peers[self.peer] = root
-        into["peers"] = peers
-        if self.op is not None:
-            op = self._op(args, kwargs)
-            if op is not None and not (type(op) is str and op.islower()):
-                op = str(op).lower()
-            into["op"] = op
-        into["async_op"] = bool(kwargs.get("async_op", False)) if kwargs else False
+        positions, defaults = self.arguments.positions, self.arguments.defaults
+        # where each fact's argument is (by position or keyword) and its default
+        self.payload_at = positions.get(payload, _NOWHERE) if payload else _NOWHERE
+        self.payload_default = defaults.get(payload) if payload else None
+        self.peer_at = positions.get(peer, _NOWHERE) if peer else _NOWHERE
+        self.peer_default = defaults.get(peer) if peer else None
+        self.op_at = positions.get(op, _NOWHERE) if op else _NOWHERE
+        self.op_default = defaults.get(op) if op else None
 
     def facts(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         get = self.arguments.get
@@ -348,32 +373,63 @@ class _Collective:
     ) -> Any:
         if engine is None or engine.observed is not None:
             # a non-member (the method raises), or a collective inside another
-            return self.fn(comm, *args, **kwargs)
-        span = _Span(self, observers, engine, comm, args, kwargs)
-        if observers.call_sites:
-            # from the wrapper's caller: a program's direct call is found at once
-            span.site = caller_of(sys._getframe(2))
+            return self.guarded(comm, *args, **kwargs)
+        # the span's attributes set here, not in an __init__: one Python call less
+        span = _new_span(_Span)
+        span.t0 = time.perf_counter()
+        span.collective, span.observers, span.engine = self, observers, engine
+        span.comm, span.args, span.kwargs = comm, args, kwargs
+        span.event = None
+        # from the wrapper's caller: a program's direct call is found at once
+        span.site = caller_of(sys._getframe(2)) if observers.call_sites else None
         engine.observed = span
-        if observers:
+        if observers.any:
             engine.on_call = span.begin
+        refuse = self.refuse
+        before = engine.seq
         try:
-            label = self.label(args, kwargs) if _profiler._is_profiler_enabled else None
-            if label is not None:
-                with torch.profiler.record_function(label):
-                    result = self.fn(comm, *args, **kwargs)
+            if _profiler._is_profiler_enabled:
+                refuse = None  # the guarded method refuses, inside the label
+                with torch.profiler.record_function(self.label(args, kwargs)):
+                    result = self.guarded(comm, *args, **kwargs)
             else:
                 result = self.fn(comm, *args, **kwargs)
         except BaseException as exc:
+            if (
+                refuse is not None
+                and isinstance(exc, (ValueError, TypeError))
+                and not isinstance(exc, CommError)
+                and engine.seq == before
+            ):
+                # _refusing's steps: an argument error before the first engine call
+                # joins the collective's first round (which starts the event)
+                try:
+                    refuse(comm, engine, exc, kwargs)
+                except BaseException as refused:
+                    engine.observed = engine.on_call = None
+                    span.end(refused)
+                    raise
             engine.observed = engine.on_call = None
             span.end(exc)
             raise
         engine.observed = engine.on_call = None
+        event = span.event
         if result is None:  # a blocking call, done
-            span.end(None)
+            if event is not None and event.state == "started":
+                # span.end(None), written out: the common case
+                event.duration = time.perf_counter() - span.t0
+                event.state = "completed"
+                for plugin, function, takes_event in observers.ends:
+                    if _disabled and id(plugin) in _disabled:
+                        continue
+                    try:
+                        function(event) if takes_event else function()
+                    except Exception as exc:  # an observer must never break a collective
+                        _disable(plugin, exc)
             return None
-        if isinstance(result, Handle) and span.event is not None:
+        if isinstance(result, Handle) and event is not None:
             return Handle(functools.partial(span.wait, result), None, result, value=result.value)
-        if isinstance(result, ResultHandle) and span.event is not None:
+        if isinstance(result, ResultHandle) and event is not None:
             result.add_done_callback(span.end)  # an async object collective ends in wait()
             return result
         span.end(None)
@@ -381,7 +437,10 @@ class _Collective:
 
 
 class _Span:
-    """A user-level collective in progress: its event once the engine was reached."""
+    """A user-level collective in progress: its event once the engine was reached.
+
+    Made by :meth:`_Collective.call`, which sets every attribute.
+    """
 
     __slots__ = (
         "args",
@@ -395,46 +454,104 @@ class _Span:
         "t0",
     )
 
-    def __init__(
-        self,
-        collective: _Collective,
-        observers: _Observers,
-        engine: Engine,
-        comm: Any,
-        args: Any,
-        kwargs: Any,
-    ):
-        self.collective, self.observers, self.engine = collective, observers, engine
-        self.comm, self.args, self.kwargs = comm, args, kwargs
-        self.t0 = time.perf_counter()
-        self.event: CollectiveEvent | None = None
-        self.site: CallSite | None = None  # the caller's line, when an observer asks
+    collective: _Collective
+    observers: _Observers
+    engine: Engine
+    comm: Any
+    args: Any
+    kwargs: Any
+    t0: float
+    event: CollectiveEvent | None
+    site: CallSite | None  # the caller's line, when an observer asks
 
     def begin(self, what: str) -> None:
         """The first engine call (``Engine.on_call``): the collective has started."""
         engine = self.engine
         engine.on_call = None
+        c = self.collective
+        args, kwargs = self.args, self.kwargs
+        self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
         try:
             # the event's attributes: the collective's template (group, ranks, name:
             # made once per engine), then this call's; set as the event's __dict__
             # at once, which CollectiveEvent's generated __init__ would do one by one
-            fields = _template(engine, self.collective).copy()
-            p2p = what in POINT_TO_POINT
+            fields = engine.kept.get(c.key)
+            if fields is None:
+                fields = _template(engine, c)
+            fields = fields.copy()
             fields["communicator"] = self.comm
-            fields["seq"] = engine.p2p_seq if p2p else engine.seq
-            fields["point_to_point"] = p2p
-            fields["start"] = time.time() - (time.perf_counter() - self.t0)
-            fields["call_site"] = self.site
-            self.collective.fill(fields, self.args, self.kwargs)
+            if what in POINT_TO_POINT:
+                fields["seq"] = engine.p2p_seq
+                fields["point_to_point"] = True
+            else:
+                fields["seq"] = engine.seq
+            t0 = self.t0
+            fields["start"] = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
+            if self.site is not None:
+                fields["call_site"] = self.site
+            # the call's facts (as _Collective.facts finds them): each argument from
+            # the keywords, else its position, else its default, written out here
+            n = len(args)
+            name = c.payload
+            if name is not None:
+                if kwargs and name in kwargs:
+                    value = kwargs[name]
+                elif c.payload_at < n:
+                    value = args[c.payload_at]
+                else:
+                    value = c.payload_default
+                facts = None
+                if type(value) is torch.Tensor:  # the same shape and dtype, call after call
+                    key = (value.shape, value.dtype)
+                    facts = _tensor_facts.get(key)
+                    if facts is None:
+                        if len(_tensor_facts) >= 1024:
+                            _tensor_facts.clear()
+                        facts = _tensor_facts[key] = payload_facts(value)
+                else:
+                    facts = payload_facts(value)
+                fields["shapes"], fields["dtypes"], fields["nbytes"] = facts
+            name = c.peer
+            if name is not None:
+                if kwargs and name in kwargs:
+                    root = kwargs[name]
+                elif c.peer_at < n:
+                    root = args[c.peer_at]
+                else:
+                    root = c.peer_default
+                fields["peers"] = {name: root} if isinstance(root, int) else {}
+            else:
+                fields["peers"] = {}
+            name = c.op
+            if name is not None:
+                if kwargs and name in kwargs:
+                    op = kwargs[name]
+                elif c.op_at < n:
+                    op = args[c.op_at]
+                else:
+                    op = c.op_default
+                if op is not None:
+                    try:
+                        op = _OP_NAMES[op]
+                    except (KeyError, TypeError):  # not seen yet, or not hashable
+                        op = _op_name(op)
+                fields["op"] = op
+            if kwargs:
+                fields["async_op"] = bool(kwargs.get("async_op", False))
             event = _new_event(CollectiveEvent)
             event.__dict__ = fields
         except Exception as exc:  # observing must never break the collective
-            _warn_once(f"commlib could not describe {self.collective.name} to observers: {exc!r}")
+            _warn_once(f"commlib could not describe {c.name} to observers: {exc!r}")
             return
-        finally:
-            self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
         self.event = event
-        _notify(self.observers.starts, event)
+        # _notify, written out: it runs on every observed call
+        for plugin, function, takes_event in self.observers.starts:
+            if _disabled and id(plugin) in _disabled:
+                continue
+            try:
+                function(event) if takes_event else function()
+            except Exception as exc:  # an observer must never break a collective
+                _disable(plugin, exc)
 
     def end(self, error: BaseException | None) -> None:
         event = self.event
@@ -460,6 +577,9 @@ class _Span:
             self.end(exc)
             raise
         self.end(None)
+
+
+_new_span = _Span.__new__
 
 
 def observed(
@@ -499,8 +619,8 @@ def observed(
     """
 
     def decorate(fn: F) -> F:
-        inner = fn if refuse is None else _refusing(fn, engine_of, refuse)
-        collective = _Collective(name, inner, payload, peer, op, uniform)
+        guarded = None if refuse is None else _refusing(fn, engine_of, refuse)
+        collective = _Collective(name, fn, payload, peer, op, uniform, guarded, refuse)
 
         if refuse is None:
 

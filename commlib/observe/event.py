@@ -123,35 +123,31 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
         ((), ('dict',), 0)
     """
     if isinstance(value, torch.Tensor):
-        # the same shape and dtype call after call: their facts are made once
-        key = (value.shape, value.dtype)
-        found = _TENSOR_FACTS.get(key)
+        return ((tuple(value.shape),), (_dtype_name(value.dtype),), value.nbytes)
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        # the same shapes and dtypes call after call: their facts are made once
+        key = tuple([(t.shape, t.dtype) for t in value if isinstance(t, torch.Tensor)])
+        found = _LIST_FACTS.get(key)
         if found is None:
-            if len(_TENSOR_FACTS) >= _TENSOR_FACTS_KEPT:
-                _TENSOR_FACTS.clear()
-            found = _TENSOR_FACTS[key] = (
-                (tuple(value.shape),),
-                (_dtype_name(value.dtype),),
-                value.nbytes,
+            if len(_LIST_FACTS) >= _LIST_FACTS_KEPT:
+                _LIST_FACTS.clear()
+            tensors = [t for t in value if isinstance(t, torch.Tensor)]
+            found = _LIST_FACTS[key] = (
+                tuple(tuple(t.shape) for t in tensors),
+                tuple(_dtype_name(t.dtype) for t in tensors),
+                sum(t.nbytes for t in tensors),
             )
         return found
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        tensors = [t for t in value if isinstance(t, torch.Tensor)]
-        return (
-            tuple(tuple(t.shape) for t in tensors),
-            tuple(_dtype_name(t.dtype) for t in tensors),
-            sum(t.nbytes for t in tensors),
-        )
     if value is None:
         return (), (), 0
     return (), (type(value).__name__,), 0
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
-# a tensor's facts by (shape, dtype): bytes are elements times element size whatever
-# the strides, so the two say it all; bounded, for programs whose shapes keep changing
-_TENSOR_FACTS: dict[tuple[torch.Size, torch.dtype], tuple[Any, ...]] = {}
-_TENSOR_FACTS_KEPT = 1024
+# a list's facts by its tensors' (shape, dtype): bytes are elements times element size
+# whatever the strides, so the two say it all; bounded, for shapes that keep changing
+_LIST_FACTS: dict[tuple[tuple[torch.Size, torch.dtype], ...], tuple[Any, ...]] = {}
+_LIST_FACTS_KEPT = 1024
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -37,29 +37,14 @@ class Record:
     """One collective as the recorder keeps it: plain data, nothing of the caller's.
 
     A slot of the recorder's ring, filled again (:meth:`keep`) once the ring is
-    full: no object is made or freed per collective then. ``number`` says
-    which collective it holds now (the recorder's count when it was kept).
+    full: no slot is made or freed per collective then. ``number`` says which
+    collective it holds now (the recorder's count when it was kept); ``fields``
+    are the event's attributes as they were at its start, less the
+    communicator (one dictionary copy: copying attribute by attribute costs a
+    microsecond a collective more than that).
     """
 
-    __slots__ = (
-        "call_site",
-        "dtypes",
-        "end",
-        "error",
-        "group",
-        "name",
-        "nbytes",
-        "number",
-        "op",
-        "peers",
-        "point_to_point",
-        "rank",
-        "seq",
-        "shapes",
-        "start",
-        "state",
-        "uniform",
-    )
+    __slots__ = ("end", "error", "fields", "number", "state")
 
     def __init__(self, event: CollectiveEvent, number: int = 0):
         self.keep(event, number)
@@ -67,35 +52,33 @@ class Record:
     def keep(self, event: CollectiveEvent, number: int) -> None:
         """Hold ``event`` (started), the recorder's ``number``-th collective."""
         self.number = number
-        self.group, self.seq, self.name, self.rank = event.group, event.seq, event.name, event.rank
-        self.shapes, self.dtypes, self.nbytes = event.shapes, event.dtypes, event.nbytes
-        self.peers, self.op, self.uniform = dict(event.peers), event.op, event.uniform
-        self.point_to_point = event.point_to_point
-        self.start = event.start
-        self.call_site = event.call_site
+        fields = self.fields = vars(event).copy()
+        fields.pop("communicator", None)  # the ring must not keep communicators alive
         self.end: float | None = None
         self.state = "started"
         self.error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The record as the trace file stores it."""
+        f = self.fields
+        site = f["call_site"]
         return {
-            "group": self.group,
-            "seq": self.seq,
-            "name": self.name,
-            "rank": self.rank,
-            "shapes": [list(s) for s in self.shapes],
-            "dtypes": list(self.dtypes),
-            "nbytes": self.nbytes,
-            "peers": self.peers,
-            "op": self.op,
-            "uniform": self.uniform,
-            "point_to_point": self.point_to_point,
-            "start": self.start,
+            "group": f["group"],
+            "seq": f["seq"],
+            "name": f["name"],
+            "rank": f["rank"],
+            "shapes": [list(s) for s in f["shapes"]],
+            "dtypes": list(f["dtypes"]),
+            "nbytes": f["nbytes"],
+            "peers": dict(f["peers"]),
+            "op": f["op"],
+            "uniform": f["uniform"],
+            "point_to_point": f["point_to_point"],
+            "start": f["start"],
             "end": self.end,
             "state": self.state,
             "error": self.error,
-            "call_site": None if self.call_site is None else self.call_site.as_dict(),
+            "call_site": None if site is None else site.as_dict(),
         }
 
 
@@ -152,12 +135,17 @@ class FlightRecorder:
     def commlib_collective_start(self, event: CollectiveEvent) -> None:
         """Keep a record of ``event`` (the oldest record goes when full)."""
         number = self.recorded + 1
-        slots = self._slots
-        if len(slots) < self.capacity:
-            slots.append(Record(event, number))
+        capacity = self.capacity
+        if number > capacity:  # full: the oldest slot is filled again (Record.keep, inline)
+            record = self._slots[(number - 1) % capacity]
+            record.number = number
+            fields = record.fields = vars(event).copy()
+            fields.pop("communicator", None)
+            record.end = record.error = None
+            record.state = "started"
         else:
-            slots[self.recorded % self.capacity].keep(event, number)
-        self.recorded = number
+            self._slots.append(Record(event, number))
+        self.recorded = number  # after the slot is filled: snapshot() reads the ring by it
         if len(self._open) >= self.capacity:  # handles nobody waits on must not pile up
             self._open.pop(next(iter(self._open)))
         self._open[id(event)] = number
@@ -175,7 +163,7 @@ class FlightRecorder:
         record = self._slots[(number - 1) % self.capacity]
         if record.number != number:
             return  # its slot holds a later collective now: it left the ring
-        record.end = record.start + (event.duration or 0.0)
+        record.end = record.fields["start"] + (event.duration or 0.0)
         record.state = event.state
         if event.error is not None:
             text = f"{type(event.error).__name__}: {event.error}"

@@ -10,6 +10,13 @@ The slot's room for data is learnt (:mod:`commlib._rooms`, shared with the
 argument check): a loop gathering tensors of steady shapes completes each call
 in one round from its second call on; the byte count of every round is still
 the same on every rank, so no engine ever sees ranks disagree on a size.
+
+What a kind of call sends (its header) and how its gathered data is viewed
+are made once per kind and kept with the engine's slot, and the sent rows
+are rewritten only when the header changes. When every rank's header is the
+one this rank sent (the steady case: every rank passes the same dtype and
+shape), the call is settled without reading a field: the data is one strided
+view of the gathered slots. Any difference reads every header, as before.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib._rooms import HEADER, Rooms
-from commlib._sent_slots import SentSlot, copies_of
+from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
@@ -38,15 +45,86 @@ assert _HEADER_BYTES == HEADER
 # gathered slots up to this many bytes land in a bytearray, larger ones in torch.empty
 _ZEROED_UP_TO = 64 << 10
 _HEADS = struct.Struct(f"<{_HEADER}q")
-_FIELDS = [struct.Struct(f"<{n}q") for n in range(_HEADER + 1)]
 _ROOT = _HEADER - 1  # the field after the largest shape: a gather's dst
 
 
-def _own_slot(engine: Engine, size: int) -> SentSlot:
-    found: SentSlot | None = engine.kept.get("ragged")
-    if found is None or found.size != size:
+class _Layout:
+    """What one kind of call sends and how its gathered data is viewed, made once.
+
+    A kind is a dtype, shape, status, ``dst`` and slot size: a loop repeats a
+    handful, and on a small CPU packing a header and each view op cost
+    microseconds a call (the views of the data areas, as :mod:`commlib._sent_slots`
+    makes its own once per layout).
+    """
+
+    __slots__ = ("areas", "header", "nbytes", "offset", "sizes", "status", "strides")
+
+    def __init__(
+        self, tensor: torch.Tensor, status: int, dst: int | None, slot: SentSlot, world: int
+    ):
+        ok = tensor.dim() <= MAX_DIMS
+        nbytes = tensor.numel() * tensor.element_size()
+        status = status if ok else TOO_MANY_DIMS
+        fields = [status, dtype_code(tensor.dtype), tensor.dim(), nbytes]
+        fields += list(tensor.shape) if ok else []
+        # the whole header, zeros after the shape: equal calls have equal headers
+        fields += [0] * (_ROOT - len(fields)) + [0 if dst is None else dst]
+        self.status = status
+        self.header = _HEADS.pack(*fields)
+        self.nbytes = nbytes
+        inline = ok and status != SHAPES and 0 < nbytes <= slot.size - _HEADER_BYTES
+        #: this rank's data area in every sent row, when the data rides in the slot
+        self.areas = slot.areas(tensor, nbytes) if inline else None
+        # every rank's data in the gathered slots, ``(world, *shape)``, when all agree
+        # (offsets in elements: a slot is a multiple of 16 bytes, the header 288)
+        size = tensor.element_size()
+        self.offset = _HEADER_BYTES // size
+        self.sizes = (world, *tensor.shape)
+        self.strides = (slot.size // size, *_contiguous_strides(tuple(tensor.shape)))
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+class _Slots:
+    """One engine's sent slot (:class:`SentSlot`) and the layouts of the calls seen."""
+
+    __slots__ = ("header", "layouts", "sent", "world")
+
+    def __init__(self, engine: Engine, size: int):
         copies = copies_of(engine.world_size, size, engine.on_cpu)
-        found = engine.kept["ragged"] = SentSlot(copies, size, _HEADER_BYTES)
+        self.sent = SentSlot(copies, size, _HEADER_BYTES)
+        #: the header the sent rows hold now: a call with the same one writes none
+        self.header = b""
+        self.layouts: dict[tuple[Any, ...], _Layout] = {}
+        self.world = engine.world_size
+
+    def layout(self, tensor: torch.Tensor, status: int, dst: int | None) -> _Layout:
+        """The layout of a call sending ``tensor`` with ``status`` (and ``dst``)."""
+        key = (tensor.dtype, tensor.shape, status, dst)
+        found = self.layouts.get(key)
+        if found is None:
+            if len(self.layouts) >= LAYOUTS:
+                self.layouts.clear()
+            found = self.layouts[key] = _Layout(tensor, status, dst, self.sent, self.world)
+        return found
+
+    def head(self, header: bytes) -> None:
+        """Write ``header`` into every sent row, unless they hold it already."""
+        if header != self.header:
+            self.sent.head(header)
+            self.header = header
+
+
+def _slots(engine: Engine, size: int) -> _Slots:
+    found: _Slots | None = engine.kept.get("ragged")
+    if found is None or found.sent.size != size:
+        found = engine.kept["ragged"] = _Slots(engine, size)
     return found
 
 
@@ -97,23 +175,66 @@ def exchange(
     With ``dst``, the round is a gather's to ``dst`` (whose data only ``dst``
     keeps): ranks that name different roots raise alike.
 
+    The shapes in the result may be one list repeated (every rank's shape
+    the same): read them, copy before changing one.
+
     Examples:
         >>> shapes, tensors, dtype = exchange(engine, torch.ones(2), "all_gather", room=3808)
         >>> shapes             # on 2 ranks, rank 1 passing torch.ones(3): [[2], [3]]
         [[2]]
     """
-    ok = tensor.dim() <= MAX_DIMS
-    nbytes = tensor.numel() * tensor.element_size()
-    gathering = GATHER_ADAPTING if adapt_empty else GATHER
-    if dst is not None:
-        gathering = GATHER_TO
-    status = (SHAPES if shapes_only else gathering) if ok else TOO_MANY_DIMS
-    fields = [status, dtype_code(tensor.dtype), tensor.dim(), nbytes]
-    fields += list(tensor.shape) if ok else []
-    if dst is not None:
-        fields += [0] * (_ROOT - len(fields)) + [dst]
-    inline = tensor if ok and not shapes_only and 0 < nbytes else None
-    size, gathered, heads = _round(engine, what, fields, inline, room, rooms, timeout)
+    size = _HEADER_BYTES + room
+    if rooms is not None:
+        size = rooms.slot_bytes(size)
+    slots = _slots(engine, size)
+    if shapes_only:
+        status = SHAPES
+    elif dst is not None:
+        status = GATHER_TO
+    else:
+        status = GATHER_ADAPTING if adapt_empty else GATHER
+    layout = slots.layout(tensor, status, dst)
+    header = layout.header
+    gathered, raw, stride = _round(engine, what, slots, header, layout.areas, tensor, timeout)
+    world = engine.world_size
+    for start in range(0, world * stride, stride):
+        if not raw.startswith(header, start):
+            break
+    else:
+        # every rank sent this rank's header: the same call everywhere, nothing to
+        # agree on (and no header to read)
+        nbytes = layout.nbytes
+        if layout.status != TOO_MANY_DIMS and (nbytes or shapes_only):
+            shapes = [list(tensor.shape)] * world
+            if shapes_only:
+                return shapes, None, tensor.dtype
+            if rooms is not None:
+                rooms.learn(nbytes, world)
+            if layout.areas is None:  # too large for the slot: the caller's second round
+                return shapes, None, tensor.dtype
+            every = gathered.view(tensor.dtype).as_strided(
+                layout.sizes, layout.strides, layout.offset
+            )
+            return shapes, list(every.unbind(0)), tensor.dtype
+    heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
+    return _settle(
+        engine, tensor, what, heads, gathered, size, rooms, shapes_only, adapt_empty, dst
+    )
+
+
+def _settle(
+    engine: Engine,
+    tensor: torch.Tensor,
+    what: str,
+    heads: list[tuple[int, ...]],
+    gathered: torch.Tensor,
+    size: int,
+    rooms: Rooms | None,
+    shapes_only: bool,
+    adapt_empty: bool,
+    dst: int | None,
+) -> tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype]:
+    """:func:`exchange`'s result from headers that differ: raise alike, or shapes that differ."""
     room = size - _HEADER_BYTES
     _agree_on_adapting(what, heads)
     if adapt_empty and all(h[0] == GATHER_ADAPTING for h in heads):
@@ -133,9 +254,6 @@ def exchange(
     if any(h[3] > room for h in heads):
         return shapes, None, dtype
     world = engine.world_size
-    if nbytes and all(s == shapes[0] for s in shapes):  # equal shapes: one view of them all
-        block = gathered.as_strided((world, nbytes), (size, 1), _HEADER_BYTES).view(dtype)
-        return shapes, list(block.view(world, *shapes[0]).unbind(0)), dtype
     rows = gathered.view(world, size)
     tensors = [
         rows[r].narrow(0, _HEADER_BYTES, h[3]).view(dtype).reshape(shapes[r])
@@ -193,8 +311,15 @@ def refuse(
     """
     text = refusal.encode()[:room]  # the slot has at least this room, on every rank
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else None
-    fields = [REFUSED, 0, 0, len(text)]
-    size, gathered, heads = _round(engine, what, fields, data, room, rooms, timeout)
+    size = _HEADER_BYTES + room
+    if rooms is not None:
+        size = rooms.slot_bytes(size)
+    slots = _slots(engine, size)
+    header = _HEADS.pack(REFUSED, 0, 0, len(text), *[0] * (_HEADER - 4))
+    areas = None if data is None else slots.sent.areas(data, len(text))
+    gathered, raw, stride = _round(engine, what, slots, header, areas, data, timeout)
+    world = engine.world_size
+    heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
     texts = {r: _refusal(gathered, size, h, r) for r, h in enumerate(heads)}
     if len(set(texts.values())) > 1:
         _agree(what, heads, gathered, size)
@@ -203,43 +328,39 @@ def refuse(
 def _round(
     engine: Engine,
     what: str,
-    fields: list[int],
+    slots: _Slots,
+    header: bytes,
+    areas: Areas | None,
     data: torch.Tensor | None,
-    room: int,
-    rooms: Rooms | None,
     timeout: datetime.timedelta | None,
-) -> tuple[int, torch.Tensor, list[tuple[int, ...]]]:
-    """One round of slots: its size, what was gathered, and every rank's header fields."""
-    size = _HEADER_BYTES + room
-    if rooms is not None:
-        size = rooms.slot_bytes(size)
-    # plain bytes and struct: a handful of tiny torch ops would cost more than the wire
-    own = _own_slot(engine, size)
-    own.head(_FIELDS[len(fields)].pack(*fields))
-    nbytes = 0 if data is None else data.numel() * data.element_size()
-    if data is not None and nbytes <= size - _HEADER_BYTES:
-        own.areas(data, nbytes).every.copy_(data)  # into every row at once
+) -> tuple[torch.Tensor, bytes | bytearray, int]:
+    """One round of slots: what was gathered, its headers' bytes and their stride in them.
+
+    ``areas`` (this rank's data area in the sent rows) takes ``data`` when
+    given; the header is written only when the rows hold another.
+    """
+    slots.head(header)
+    if areas is not None and data is not None:
+        areas.every.copy_(data)  # into every row at once
+    size = slots.sent.size
     world = engine.world_size
-    on_cpu = engine.on_cpu
-    raw: Any
-    if on_cpu and world * size <= _ZEROED_UP_TO:
-        raw = bytearray(world * size)  # small: the cheapest buffer to read headers from
-        gathered = torch.frombuffer(raw, dtype=torch.uint8)
-    else:
+    plugin = engine.plugin
+    if engine.on_cpu:
+        if world * size <= _ZEROED_UP_TO:
+            raw = bytearray(world * size)  # small: the cheapest buffer to read headers from
+            gathered = torch.frombuffer(raw, dtype=torch.uint8)
+            engine.run(what, plugin.all_gather_slots, gathered, slots.sent.rows, timeout=timeout)
+            return gathered, raw, size
         # not zeroed: the round fills every byte, and zeroing megabytes costs
+        gathered = torch.empty(world * size, dtype=torch.uint8)
+        engine.run(what, plugin.all_gather_slots, gathered, slots.sent.rows, timeout=timeout)
+    else:
         gathered = torch.empty(world * size, dtype=torch.uint8, device=engine.device())
-        raw = gathered.numpy() if on_cpu else None
-    if on_cpu:
-        engine.run(what, engine.plugin.all_gather_slots, gathered, own.rows, timeout=timeout)
-    else:
-        mine = engine.plugin.to_device(own.rows[0])
-        engine.run(what, engine.plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
-    if raw is not None:
-        stride = size
-    else:
-        raw = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
-        stride = _HEADER_BYTES
-    return size, gathered, [_HEADS.unpack_from(raw, r * stride) for r in range(world)]
+        mine = plugin.to_device(slots.sent.rows[0])
+        engine.run(what, plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
+    # large, or on a device: only the headers come back to be read
+    heads = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
+    return gathered, heads, _HEADER_BYTES
 
 
 def _agree(what: str, heads: list[tuple[int, ...]], gathered: torch.Tensor, size: int) -> None:

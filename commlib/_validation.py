@@ -150,6 +150,45 @@ def tensor_list(
     return list(value)
 
 
+def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> torch.dtype | None:
+    """The one dtype of two lists of ``length`` tensors a CPU engine takes as they are.
+
+    As they are: plain ``torch.Tensor`` (no subclass), dense, on the CPU,
+    contiguous, outside autograd, all of one dtype. ``None`` when anything
+    differs; the caller then checks the lists with :func:`tensor_list` and
+    :func:`same_dtype` (whose errors say what is wrong) and adapts the tensors
+    one by one. One loop over both lists, for the call that needs no more.
+
+    Examples:
+        >>> plain_tensor_lists([torch.ones(2)], [torch.zeros(2)], 1)
+        torch.float32
+        >>> print(plain_tensor_lists([torch.ones(2)], [torch.zeros(2, dtype=torch.int64)], 1))
+        None
+    """
+    if (
+        type(outputs) not in (list, tuple)
+        or type(inputs) not in (list, tuple)
+        or len(outputs) != length
+        or len(inputs) != length
+        or not length
+    ):
+        return None
+    dtype = inputs[0].dtype if type(inputs[0]) is torch.Tensor else None
+    strided = torch.strided
+    for tensors in (outputs, inputs):
+        for t in tensors:
+            if (
+                type(t) is not torch.Tensor
+                or t.dtype is not dtype
+                or not t.is_cpu
+                or t.layout is not strided
+                or t.requires_grad
+                or not t.is_contiguous()
+            ):
+                return None
+    return dtype
+
+
 def same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:
     """Check that ``tensors`` share one dtype (returned).
 

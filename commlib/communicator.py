@@ -754,7 +754,7 @@ class Communicator:
             rooms=_rooms.rooms_of(engine),
             shapes_only=True,
         )
-        return shapes
+        return [list(s) for s in shapes]  # one list per rank, the caller's to change
 
     @_collective("all_gather_cat", payload="data")
     def all_gather_cat(self, data: _Data, dim: int = 0, *, timeout: Timeout = None) -> _Data:
@@ -1076,8 +1076,13 @@ class Communicator:
             rooms=_rooms.rooms_of(engine),
             dst=dst,
         )
-        if parts is not None:
-            return [p.to(tensor.device, copy=True) for p in parts] if is_dst else []
+        if parts is not None:  # small: the data came with the shapes, one round
+            if not is_dst:
+                return []
+            # views of this call's own gathered buffer: nothing else holds it
+            if engine.on_cpu and tensor.is_cpu:
+                return parts
+            return [p.to(tensor.device) for p in parts]
         mine = list(work_t.shape)
         if all(s == mine for s in shapes):
             out = [torch.empty_like(work_t) for _ in shapes] if is_dst else None
@@ -1494,10 +1499,17 @@ class Communicator:
         """
         engine = self._member("all_to_all")
         world = engine.world_size
-        check.tensor_list(output_tensor_list, world, "output_tensor_list")
-        check.tensor_list(input_tensor_list, world, "input_tensor_list")
-        check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
-        dtype = input_tensor_list[0].dtype
+        # one loop over both lists where the engine takes every tensor as it is
+        dtype = (
+            check.plain_tensor_lists(output_tensor_list, input_tensor_list, world)
+            if engine.on_cpu
+            else None
+        )
+        as_they_are = dtype is not None
+        if dtype is None:
+            check.tensor_list(output_tensor_list, world, "output_tensor_list")
+            check.tensor_list(input_tensor_list, world, "input_tensor_list")
+            dtype = check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
         guard = self._guard
         if "all_to_all" in guard.checked:
             guard.check_pairs(
@@ -1507,6 +1519,14 @@ class Communicator:
                 [t.numel() for t in input_tensor_list],
                 [t.numel() for t in output_tensor_list],
                 timeout,
+            )
+        if as_they_are:  # the engine writes the caller's own tensors: nothing to finish
+            return engine.all_to_all(
+                list(output_tensor_list),
+                list(input_tensor_list),
+                timeout=None if timeout is None else as_timedelta(timeout),
+                async_op=async_op,
+                value=list(output_tensor_list),
             )
         to_device = engine.to_device
         outs = [to_device(t) for t in output_tensor_list]

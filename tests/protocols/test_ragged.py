@@ -1,0 +1,174 @@
+"""gather and all_gather's first round (commlib._ragged) across sequences of calls.
+
+The round keeps what a call needs from call to call (the sent slot, the
+header and views of each kind of call), and a call whose header every rank
+sent alike skips reading them. These tests mix kinds of calls in one
+communicator (equal shapes, then different ones, then equal again; refusals
+and disagreements in between; a slot that grows and shrinks; dtypes of
+every width), so a kept header or view that no longer fits would show as a
+wrong result, a wrong error, or ranks taking different numbers of rounds.
+They run on the session's gloo worlds of 1 to 4 ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commlib import Communicator
+from commlib.errors import RemoteArgumentError
+
+
+def _caught(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except RemoteArgumentError as exc:
+        return ("remote", str(exc))
+    except (ValueError, TypeError) as exc:
+        return (type(exc).__name__, str(exc))
+    return None
+
+
+def _mine(r: int, kind: str) -> torch.Tensor:
+    """Rank ``r``'s tensor of each kind of call in the sequence."""
+    if kind == "equal":
+        return torch.arange(4.0) + 10 * r
+    if kind == "ragged":
+        return torch.full((r + 1, 2), float(r))
+    if kind == "ragged_inner":  # the same ndim, a different last dim
+        return torch.full((2, r + 1), r, dtype=torch.int64)
+    if kind == "scalar":
+        return torch.tensor(r, dtype=torch.int32)
+    if kind == "bool":
+        return torch.tensor([r % 2 == 0, True, False])
+    if kind == "bf16":
+        return torch.full((3, 5), r + 0.5, dtype=torch.bfloat16)
+    if kind == "complex":
+        return torch.tensor([complex(r, -r), complex(1, r)], dtype=torch.complex128)
+    if kind == "large":  # past the communicator's slot: a second round, then learnt
+        return torch.full((600, 3), float(r))
+    if kind == "empty":
+        return torch.zeros((0, 3))
+    raise AssertionError(kind)
+
+
+_SEQUENCE = [
+    "equal", "equal", "ragged", "equal", "ragged_inner", "scalar", "equal", "bool",
+    "ragged", "bf16", "complex", "equal", "empty", "ragged", "large", "large", "equal",
+    "ragged",
+]  # fmt: skip
+
+
+def _on_sequence(comm: Communicator, strict: bool | None):
+    comm = Communicator(comm.group, strict=strict)
+    r, n = comm.rank, comm.world_size
+    engine = comm._engine
+    out: dict = {"rounds": [], "gather": [], "all_gather": [], "errors": {}}
+
+    def rounds(fn, *args, **kwargs):
+        before = engine.seq
+        got = fn(*args, **kwargs)
+        out["rounds"].append(engine.seq - before)
+        return got
+
+    def seen(tensors):
+        return [(str(t.dtype), tuple(t.shape), t.tolist()) for t in tensors]
+
+    for step, kind in enumerate(_SEQUENCE):
+        dst = step % n
+        out["gather"].append(seen(rounds(comm.gather, _mine(r, kind), dst=dst)))
+        out["all_gather"].append(seen(rounds(comm.all_gather, _mine(r, kind))))
+        if step == 3:  # only rank 0 passes a wrong argument: every rank raises
+            bad = "not a tensor" if r == 0 else _mine(r, "equal")
+            out["errors"]["refused"] = _caught(comm.gather, bad, dst=0)
+        if step == 6:  # every rank names its own dst
+            out["errors"]["dst"] = _caught(comm.gather, _mine(r, "equal"), dst=r)
+        if step == 8:  # rank 1 passes another dtype
+            odd = _mine(r, "equal").to(torch.float64 if r == 1 else torch.float32)
+            out["errors"]["dtype"] = _caught(comm.all_gather, odd)
+    # a steady loop of small calls after the large ones: the slot shrinks back
+    for _ in range(10):
+        out["gather"].append(seen(rounds(comm.gather, _mine(r, "equal"), dst=0)))
+    # every rank's own list of shapes, each its own to change
+    shapes = comm.all_gather_shapes(_mine(r, "equal"))
+    shapes[0].append(99)
+    out["shapes"] = shapes
+    # adapt_empty: rank 0's placeholder takes the dtype and dims of the ranks with data
+    holder = torch.zeros(0) if r == 0 else torch.arange(r * 2, dtype=torch.int64).view(r, 2)
+    out["adapted"] = seen(comm.all_gather(holder, adapt_empty=True))
+    return out
+
+
+def _expected_gather(kind: str, n: int) -> list:
+    return [(str(t.dtype), tuple(t.shape), t.tolist()) for t in (_mine(q, kind) for q in range(n))]
+
+
+@pytest.mark.parametrize("strict", [None, False, True], ids=["default", "unchecked", "strict"])
+def test_mixed_sequence_of_gathers(world, strict):
+    n = world.size
+    results = world.run(_on_sequence, strict)
+    for r, got in enumerate(results):
+        for step, kind in enumerate(_SEQUENCE):
+            want = _expected_gather(kind, n)
+            assert got["gather"][step] == (want if r == step % n else []), (r, step, kind)
+            assert got["all_gather"][step] == want, (r, step, kind)
+        for extra in got["gather"][len(_SEQUENCE) :]:
+            assert extra == (_expected_gather("equal", n) if r == 0 else [])
+        assert got["shapes"] == [[4, 99]] + [[4]] * (n - 1)
+        want_adapted = [("torch.int64", (0, 2), [])] + [
+            ("torch.int64", (q, 2), torch.arange(q * 2).view(q, 2).tolist()) for q in range(1, n)
+        ]
+        assert got["adapted"] == (want_adapted if n > 1 else [("torch.float32", (0,), [])])
+        errors = got["errors"]
+        if n == 1:
+            assert errors["refused"][0] == "TypeError"
+            assert errors["dst"] is None and errors["dtype"] is None
+            continue
+        assert errors["refused"][0] == "remote" and "rank 0 refused" in errors["refused"][1]
+        assert errors["dst"][0] == "remote" and "dst=1" in errors["dst"][1]
+        assert errors["dtype"][0] == "remote" and "torch.float64" in errors["dtype"][1]
+    # the number of engine calls is the same on every rank, call by call
+    assert all(got["rounds"] == results[0]["rounds"] for got in results)
+    if n > 1:
+        rounds = results[0]["rounds"]
+        per_kind = dict(zip(_SEQUENCE, zip(rounds[0::2], rounds[1::2])))
+        extra = 1 if strict else 0  # strict mode checks all_gather in a round of its own
+        assert per_kind["equal"] == (1, 1 + extra)  # the data came with the shapes
+        large = _SEQUENCE.index("large")
+        # the first large call takes a second round; the slot learns it, the next does not
+        assert rounds[2 * large] == 2 and rounds[2 * large + 2] == 1
+
+
+def _on_all_to_all_forms(comm: Communicator):
+    r, n = comm.rank, comm.world_size
+
+    def sent(j: int) -> torch.Tensor:
+        return torch.arange(4.0).view(2, 2) + 10.0 * r + j
+
+    out = {}
+    # a tuple, plain tensors: the engine takes them as they are
+    outs = tuple(torch.empty(2, 2) for _ in range(n))
+    comm.all_to_all(outs, tuple(sent(j) for j in range(n)))
+    out["tuple"] = [t.tolist() for t in outs]
+    # outputs that are not contiguous, inputs that require grad: adapted one by one
+    bases = [torch.zeros(2, 2) for _ in range(n)]
+    strided = [b.t() for b in bases]
+    grads = [sent(j).requires_grad_() for j in range(n)]
+    comm.all_to_all(strided, grads)
+    out["adapted"] = [t.tolist() for t in strided]
+    out["mixed"] = _caught(
+        comm.all_to_all,
+        [torch.empty(2, 2) for _ in range(n)],
+        [sent(j).to(torch.float64 if j == 0 else torch.float32) for j in range(n)],
+    )
+    return out
+
+
+def test_all_to_all_lists_as_they_are_and_adapted(world):
+    n = world.size
+    for r, got in enumerate(world.run(_on_all_to_all_forms)):
+        want = [(torch.arange(4.0).view(2, 2) + 10.0 * q + r).tolist() for q in range(n)]
+        assert got["tuple"] == want
+        assert got["adapted"] == want  # written through the transposed views
+        assert got["mixed"][0] in ("TypeError", "remote")
+        assert "one dtype" in got["mixed"][1]

@@ -14,9 +14,10 @@ link carries ``(n-1)/n`` of it; gather has no better bound), and
 ``broadcast_object_list`` counts the broadcast payload like broadcast.
 ``all_reduce_params`` counts the total parameter bytes like all_reduce.
 
-``reduce`` counts the reduced tensor (factor 1, as nccl-tests), ``scatter``
-the whole scatter list and ``all_to_all_single`` the whole input (each
-``(n-1)/n``, as nccl-tests' scatter and alltoall). The ``send_recv``
+``reduce`` counts the reduced tensor (factor 1, as nccl-tests), ``gather``
+the gathered total, ``scatter`` the whole scatter list and ``all_to_all`` /
+``all_to_all_single`` the whole input (each ``(n-1)/n``, as nccl-tests'
+gather, scatter and alltoall). The ``send_recv``
 ping-pong counts the message twice, there and back, with factor 1.
 """
 
@@ -50,7 +51,9 @@ BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
     "broadcast": _broadcast,
     "broadcast_object_list": _broadcast,
     "reduce": _broadcast,
+    "gather": _gather_like,
     "scatter": _gather_like,
+    "all_to_all": _gather_like,
     "all_to_all_single": _gather_like,
     "send_recv": _broadcast,
 }

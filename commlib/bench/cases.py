@@ -269,6 +269,52 @@ def _all_to_all_single(comm: Communicator, size: int) -> Prepared:
     return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
 
 
+def _gather(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    x = _filled(count, rank, dev)
+    dst = _world_rank(comm, 0)
+
+    def ours() -> list[torch.Tensor]:
+        return commlib.gather(x, group=comm)
+
+    def theirs() -> list[torch.Tensor]:
+        out = [torch.empty_like(x) for _ in range(n)] if rank == 0 else None
+        dist.gather(x, out, dst=dst, group=comm.group)
+        return out or []
+
+    def check(out: list[torch.Tensor]) -> None:
+        _expect(len(out) == (n if rank == 0 else 0), "gather length")
+        for i, t in enumerate(out):
+            _expect(_ends(t) == (i, i), f"gather part {i}")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
+def _all_to_all(comm: Communicator, size: int) -> Prepared:
+    n, rank, dev = comm.world_size, comm.rank, comm.device
+    count = _elements(size, n)
+    ins = [_filled(count, 10 * rank + j, dev) for j in range(n)]
+    outs = {
+        impl: [torch.empty(count, dtype=torch.float32, device=dev) for _ in range(n)]
+        for impl in IMPLS
+    }
+
+    def ours() -> list[torch.Tensor]:
+        commlib.all_to_all(outs["commlib"], ins, group=comm)
+        return outs["commlib"]
+
+    def theirs() -> list[torch.Tensor]:
+        dist.all_to_all(outs["torch"], ins, group=comm.group)
+        return outs["torch"]
+
+    def check(out: list[torch.Tensor]) -> None:
+        for i, part in enumerate(out):
+            _expect(_ends(part) == (10 * i + rank,) * 2, f"all_to_all part {i}")
+
+    return Prepared(n * count * 4, count, {"commlib": ours, "torch": theirs}, check)
+
+
 def _ping_pong(comm: Communicator, size: int) -> Prepared:
     """Rank 0 sends to rank 1, which sends it back; the other ranks wait at the barrier."""
     rank, dev = comm.rank, comm.device
@@ -450,7 +496,9 @@ CASES: list[Case] = [
     Case("broadcast", "broadcast", "float32", "tensor", _broadcast),
     Case("reduce_scatter", "reduce_scatter", "float32", "tensor", _reduce_scatter),
     Case("reduce", "reduce", "float32", "tensor", _reduce),
+    Case("gather", "gather", "float32", "tensor", _gather),
     Case("scatter", "scatter", "float32", "tensor", _scatter),
+    Case("all_to_all", "all_to_all", "float32", "tensor", _all_to_all),
     Case("all_to_all_single", "all_to_all_single", "float32", "tensor", _all_to_all_single),
     Case("send_recv", "send_recv", "float32 ping-pong", "tensor", _ping_pong, min_world=2),
     *(

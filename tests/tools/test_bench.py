@@ -125,7 +125,7 @@ def test_algbw_and_busbw():
     assert bandwidth.busbw("all_gather", 10**9, 1.0, 4) == pytest.approx(0.75)
     assert math.isnan(bandwidth.algbw(1, 0.0))
     with pytest.raises(ValueError):
-        bandwidth.busbw_factor("all_to_all", 2)
+        bandwidth.busbw_factor("barrier", 2)
 
 
 def test_every_case_has_a_busbw_factor():
@@ -145,7 +145,7 @@ def test_select_cases():
         "broadcast_object_list[small]",
     ]
     assert {c.kind for c in select_cases("tensor")} == {"tensor"}
-    assert len(select_cases("tensor")) == 9
+    assert len(select_cases("tensor")) == 11
     both = select_cases(["gather_object[numpy]", "all_reduce"])
     assert [c.name for c in both] == ["all_reduce", "gather_object[numpy]"]  # standard order
     with pytest.raises(ValueError, match="unknown --ops"):

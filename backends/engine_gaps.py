@@ -317,12 +317,16 @@ class EngineGaps(Backend):
         self, output: torch.Tensor, slots: torch.Tensor, group: Group, async_op: bool = False
     ) -> Work | None:
         """all_gather_slots; small repeated ones as one all_to_all of ``slots`` as they are."""
-        limit = self.small_exchange_bytes
-        total = slots.numel()
+        rows, size = slots.shape
         # output holds a slot from every rank: as many bytes as slots repeated per rank
-        if limit is not None and 0 < total <= limit and total == output.numel():
+        if rows * size == output.numel() and self.sends_slot_rows_apart(rows, size):
             return self.all_to_all_single(output, slots, None, None, group, async_op)
         return super().all_gather_slots(output, slots, group, async_op)
+
+    def sends_slot_rows_apart(self, world: int, slot_bytes: int) -> bool:
+        """Up to ``small_exchange_bytes`` in all: one all_to_all sends row ``j`` to rank ``j``."""
+        limit = self.small_exchange_bytes
+        return limit is not None and 0 < world * slot_bytes <= limit
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any, async_op: bool = False) -> Any:
         """broadcast; dtypes the library cannot move travel as bytes."""

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 import torch
 
 from commlib import _objects, _ragged, _steps
+from commlib._host_copy import host_copy
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
 from commlib._settings import as_timedelta
@@ -106,9 +107,10 @@ _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
 
 
-#: the checked collectives where every rank needs every rank's data: the slot learns
-#: their sizes up to its cap; the others' only up to ``_rooms.PAD_UP_TO``
-EVERYONE_NEEDS_ALL = frozenset({"all_reduce", "all_gather_into_tensor"})
+#: the checked collectives where every rank needs every rank's data (all_to_all_single:
+#: its part for each rank, in that rank's row): the slot learns their sizes up to its
+#: cap; the others' only up to ``_rooms.PAD_UP_TO``
+EVERYONE_NEEDS_ALL = frozenset({"all_reduce", "all_gather_into_tensor", "all_to_all_single"})
 
 
 def fingerprint(description: str) -> int:
@@ -136,9 +138,12 @@ class _HostSlots:
     shaped like the data, are made once per layout, as the sent slot's are.
     """
 
-    def __init__(self, world: int, slot_size: int):
+    def __init__(self, world: int, slot_size: int, apart: bool):
         self.slot_size = slot_size
-        self.sent = SentSlot(copies_of(world, slot_size, on_cpu=True), slot_size, _DATA)
+        #: whether the engine sends row ``j`` to rank ``j`` (``sends_slot_rows_apart``)
+        self.apart = apart
+        copies = world if apart else copies_of(world, slot_size, on_cpu=True)
+        self.sent = SentSlot(copies, slot_size, _DATA)
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
@@ -165,7 +170,9 @@ def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _slots(engine: Engine, slot_size: int) -> _HostSlots:
     slots: _HostSlots | None = engine.kept.get("check")
     if slots is None or slots.slot_size != slot_size:
-        slots = engine.kept["check"] = _HostSlots(engine.world_size, slot_size)
+        world = engine.world_size
+        apart = engine.plugin.sends_slot_rows_apart(world, slot_size)
+        slots = engine.kept["check"] = _HostSlots(world, slot_size, apart)
     return slots
 
 
@@ -179,6 +186,7 @@ def exchange(
     timeout: datetime.timedelta | None = None,
     *,
     write: Callable[[torch.Tensor], object] | None = None,
+    apart: bool = False,
 ) -> list[torch.Tensor] | None:
     """Check that every rank passes the same ``description``; every rank's ``data`` if it fits.
 
@@ -192,6 +200,15 @@ def exchange(
     with nothing to send writes nothing and returns ``False`` (a scatter's
     ranks other than src).
 
+    ``apart``: ``data`` holds a part for each rank along dim 0, ``data[j]``
+    for rank ``j`` (a scatter's pieces on src, an all_to_all_single's
+    chunks). Where the engine sends row ``j`` of the slots to rank ``j``
+    (:meth:`~commlib.backend.Backend.sends_slot_rows_apart`), each part
+    travels in its own row and the result is, from every rank ``r``, the
+    part ``r`` meant for this rank: the slot needs the room of one part, not
+    of ``data``. ``write`` then fills all the rows (``(world, *part)``).
+    Elsewhere nothing rides: ``None``.
+
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
         ...                  serializer, 4096, data=torch.ones(2))
@@ -200,18 +217,29 @@ def exchange(
     """
     world = engine.world_size
     rooms = rooms_of(engine)
-    slot_size = rooms.slot_bytes(slot_size)
-    nbytes = 0 if data is None else data.numel() * data.element_size()
-    inline = data is not None and nbytes <= slot_size - _DATA
-    header = _head(description) + _TAIL.pack(nbytes, int(inline))
+    floor, slot_size = slot_size, rooms.slot_bytes(slot_size)
     on_cpu = engine.on_cpu
-    if on_cpu:
-        host = _slots(engine, slot_size)
+    host = _slots(engine, slot_size) if on_cpu else None
+    like = data[0] if apart and data is not None else data  # what one row carries
+    nbytes = 0 if like is None else like.numel() * like.element_size()
+    # every rank decides alike: on the slot, the engine and the declared size
+    inline = (
+        like is not None
+        and nbytes <= slot_size - _DATA
+        and (not apart or (host is not None and host.apart))
+    )
+    header = _head(description) + _TAIL.pack(nbytes, int(inline))
+    if host is not None:
         host.sent.head(header)
-        if inline and nbytes and data is not None:
-            areas = host.sent.areas(data, nbytes)
-            if write is None:
-                areas.every.copy_(data)  # into every sent row at once
+        if inline and nbytes and data is not None and like is not None:
+            areas = host.sent.areas(like, nbytes)
+            if apart:
+                if write is None:
+                    host_copy(areas.every, data)  # part j into row j, one op
+                else:
+                    write(areas.every)
+            elif write is None:
+                host_copy(areas.every, data)  # into every sent row at once
             elif write(areas.first) is not False:
                 areas.spread()
         every, rows = host.every, host.rows
@@ -228,7 +256,7 @@ def exchange(
         every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
         rows = every.view(world, slot_size)
         engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
-    if on_cpu:
+    if host is not None:
         raw = host.every_raw
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
     else:
@@ -259,13 +287,21 @@ def exchange(
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
-    rooms.learn(need_of(nbytes, what in EVERYONE_NEEDS_ALL), world)
-    if data is None or not inline:
+    need = need_of(nbytes, what in EVERYONE_NEEDS_ALL)
+    if (
+        apart
+        and need
+        and not engine.plugin.sends_slot_rows_apart(world, rooms.slot_for(need, floor))
+    ):
+        need = 0  # a slot that large would not go apart: the parts could not ride
+    rooms.learn(need, world)
+    if like is None or not inline:
         return None
     if not nbytes:
-        return [torch.empty_like(data) for _ in range(world)]
-    if on_cpu:
-        return list(host.gathered(data, nbytes))
+        return [torch.empty_like(like) for _ in range(world)]
+    if host is not None:
+        return list(host.gathered(like, nbytes))
+    assert data is not None  # not apart: off the host, parts never ride
     # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)
     return [part.view(data.dtype).view(data.shape) for part in block.unbind(0)]
@@ -393,6 +429,7 @@ class Guard:
         *,
         completes: bool = True,
         write: Callable[[torch.Tensor], object] | None = None,
+        apart: bool = False,
     ) -> list[torch.Tensor] | None:
         """The argument check before ``what``, if this communicator checks it.
 
@@ -402,7 +439,8 @@ class Guard:
         only for collectives in the plugin's ``completed_by_check``, unless
         ``completes`` is false (then the data is what is checked).
         ``write`` fills this rank's part of the slot instead of copying
-        ``data`` (see :func:`exchange`).
+        ``data``, and ``apart`` sends ``data[j]`` to rank ``j`` alone (see
+        :func:`exchange`).
 
         Examples:
             >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
@@ -422,6 +460,7 @@ class Guard:
             data,
             as_timedelta(timeout),
             write=write,
+            apart=apart,
         )
 
     def check_pairs(

@@ -97,6 +97,15 @@ class Rooms:
         """Bytes of the next slot: at least ``floor``, and a header plus the learnt room."""
         return max(floor, HEADER + self.learnt) if self.learnt else floor
 
+    def slot_for(self, need: int, floor: int) -> int:
+        """Bytes of a slot with room for ``need`` (at least ``floor``), learnt from nothing else.
+
+        Examples:
+            >>> Rooms().slot_for(65536, 4096)
+            65824
+        """
+        return max(floor, HEADER + (need + 15) // 16 * 16)
+
     def learn(self, largest: int, world: int) -> None:
         """The largest byte count of the round just gathered (known alike on every rank)."""
         if largest > learn_cap(world):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from commlib._host_copy import host_copy
 from commlib._rooms import PAD_UP_TO
 
 #: slots up to this many bytes are written into every row (one copy of the data
@@ -53,7 +54,7 @@ class Areas:
     def spread(self) -> None:
         """Copy what a writer put in the first row's area into the other rows'."""
         if len(self.rest):
-            self.rest.copy_(self.head_row)
+            host_copy(self.rest, self.head_row)
 
 
 class SentSlot:

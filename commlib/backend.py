@@ -654,6 +654,29 @@ class Backend:
         """
         return self.all_gather_into_tensor(output, slots[0], group, async_op)
 
+    def sends_slot_rows_apart(self, world: int, slot_bytes: int) -> bool:
+        """Whether :meth:`all_gather_slots` of ``world`` rows sends row ``j`` to rank ``j``.
+
+        Where it does (an engine that gathers small slots by its all_to_all,
+        sending the rows as they are), a protocol may write a different slot
+        for each rank: the argument check then carries a scatter's pieces
+        and an all_to_all_single's chunks in its round, each to the rank it
+        is for. Every rank must answer alike for the same arguments. The
+        default gathers the first row: ``False``.
+
+        Args:
+            world: the group's size, the rows written.
+            slot_bytes: one row's size.
+
+        Returns:
+            Whether each rank receives, from every rank, the row with its own index.
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("single").sends_slot_rows_apart(2, 4096)
+            False
+        """
+        return False
+
     def gather(
         self,
         tensor: torch.Tensor,

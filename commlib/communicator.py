@@ -47,6 +47,7 @@ from commlib._guard import (
     finished,
     write_nothing,
 )
+from commlib._host_copy import host_copy, stack_into
 from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
@@ -1160,7 +1161,7 @@ class Communicator:
             )
             if parts is not None:
                 if engine.rank != src:
-                    work_t.copy_(parts[src])
+                    host_copy(work_t, parts[src])
                 return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         return engine.broadcast(
             work_t,
@@ -1449,8 +1450,9 @@ class Communicator:
 
         guard = self._guard
         if "scatter" in guard.checked and "scatter" in guard.completed_by_check:
-            # src's whole list travels in its slot of the check's round when it
-            # fits (every rank declares its size alike): one round, not two
+            # src's piece for each rank travels in the row of the check's round
+            # that goes to that rank when it fits (every rank declares its size
+            # alike): one round, not two
             sent = parts
             got = self._guard.check(
                 engine,
@@ -1458,10 +1460,11 @@ class Communicator:
                 describe,
                 work_t.expand(world, *work_t.shape),
                 timeout,
-                write=write_nothing if sent is None else lambda area: torch.stack(sent, out=area),
+                write=write_nothing if sent is None else lambda rows: stack_into(rows, sent),
+                apart=True,
             )
             if got is not None:
-                work_t.copy_(got[src][engine.rank])
+                host_copy(work_t, got[src])
                 return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
         elif "scatter" in guard.checked:
             guard.check(engine, "scatter", describe, timeout=timeout)
@@ -1596,7 +1599,8 @@ class Communicator:
             if checked:
                 # the pairs match exactly when every rank passes the same shapes, whose
                 # rows agree (below), so the description says it all, and a small
-                # input travels with the check: one round
+                # input travels with the check, each chunk in the row that goes to
+                # its rank: one round
                 parts = guard.check(
                     engine,
                     "all_to_all_single",
@@ -1604,8 +1608,9 @@ class Communicator:
                         f"{input.dtype}, input {tuple(input.shape)}, "
                         f"output {tuple(output.shape)}, even splits"
                     ),
-                    in_t,
+                    in_t.view(world, sends_me, *input.shape[1:]),
                     timeout,
+                    apart=True,
                 )
         else:
             rows_out = in_splits or [input.shape[0] // world] * world
@@ -1630,10 +1635,8 @@ class Communicator:
                 f"expects {expects_me} rows of output from itself"
             )
         out_t = engine.to_device(output)
-        if parts is not None:
-            rows = expects_me
-            mine = [p.narrow(0, me * rows, rows) for p in parts]
-            torch.stack(mine, out=out_t.view(world, rows, *input.shape[1:]))
+        if parts is not None:  # every rank's chunk for this rank
+            stack_into(out_t.view(world, expects_me, *input.shape[1:]), parts)
             return finished(lambda: copy_back(out_t, output, world), async_op, [output])
         return engine.all_to_all_single(
             out_t,

@@ -59,6 +59,12 @@ def _mismatch(c: Communicator, what: str) -> None:
     elif what == "scatter-shape":
         parts = [torch.ones(4)] * w if c.rank == 0 else None
         c.scatter(torch.empty(3 if last else 4), parts, src=0)
+    elif what == "scatter-dtype-same-size":  # src's pieces ride: read as the wrong dtype
+        parts = [torch.ones(4)] * w if c.rank == 0 else None
+        c.scatter(torch.empty(4, dtype=torch.int32 if last else torch.float32), parts, src=0)
+    elif what == "scatter-shape-large":  # past the slot: the engine's scatter would run
+        parts = [torch.ones(5000)] * w if c.rank == 0 else None
+        c.scatter(torch.empty(4000 if last else 5000), parts, src=0)
     elif what == "all_to_all_single-splits":
         # the last rank sends rank 0 two rows; rank 0 expects one
         sends = [2] + [1] * (w - 1) if last else [1] * w
@@ -71,6 +77,10 @@ def _mismatch(c: Communicator, what: str) -> None:
         # even splits: the last rank's rows are larger; the shapes must agree
         rows = 2 * w if last else w
         c.all_to_all_single(torch.empty(rows), torch.ones(rows))
+    elif what == "all_to_all_single-even-rows":
+        # the same bytes to every rank, in rows of another shape: the chunks ride
+        shape = (w, 2) if last else (2 * w,)
+        c.all_to_all_single(torch.empty(shape), torch.ones(shape))
     elif what == "all_to_all_single-even-large":  # beyond the slot: checked, not carried
         rows = 4000 * w if last else 3000 * w
         c.all_to_all_single(torch.empty(rows), torch.ones(rows))
@@ -109,9 +119,12 @@ MISMATCHES = [
     "reduce_scatter",
     "reduce-shape",
     "scatter-shape",
+    "scatter-dtype-same-size",
+    "scatter-shape-large",
     "all_to_all_single-splits",
     "all_to_all_single-self",
     "all_to_all_single-even",
+    "all_to_all_single-even-rows",
     "all_to_all_single-even-large",
     "all_to_all-sizes",
 ]
@@ -344,6 +357,12 @@ _KINDS = {
     "all_gather": lambda c: c.all_gather(torch.ones(4)),
     "all_gather_object": lambda c: c.all_gather_object({"a": 1}),
     "broadcast_object_list": lambda c: c.broadcast_object_list([{"a": 1}], src=0),
+    "scatter": lambda c: c.scatter(
+        torch.empty(4), [torch.ones(4)] * c.world_size if c.rank == 0 else None, src=0
+    ),
+    "all_to_all_single": lambda c: c.all_to_all_single(
+        torch.empty(4 * c.world_size), torch.ones(4 * c.world_size)
+    ),
 }
 
 
@@ -398,6 +417,9 @@ def test_strict_set_after_construction_takes_effect(multi_world):
         ("broadcast", "broadcast_object_list"),
         ("all_reduce", "all_gather"),
         ("all_gather", "all_gather_object"),
+        ("scatter", "all_gather"),
+        ("all_to_all_single", "all_gather_object"),
+        ("all_to_all_single", "scatter"),
     ],
 )
 def test_ranks_in_different_protocols_all_raise_at_once(multi_world, first, others):
@@ -556,3 +578,79 @@ def test_unchecked_a_bad_scatter_list_is_refused_on_src_before_sending(world2):
     kind, text, _, after = results[1]
     assert kind == "ValueError" and "scatter_list on src needs 2 tensors" in text
     assert after == 2
+
+
+def _a2a_input(w: int, r: int, chunk: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # rank r's chunk for rank j holds r * 1000 + j * 100 + its index: each one traceable
+    n = w * chunk[0]
+    rows = torch.arange(n * max(1, int(torch.tensor(chunk[1:]).prod())), dtype=torch.float64)
+    data = (rows % 97 + 100 * (rows // (rows.numel() // w)) + 1000 * r).to(dtype)
+    return data.view(n, *chunk[1:])
+
+
+def _riding_rounds(c: Communicator, dtype: torch.dtype, chunk: tuple[int, ...]) -> list[object]:
+    """Rounds and results of a scatter and an even all_to_all_single of ``chunk``s."""
+    w, r = c.world_size, c.rank
+    out: list[object] = []
+    pieces = [(_a2a_input(w, j, chunk, torch.float64)[: chunk[0]]).to(dtype) for j in range(w)]
+    got = torch.zeros(chunk, dtype=dtype)
+    before = c._engine.seq
+    c.scatter(got, pieces if r == w - 1 else None, src=w - 1)
+    out += [c._engine.seq - before, got]
+    x = _a2a_input(w, r, chunk, dtype)
+    mixed = torch.zeros(w * chunk[0], *chunk[1:], dtype=dtype)
+    before = c._engine.seq
+    c.all_to_all_single(mixed, x)
+    out += [c._engine.seq - before, mixed]
+    return out
+
+
+# (dtype, chunk shape, what the slot holds): 4096-byte slots, one chunk per row
+_RIDING = {
+    "float32 in the slot": (torch.float32, (3, 5), "in"),
+    "bool in the slot": (torch.bool, (7,), "in"),
+    "bfloat16 in the slot": (torch.bfloat16, (2, 3), "in"),
+    "complex128 in the slot": (torch.complex128, (4,), "in"),
+    "float64 past the slot, learnt": (torch.float64, (1000,), "learnt"),
+    "float32 past what a scatter learns": (torch.float32, (40_000,), "scatter past"),
+    "uint8 past what goes apart": (torch.uint8, (600_000,), "past"),
+}
+
+
+def _on_riding(comm, case: str) -> list[object]:
+    dtype, chunk, _ = _RIDING[case]
+    checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+    unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(comm.world_size))
+    first, again = _riding_rounds(checked, dtype, chunk), _riding_rounds(checked, dtype, chunk)
+    want = _riding_rounds(unchecked, dtype, chunk)
+    for got in (first, again):
+        for part, expected in zip(got[1::2], want[1::2]):
+            assert isinstance(part, torch.Tensor) and isinstance(expected, torch.Tensor)
+            assert part.dtype == expected.dtype and torch.equal(part, expected), (part, expected)
+    w, r = comm.world_size, comm.rank
+    # what rank r got: the last rank's piece r, and chunk r of every rank
+    assert torch.equal(want[1], _a2a_input(w, r, chunk, torch.float64)[: chunk[0]].to(dtype))
+    every = [_a2a_input(w, j, chunk, dtype).view(w, *chunk)[r] for j in range(w)]
+    assert torch.equal(want[3], torch.cat(every))
+    return [first[0], first[2], again[0], again[2]]
+
+
+@pytest.mark.parametrize("case", list(_RIDING))
+def test_scatter_and_all_to_all_single_parts_ride_in_the_check(world, case):
+    # each rank's part travels in the check's row that goes to it: one round when it
+    # fits, the same bits as unchecked whatever the dtype and shape
+    rounds = world.run(_on_riding, case, timeout=120)
+    where = _RIDING[case][2]
+    if world.size == 1:  # nothing to check in a world of one
+        return
+    expected = {
+        "in": [1, 1, 1, 1],
+        # the check, then the engine's scatter; the slot learnt its size: the rest fit
+        "learnt": [2, 1, 1, 1],
+        # a scatter's other rows are padding: it learns only up to PAD_UP_TO (so the
+        # all_to_all_single takes two rounds), an all_to_all_single up to its cap
+        "scatter past": [2, 2, 1, 1],
+        # world x slot past gloo's small_exchange_bytes: the rows would not go apart
+        "past": [2, 2, 2, 2],
+    }[where]
+    assert rounds == [expected] * world.size

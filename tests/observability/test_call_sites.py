@@ -60,6 +60,21 @@ def _helper(comm: Communicator) -> None:
     commlib.all_reduce(torch.ones(1))  # through the module function: still this line
 
 
+def test_sites_are_told_apart_by_line_and_by_code_object(sites):
+    comm = Communicator()
+    for _ in range(2):  # the same line twice: the same site
+        comm.all_reduce(torch.ones(1))
+    here = _line() - 1
+    # the same source compiled for two files: equal code objects, two callers (code
+    # objects are known by identity; the first is not freed and its id reused)
+    for name in ("/job/a.py", "/job/b.py"):
+        code = compile("comm.all_reduce(torch.ones(1))", name, "exec")
+        exec(code, {"comm": comm, "torch": torch})
+    assert [s.line for s in sites.looked_up[:2]] == [here, here]
+    assert [(s.file, s.line) for s in sites.looked_up[2:]] == [("/job/a.py", 1), ("/job/b.py", 1)]
+    assert sites.given == (sites.looked_up if sites.commlib_call_sites else [None] * 4)
+
+
 def test_the_call_site_passes_over_commlib_s_own_frames():
     recorder = enable_flight_recorder()
     try:

@@ -8,11 +8,14 @@ distribution) is in ``tests/observability/test_observe_world.py``.
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import os
 import re
 import subprocess
 import sys
+import time
+import weakref
 from pathlib import Path
 
 import pluggy
@@ -289,6 +292,52 @@ def test_flight_recorder_ring_reuses_its_slots_oldest_first():
     assert states == ["completed", "completed"]
     assert after == ["all_gather_into_tensor", "barrier"]
     assert recorder._slots == slots and recorder.recorded == 5  # the same two objects
+
+
+def test_an_event_starts_at_the_wall_clock_time_of_its_call():
+    # start is time.time() at the call, derived from the span's perf_counter reading
+    events = []
+
+    class Starts:
+        @hookimpl
+        def commlib_collective_start(self, event):
+            events.append(event)
+
+    starts = Starts()
+    plugin_manager().register(starts)
+    try:
+        comm = Communicator()
+        before = time.time()
+        comm.all_reduce(torch.ones(2))
+        comm.broadcast(torch.ones(2), src=0)
+        after = time.time()
+    finally:
+        plugin_manager().unregister(starts)
+    assert [e.name for e in events] == ["all_reduce", "broadcast"]
+    # the clocks are read a few microseconds apart: a millisecond either side is plenty
+    assert before - 1e-3 <= events[0].start <= events[1].start <= after + 1e-3
+    assert events[0].start + events[0].duration <= events[1].start + 1e-3
+
+
+def test_the_flight_recorder_keeps_no_communicator_alive():
+    recorder = FlightRecorder(capacity=4)
+    plugin_manager().register(recorder)
+    try:
+        comm = Communicator()
+        comm.broadcast(torch.ones(3), src=0)
+        gone = weakref.ref(comm)
+        del comm
+        gc.collect()
+        entry = recorder.snapshot()["entries"][-1]
+    finally:
+        plugin_manager().unregister(recorder)
+    assert gone() is None
+    assert (entry["name"], entry["peers"], entry["shapes"], entry["nbytes"]) == (
+        "broadcast",
+        {"src": 0},
+        [[3]],
+        12,
+    )
 
 
 def test_enable_flight_recorder_registers_once():

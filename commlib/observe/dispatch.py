@@ -295,12 +295,12 @@ def _template(engine: Engine, collective: _Collective) -> dict[str, Any]:
 # size whatever the strides, so the two say it all; bounded, for shapes that keep changing
 _tensor_facts: dict[tuple[torch.Size, torch.dtype], Any] = {}
 
-# an op's name in events, by what the caller passed ("sum", ReduceOp.SUM): made once
-_OP_NAMES: dict[Any, str] = {}
+# an op's name in events by the string the caller passed ("sum", "SUM"): made once
+_OP_NAMES: dict[str, str] = {}
 
 
-def _op_name(op: Any) -> str:
-    name = op if type(op) is str and op.islower() else str(op).lower()
+def _op_name(op: str) -> str:
+    name = op if op.islower() else op.lower()
     if len(_OP_NAMES) < 256:
         _OP_NAMES[op] = name
     return name
@@ -530,11 +530,11 @@ class _Span:
                     op = args[c.op_at]
                 else:
                     op = c.op_default
-                if op is not None:
-                    try:
-                        op = _OP_NAMES[op]
-                    except (KeyError, TypeError):  # not seen yet, or not hashable
-                        op = _op_name(op)
+                if type(op) is str:
+                    known = _OP_NAMES.get(op)
+                    op = known if known is not None else _op_name(op)
+                elif op is not None:  # a torch ReduceOp, say
+                    op = str(op).lower()
                 fields["op"] = op
             if kwargs:
                 fields["async_op"] = bool(kwargs.get("async_op", False))

@@ -23,11 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from commlib.backend import Backend, WorkList
+from commlib.backend import Backend, DirectCall, WorkList
 from commlib.types import EngineOp, Group, Work
 
 _coalescing = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
 _torchcomms = getattr(c10d, "_use_torchcomms_enabled", None)
+# torchcomms installed: its mode may be switched on at any time, so no call is decided once
+_TORCHCOMMS_INSTALLED = bool(getattr(c10d, "_TORCHCOMM_AVAILABLE", False))
 _HAS_ASYNC_OP = hasattr(c10d.BroadcastOptions(), "asyncOp")
 
 
@@ -87,6 +89,7 @@ def _build(kind: Any, async_op: bool, **fields: Any) -> Any:
 # the options without fields, one per async_op: nothing in them varies between calls
 _ALLGATHER = {a: _build(c10d.AllgatherOptions, a) for a in (False, True)}
 _ALLTOALL = {a: _build(c10d.AllToAllOptions, a) for a in (False, True)}
+_BARRIER = {a: _build(c10d.BarrierOptions, a, device=torch.device("cpu")) for a in (False, True)}
 
 
 class DirectCalls(Backend):
@@ -142,6 +145,57 @@ class DirectCalls(Backend):
         if _torchcomms is not None and _torchcomms():
             return None
         return pg
+
+    def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
+        """The ProcessGroup's own method for ``collective``, with its options built once.
+
+        For plain dtypes (a complex tensor travels as its real pairs, one
+        step more). A group of one rank issues nothing for the reductions and
+        broadcast (``call=None``); its gathers copy, through the methods below.
+        While torch's torchcomms mode may be on, none (torch.distributed decides).
+
+        Examples:
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
+            >>> gloo.direct_call("all_reduce", group, op="sum", dtype=torch.float32).options
+            ... # doctest: +SKIP
+        """
+        dtype = key.get("dtype")
+        if _TORCHCOMMS_INSTALLED or (dtype is not None and dtype.is_complex):
+            return None
+        pg = dist.GroupMember.WORLD if group is None else group
+        if not isinstance(pg, dist.ProcessGroup):
+            return None
+        alone = pg.size() == 1
+        if collective == "all_reduce":
+            opts = self._reduce_options(c10d.AllreduceOptions, key["op"], -1, True)
+            return DirectCall(None if alone else pg.allreduce, opts, unless_in=_coalescing)
+        if collective == "broadcast":
+            opts = self._rooted_options(c10d.BroadcastOptions, key["src"], True)
+            return DirectCall(None if alone else pg.broadcast, opts, unless_in=_coalescing)
+        if collective == "reduce":
+            opts = self._reduce_options(c10d.ReduceOptions, key["op"], key["dst"], True)
+            return DirectCall(None if alone else pg.reduce, opts, unless_in=_coalescing)
+        if collective == "barrier":
+            # torch's own barrier on a CPU engine (an accelerator's picks a device)
+            if type(self).barrier is not Backend.barrier or self.device_type != "cpu":
+                return None
+            return DirectCall(None if alone else pg.barrier, _BARRIER[True], unless_in=_coalescing)
+        if alone:
+            return None  # a copy: the methods below
+        if collective == "scatter":
+            opts = self._rooted_options(c10d.ScatterOptions, key["src"], True)
+            return DirectCall(pg.scatter, opts, unless_in=_coalescing)
+        if collective == "all_gather_into_tensor" and _ALL_GATHER_SINGLE:
+            call = getattr(pg, _ALL_GATHER_SINGLE)
+            return DirectCall(call, _ALLGATHER[True], unless_in=_coalescing)
+        if collective == "reduce_scatter" and _REDUCE_SCATTER_SINGLE:
+            opts = self._reduce_options(c10d.ReduceScatterOptions, key["op"], -1, True)
+            call = getattr(pg, _REDUCE_SCATTER_SINGLE)
+            return DirectCall(call, opts, unless_in=_coalescing)
+        if collective == "all_to_all_single" and _ALL_TO_ALL_SINGLE:
+            call = getattr(pg, _ALL_TO_ALL_SINGLE)
+            return DirectCall(call, _ALLTOALL[True], unless_in=_coalescing)
+        return None
 
     def rank(self, group: Group) -> int:
         """This process's rank within ``group``."""

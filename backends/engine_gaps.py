@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from commlib.backend import Backend, ThenWork
+from commlib.backend import Backend, DirectCall, ThenWork
 from commlib.dtypes import byte_view
 from commlib.reductions import reduce_into, reduce_locally
 from commlib.types import EngineOp, Group, P2PRequest, Work
@@ -218,6 +218,46 @@ class EngineGaps(Backend):
             recvs = [(parts[(me - k) % world], (me - k) % world) for k in range(1, world)]
             parts[me].copy_(tensor.view(parts[me].shape))
         return self.exchange(sends, recvs, group, async_op)
+
+    def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
+        """The engine's own call, for the dtypes, ops and sizes the methods below pass through.
+
+        None where they compose (bytes for a dtype the library cannot move, a
+        gather and a local reduction); the sizes that take another path
+        (``small_exchange_bytes``, ``p2p_gather_bytes``) are left out of the
+        call's byte range.
+
+        Examples:
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
+            >>> gloo.direct_call("all_reduce", group, op="band", dtype=torch.float32)  # None
+            ... # doctest: +SKIP
+        """
+        dtype: torch.dtype | None = key.get("dtype")
+        if dtype is not None and not self._wire_ok(dtype):
+            return None
+        if collective == "scatter" and not self.native_scatter:
+            return None
+        op = key.get("op")
+        if op is not None and dtype is not None and not self.reduces_natively(op, dtype):
+            return None
+        found = super().direct_call(collective, group, **key)
+        if found is None or found.call is None:
+            return found
+        world = self.world_size(group)
+        low, high = 0, found.max_bytes
+        small = self.small_exchange_bytes
+        if small is not None and collective in ("all_reduce", "all_gather_into_tensor"):
+            low = small // world + 1
+        elif small is not None and collective == "reduce" and self.native_gather:
+            low = small // world + 1
+        elif collective == "reduce_scatter":
+            if self.reduce_scatter_by_all_to_all:
+                return None
+            if small is not None:
+                low = small // world + 1
+        if collective == "all_gather_into_tensor" and self.p2p_gather_bytes is not None:
+            high = self.p2p_gather_bytes - 1
+        return found._replace(min_bytes=low, max_bytes=high)
 
     # -- tensor collectives ------------------------------------------------------------
     # A composed path returns the engine's work with its local step to follow

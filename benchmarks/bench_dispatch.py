@@ -117,6 +117,9 @@ def _layer_calls(comm: Any, op: str) -> dict[str, Callable[[], object]]:
 
     x, pg, engine, plugin = torch.ones(4), comm.group, comm._engine, comm.plugin
     body = getattr(type(comm), op).__wrapped__  # the method without its wrapper
+    # the first call validates and learns the direct call the next ones take
+    getattr(comm, op)(x)
+    lane = engine.lanes[(op, "sum", x.dtype) if op == "all_reduce" else (op, 0, x.dtype)]
     if op == "all_reduce":
         opts = c10d.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
@@ -131,7 +134,10 @@ def _layer_calls(comm: Any, op: str) -> dict[str, Callable[[], object]]:
             "the engine's typed method (Engine.all_reduce -> Engine._issue)": (
                 lambda: engine.all_reduce(x, "sum")
             ),
-            "the Communicator method's body": lambda: body(comm, x),
+            "the engine's direct call (Engine.direct, the plugin's lane)": (
+                lambda: engine.direct("all_reduce", lane, [x])
+            ),
+            "the Communicator method's body (its direct call)": lambda: body(comm, x),
             "the whole call (observer and refusal wrapper, no observer)": (
                 lambda: comm.all_reduce(x)
             ),
@@ -149,7 +155,10 @@ def _layer_calls(comm: Any, op: str) -> dict[str, Callable[[], object]]:
         "the engine's typed method (Engine.broadcast -> Engine._issue)": (
             lambda: engine.broadcast(x, 0)
         ),
-        "the Communicator method's body": lambda: body(comm, x, 0),
+        "the engine's direct call (Engine.direct, the plugin's lane)": (
+            lambda: engine.direct("broadcast", lane, [x])
+        ),
+        "the Communicator method's body (its direct call)": lambda: body(comm, x, 0),
         "the whole call (observer and refusal wrapper, no observer)": lambda: comm.broadcast(x, 0),
     }
 

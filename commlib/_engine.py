@@ -45,7 +45,7 @@ from commlib import _failure_notes, _newcomers, _survivors, _waiting
 from commlib._error_map import Kind, kind_of
 from commlib._health import health_of
 from commlib._world import default_store, store_failed
-from commlib.backend import Backend
+from commlib.backend import Backend, DirectCall
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
 from commlib.types import EngineOp, Group, P2PRequest, Work
@@ -72,6 +72,33 @@ _ENDED_GRACE = 0.5
 # rank's wait ends first (naming the ranks it waited for), and soon enough
 # after it that the process can exit
 _ENGINE_SLACK, _ENGINE_SLACK_SHARE, _ENGINE_SLACK_MAX = 2.0, 0.05, 60.0
+
+
+_STRIDED = torch.strided
+
+
+def _owner(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def _vouched_for(cls: type[Backend], collective: str) -> bool:
+    """Whether ``cls``'s ``direct_call`` knows its method for ``collective``.
+
+    Only if the class that wrote ``direct_call`` derives from the one that
+    wrote the method: a subclass that overrides a collective (logging, timing
+    it) has it called, unless it writes its own ``direct_call`` too.
+
+    Examples:
+        >>> gloo = type(commlib.plugins.resolve_backend("gloo"))
+        >>> _vouched_for(gloo, "all_reduce")
+        True
+        >>> class Logged(gloo):
+        ...     def all_reduce(self, tensor, op, group, async_op=False):
+        ...         return super().all_reduce(tensor, op, group, async_op)
+        >>> _vouched_for(Logged, "all_reduce"), _vouched_for(Logged, "broadcast")
+        (False, True)
+    """
+    return issubclass(_owner(cls, "direct_call"), _owner(cls, collective))
 
 
 def engine_limit(limit: datetime.timedelta) -> datetime.timedelta:
@@ -181,6 +208,10 @@ class Engine:
         self._send = plugin.send
         self._recv = plugin.recv
         self._batch_isend_irecv = plugin.batch_isend_irecv
+        #: the plugin's direct calls learnt so far (:meth:`learn`): (collective, *key) ->
+        #: the call, or None where the plugin's method must run
+        self.lanes: dict[tuple[Any, ...], DirectCall | None] = {}
+        self._device_obj = plugin.device()
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -478,6 +509,113 @@ class Engine:
     # -- the collectives, one typed method each ------------------------------------------
     # Each hands its arguments to _issue with the plugin's method bound once
     # (__init__): nothing is looked up by name nor packed into keywords per call.
+    # -- direct calls: the plugin's engine call, issued here --------------------------
+    def learn(
+        self, collective: str, *, as_key: tuple[Any, ...] | None = None, **key: Any
+    ) -> DirectCall | None:
+        """The plugin's direct call for ``collective`` and ``key``, asked once and kept.
+
+        Kept in :attr:`lanes` under ``(collective, *key.values())``, or under
+        ``as_key`` (a ``mean`` the caller finishes from the engine's ``sum``).
+        The communicator asks after it validated a call's arguments, so a
+        key in :attr:`lanes` stands for arguments known to be valid; its
+        next calls with that key look there first (:meth:`direct`).
+
+        Examples:
+            >>> engine.learn("all_reduce", op="sum", dtype=torch.float32)  # single: none
+        """
+        lane = None
+        if _vouched_for(type(self.plugin), collective):
+            lane = self.plugin.direct_call(collective, self.group, **key)
+        self.lanes[(collective, *key.values()) if as_key is None else as_key] = lane
+        return lane
+
+    def serves(
+        self, lane: DirectCall, tensor: torch.Tensor, other: torch.Tensor | None = None
+    ) -> bool:
+        """Whether ``lane`` takes ``tensor`` (and ``other``) as they are.
+
+        Both on the device, dense and contiguous; ``tensor``'s bytes in the
+        lane's range; the group in no open coalescing manager.
+
+        Examples:
+            >>> engine.serves(DirectCall(None, None), torch.ones(2))
+            True
+        """
+        pending = lane.unless_in
+        if (
+            not (tensor.is_cpu if self.on_cpu else tensor.device == self._device_obj)
+            or tensor.layout is not _STRIDED
+            or not tensor.is_contiguous()
+            or not lane.min_bytes <= tensor.nbytes <= lane.max_bytes
+            or (pending and self.group in pending)
+        ):
+            return False
+        return other is None or (
+            (other.is_cpu if self.on_cpu else other.device == self._device_obj)
+            and other.layout is _STRIDED
+            and other.is_contiguous()
+        )
+
+    def takes(self, tensor: torch.Tensor) -> bool:
+        """Whether a direct call takes ``tensor`` as it is: on the device, dense, contiguous.
+
+        Examples:
+            >>> engine.takes(torch.ones(2)), engine.takes(torch.ones(2, 2).t())
+            (True, False)
+        """
+        return (
+            (tensor.is_cpu if self.on_cpu else tensor.device == self._device_obj)
+            and tensor.layout is _STRIDED
+            and tensor.is_contiguous()
+        )
+
+    def direct(self, what: str, lane: DirectCall, *args: Any) -> None:
+        """``lane.call(*args, lane.options)``, blocking: what :meth:`_issue` does, fewer steps.
+
+        For a blocking call with the communicator's timeout whose
+        arguments :meth:`serves` took: one frame between the communicator and
+        the engine's own method. Sequence number, health, the engine's bound
+        wait, observers' first-call hook, sliced wait and error mapping as
+        for every other call.
+
+        Examples:
+            >>> engine.direct("all_reduce", DirectCall(None, None))   # nothing to issue
+        """
+        health = self.health
+        if health.broken is not None:
+            health.check(what)
+        limit = self.timeout
+        if health.engine_timeout is not limit:
+            self.bound_engine_wait(limit)
+        self.seq += 1
+        seq = self.seq
+        if self.on_call is not None:
+            self.on_call(what)
+        call = lane.call
+        if call is None:
+            return  # a group of one: the identity
+        started = time.monotonic()
+        try:
+            work = call(*args, lane.options)
+            if work is not None:
+                if not self._sliced:
+                    work.wait(limit)
+                elif limit > _waiting.FIRST_SLICE:
+                    try:  # the one slice most waits need, inline
+                        work.wait(_waiting.FIRST_SLICE)
+                    except RuntimeError:
+                        # the slice ran out, or the work failed: waiting again on it
+                        # raises its error at once, or goes on in slices
+                        _waiting.wait_watching(work, limit, self.group)
+                else:
+                    _waiting.wait_watching(work, limit, self.group)
+        except BaseException as exc:
+            mapping = self.map_errors(what, seq, limit)
+            mapping.started = started
+            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
     def _issue(
         self,
         what: str,

@@ -91,6 +91,9 @@ def wait_watching(
 
 
 _FIRST_SLICE = datetime.timedelta(seconds=_FIRST_LOOK)
+#: the first slice of a sliced wait: a caller may wait it out itself, then call
+#: :func:`wait_watching` if it ran out (the engine's direct calls do)
+FIRST_SLICE = _FIRST_SLICE
 
 
 def _in_slices(work: Work, limit: datetime.timedelta, group: Any) -> None:

@@ -46,7 +46,7 @@ import datetime
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -90,6 +90,41 @@ def global_rank(group: Group, group_rank: int) -> int:
     if group is None or group is dist.GroupMember.WORLD:
         return group_rank
     return dist.get_global_rank(group, group_rank)
+
+
+class DirectCall(NamedTuple):
+    """A collective the engine issues on the process group itself: decided once, called often.
+
+    What :meth:`Backend.direct_call` returns. ``call`` is the engine's own
+    method, bound (a ``ProcessGroup`` method for a torch.distributed engine),
+    called as torch calls that method, with ``options`` last: for
+    ``all_reduce`` ``call([tensor], options)``, ``broadcast`` and ``reduce``
+    the same, ``all_gather_into_tensor`` ``call(output, tensor, options)``,
+    ``reduce_scatter`` ``call(output, input, options)``,
+    ``all_to_all_single`` ``call(output, input, [], [], options)``,
+    ``scatter`` ``call([tensor], [scatter_list] on src else [], options)``,
+    ``barrier`` ``call(options)``. It
+    returns the operation's work. ``call=None``: the collective is the
+    identity here (a group of one rank): nothing to issue.
+
+    It serves tensors of ``min_bytes`` to ``max_bytes`` bytes (this rank's
+    tensor: the input of a gather, the output of a reduce_scatter): outside
+    that range the plugin's own method takes another path (a small gather
+    through an all_to_all, a large one point to point). While the process
+    group is a key of ``unless_in`` (torch's open coalescing managers) the
+    plugin's method is called instead.
+
+    Examples:
+        >>> lane = DirectCall(None, None)   # a group of one: nothing to send
+        >>> lane.min_bytes, lane.max_bytes
+        (0, 9223372036854775807)
+    """
+
+    call: Callable[..., Work] | None
+    options: Any
+    min_bytes: int = 0
+    max_bytes: int = 2**63 - 1
+    unless_in: Any = None
 
 
 class WorkList:
@@ -565,6 +600,29 @@ class Backend:
             ``torch.distributed.ReduceOp``).
         """
         return getattr(dist.ReduceOp, _TORCH_OPS[op])
+
+    def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
+        """The engine call that serves ``collective`` for ``key``, decided once per group.
+
+        Optional: ``None`` (the default) sends every call through the
+        collective's method below. A plugin whose method, for some
+        arguments, only issues one engine call returns it here; the engine
+        then issues it itself, past the method, on every call that matches
+        ``key`` (the call's other arguments are tensors, checked by the core
+        as for the method). Keys, by collective: ``all_reduce`` ``op`` (an
+        :data:`~commlib.types.EngineOp`) and ``dtype``; ``broadcast``
+        ``src`` and ``dtype``; ``reduce`` ``op``, ``dst`` and ``dtype``;
+        ``all_gather_into_tensor`` and ``all_to_all_single`` (equal splits)
+        ``dtype``; ``reduce_scatter`` ``op`` and ``dtype``; ``scatter``
+        ``src`` and ``dtype``; ``barrier`` none. Return ``None`` for a
+        collective or key the plugin does not serve so.
+
+        Examples:
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
+            >>> lane = gloo.direct_call("all_reduce", group, op="sum", dtype=torch.float32)
+            ... # doctest: +SKIP
+        """
+        return None
 
     # -- tensor collectives --------------------------------------------------------
     def all_reduce(

@@ -17,7 +17,7 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeGuard, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -51,7 +51,7 @@ from commlib._host_copy import host_copy, stack_into
 from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
-from commlib.backend import Backend
+from commlib.backend import Backend, DirectCall
 from commlib.errors import (
     BackendUnavailableError,
     CommError,
@@ -73,6 +73,27 @@ _Data = TypeVar("_Data")
 
 def _engine_of(comm: Communicator) -> Engine | None:
     return comm._engine
+
+
+# tensors whose collectives torch sends as they are (another subclass may route
+# them through __torch_function__): what the engine's direct calls take
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _divides_in_place(tensor: torch.Tensor) -> bool:
+    # what divide_back divides in place: floating point, wider than a byte
+    return tensor.is_floating_point() and tensor.element_size() > 1
+
+
+def _plain_like(tensors: Any, length: int, like: torch.Tensor) -> TypeGuard[list[torch.Tensor]]:
+    """Whether ``tensors`` is a list of ``length`` plain tensors shaped and typed ``like``."""
+    if type(tensors) is not list or len(tensors) != length:
+        return False
+    shape, dtype = like.shape, like.dtype
+    for t in tensors:
+        if type(t) not in _PLAIN or t.dtype is not dtype or t.shape != shape:
+            return False
+    return True
 
 
 def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
@@ -276,6 +297,8 @@ class Communicator:
 
     def _release_at_exit(self) -> None:
         """Let go of the process group (at interpreter exit, before C++ teardown)."""
+        if self._engine is not None:
+            self._engine.lanes.clear()  # their calls are the group's own bound methods
         self._engine = None
         self.group = None
         self._exited = True
@@ -685,6 +708,20 @@ class Communicator:
             _steps.finish_pending(self._engine.group)
         return self._engine
 
+    def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
+        """The engine's direct call for ``key`` (collective first), if this call may take it.
+
+        It may when an earlier call with that key was validated and learnt it
+        (:meth:`Engine.learn`), this communicator does not check the
+        collective, and no async object collective is still unfinished. The
+        caller has seen a plain blocking call with the communicator's timeout.
+        """
+        lane = engine.lanes.get(key)
+        # (a communicator outside torch.distributed runs the single backend: no lanes)
+        if lane is None or _steps.unfinished or key[0] in self._guard.checked:
+            return None
+        return lane
+
     @contextlib.contextmanager
     def refusing(self, what: str) -> Iterator[None]:
         """Argument errors found in the block, before collective ``what``, raised on every rank.
@@ -853,12 +890,38 @@ class Communicator:
             >>> comm.all_reduce({"loss": torch.tensor(0.5), "n": [2, 3]})
             {'loss': tensor(0.5000), 'n': [2, 3]}
         """
+        engine = self._engine
+        if engine is not None and type(tensor) in _PLAIN and not async_op and timeout is None:
+            # the direct call, where an earlier call with this op and dtype found one
+            lane = engine.lanes.get(("all_reduce", op, tensor.dtype))
+            if (
+                lane is not None
+                and not _steps.unfinished
+                and "all_reduce" not in self._guard.checked
+                and not self.check_finite
+                and engine.serves(lane, tensor)
+            ):
+                if op != "mean":
+                    engine.direct("all_reduce", lane, [tensor])
+                    return None
+                if not tensor.requires_grad:  # (autograd refuses the division in place)
+                    engine.direct("all_reduce", lane, [tensor])
+                    if not self.plugin.native_avg:
+                        tensor.div_(engine.world_size)  # a floating dtype: see below
+                    return None
         engine = self._member("all_reduce")
         if not isinstance(tensor, torch.Tensor):
             return _nested.all_reduce(self, tensor, op, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
+        if ("all_reduce", op, tensor.dtype) not in engine.lanes:
+            if engine_op == op:
+                engine.learn("all_reduce", op=engine_op, dtype=tensor.dtype)
+            elif name == op == "mean" and (back is copy_back or _divides_in_place(tensor)):
+                # the engine's avg, or its sum divided in place
+                key = ("all_reduce", op, tensor.dtype)
+                engine.learn("all_reduce", as_key=key, op=engine_op, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         guard = self._guard
@@ -1001,9 +1064,25 @@ class Communicator:
             >>> out = torch.empty(comm.world_size * 2)
             >>> comm.all_gather_into_tensor(out, torch.ones(2) * comm.rank)
         """
+        engine = self._engine
+        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
+            lane = self._lane(engine, ("all_gather_into_tensor", tensor.dtype))
+            if (
+                lane is not None
+                and type(output) in _PLAIN
+                and output.dtype is tensor.dtype
+                and output.dim() == 1
+                and tensor.dim() == 1
+                and output.numel() == tensor.numel() * engine.world_size
+                and engine.serves(lane, tensor, output)
+            ):
+                engine.direct("all_gather_into_tensor", lane, output, tensor)
+                return None
         engine = self._member("all_gather_into_tensor")
         check.tensor(output, "output")
         check.tensor(tensor, "tensor")
+        if ("all_gather_into_tensor", tensor.dtype) not in engine.lanes:
+            engine.learn("all_gather_into_tensor", dtype=tensor.dtype)
         if output.numel() != tensor.numel() * engine.world_size:
             raise ValueError(
                 f"output has {output.numel()} elements; all_gather_into_tensor needs "
@@ -1141,11 +1220,24 @@ class Communicator:
             >>> x
             tensor([0])
         """
+        engine = self._engine
+        if engine is not None and type(tensor) in _PLAIN and not async_op and timeout is None:
+            lane = engine.lanes.get(("broadcast", src, tensor.dtype))
+            if (
+                lane is not None
+                and not _steps.unfinished
+                and "broadcast" not in self._guard.checked
+                and engine.serves(lane, tensor)
+            ):
+                engine.direct("broadcast", lane, [tensor])
+                return None
         engine = self._member("broadcast")
         if not isinstance(tensor, torch.Tensor):
             return _nested.broadcast(self, tensor, src, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
+        if ("broadcast", src, tensor.dtype) not in engine.lanes:
+            engine.learn("broadcast", src=src, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         guard = self._guard
@@ -1204,6 +1296,21 @@ class Communicator:
             >>> out
             tensor([1.])
         """
+        engine = self._engine
+        if engine is not None and not async_op and timeout is None and type(input) in _PLAIN:
+            lane = self._lane(engine, ("reduce_scatter", op, output.dtype))
+            whole = cast(torch.Tensor, input)
+            if (
+                lane is not None
+                and type(output) in _PLAIN
+                and whole.dtype is output.dtype
+                and output.dim() == 1
+                and whole.dim() == 1
+                and whole.numel() == output.numel() * engine.world_size
+                and engine.serves(lane, output, whole)
+            ):
+                engine.direct("reduce_scatter", lane, output, whole)
+                return None
         engine = self._member("reduce_scatter")
         check.tensor(output, "output")
         world = engine.world_size
@@ -1236,6 +1343,8 @@ class Communicator:
             raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
         name = check.reduce_op(op, output)
         engine_op, back = reduction(name, output, self.plugin.native_avg)
+        if engine_op == op and ("reduce_scatter", op, output.dtype) not in engine.lanes:
+            engine.learn("reduce_scatter", op=engine_op, dtype=output.dtype)
         out_t = engine.to_device(output)
         if out_t.dim() != 1:
             out_t = out_t.view(-1)  # contiguous, so a view
@@ -1330,7 +1439,15 @@ class Communicator:
             >>> h.wait()
             True
         """
+        engine = self._engine
+        if engine is not None and not async_op and timeout is None:
+            lane = self._lane(engine, ("barrier",))
+            if lane is not None:
+                engine.direct("barrier", lane)
+                return None
         engine = self._member("barrier")
+        if ("barrier",) not in engine.lanes:
+            engine.learn("barrier")
         self._guard.check(engine, "barrier", lambda: "", timeout=timeout)
         if not async_op:
             engine.barrier(as_timedelta(timeout))
@@ -1367,11 +1484,20 @@ class Communicator:
             >>> x                 # on rank 0 of 2 ranks: tensor([3., 6.])
             tensor([1., 2.])
         """
+        engine = self._engine
+        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
+            lane = self._lane(engine, ("reduce", op, dst, tensor.dtype))
+            if lane is not None and not self.check_finite and engine.serves(lane, tensor):
+                # the engine may use the buffer of a rank other than dst as scratch space
+                engine.direct("reduce", lane, [tensor if engine.rank == dst else tensor.clone()])
+                return None
         engine = self._member("reduce")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
+        if engine_op == op and ("reduce", op, dst, tensor.dtype) not in engine.lanes:
+            engine.learn("reduce", op=engine_op, dst=dst, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         is_dst = engine.rank == dst
@@ -1435,10 +1561,24 @@ class Communicator:
             >>> out
             tensor([0., 0.])
         """
+        engine = self._engine
+        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
+            lane = self._lane(engine, ("scatter", src, tensor.dtype))
+            if lane is not None and engine.serves(lane, tensor):
+                if engine.rank != src:
+                    engine.direct("scatter", lane, [tensor], [])
+                    return None
+                if _plain_like(scatter_list, engine.world_size, tensor) and all(
+                    map(engine.takes, scatter_list)
+                ):
+                    engine.direct("scatter", lane, [tensor], [list(scatter_list)])
+                    return None
         engine = self._member("scatter")
         check.tensor(tensor, "tensor")
         world = engine.world_size
         check.rank_in_range(src, world, "src")
+        if ("scatter", src, tensor.dtype) not in engine.lanes:
+            engine.learn("scatter", src=src, dtype=tensor.dtype)
         parts = None
         if engine.rank == src:  # the others wait for src: a mistake here reaches them
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
@@ -1575,11 +1715,35 @@ class Communicator:
             tensor([0.])
             >>> # uneven: rank r sends i + 1 rows to rank i, and gets r + 1 rows from each
         """
+        engine = self._engine
+        if (
+            engine is not None
+            and output_split_sizes is None
+            and input_split_sizes is None
+            and not async_op
+            and timeout is None
+            and type(input) in _PLAIN
+        ):
+            lane = self._lane(engine, ("all_to_all_single", input.dtype))
+            if (
+                lane is not None
+                and type(output) in _PLAIN
+                and output.dtype is input.dtype
+                and output.dim() == 1
+                and input.dim() == 1
+                and output.numel() == input.numel()
+                and input.numel() % engine.world_size == 0
+                and engine.serves(lane, input, output)
+            ):
+                engine.direct("all_to_all_single", lane, output, input, [], [])
+                return None
         engine = self._member("all_to_all_single")
         world = engine.world_size
         check.tensor(output, "output")
         check.tensor(input, "input")
         check.same_dtype([output, input], "all_to_all_single")
+        if ("all_to_all_single", input.dtype) not in engine.lanes:
+            engine.learn("all_to_all_single", dtype=input.dtype)
         if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
             raise ValueError(
                 "all_to_all_single needs output and input of at least one dim whose rows "

@@ -31,13 +31,14 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import io
 import os
 import pstats
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -169,34 +170,60 @@ def layers(op: str, world: int, calls: int, trials: int) -> None:
     Each layer's figure is the median of ``trials`` blocks of ``calls``
     calls, the layers taking turns in an order that rotates each block (as
     the dispatch kind's sides do), the collector off inside a block. Each
-    line adds one layer to the one above it (torch's own call aside). Times
+    line adds one layer to the one above it (torch's own call aside; the
+    last two: the whole call with one observer, and with the flight
+    recorder, registered for their blocks). Times
     are the process's CPU time, not the clock's: what the calls cost,
     whatever else a shared machine runs meanwhile (on a quiet machine the two
     agree; a wait on another thread counts only its CPU).
     """
+    pm = commlib.plugins.plugin_manager()
     with fake_world(world, dispatch_plugin(backend_plugin(None))) as comm:
         calls_of = _layer_calls(comm, op)
+        whole = calls_of[list(calls_of)[-1]]
+        # the last two lines: the whole call with an observer registered for the block
+        observer_of: dict[str, Any] = {
+            "the whole call, one observer registered (both hooks, doing nothing)": NoOpObserver(),
+            "the whole call, the flight recorder registered (its ring full)": FlightRecorder(),
+        }
+        calls_of.update({name: whole for name in observer_of})
         names = list(calls_of)
-        for call in calls_of.values():
-            for _ in range(200):
-                call()
+        for name, call in calls_of.items():
+            with _registered(pm, observer_of.get(name)):
+                for _ in range(200 if name not in observer_of else 3000):
+                    call()
         times: dict[str, list[float]] = {n: [] for n in names}
         gc.collect()
         for trial in range(trials):
             k = trial % len(names)
             for name in names[k:] + names[:k]:
                 call = calls_of[name]
-                gc.disable()
-                start = time.process_time_ns()
-                for _ in range(calls):
-                    call()
-                times[name].append((time.process_time_ns() - start) / calls / 1e3)
-                gc.enable()
+                with _registered(pm, observer_of.get(name)):
+                    call()  # the first call after a registration change looks observers up
+                    gc.disable()
+                    start = time.process_time_ns()
+                    for _ in range(calls):
+                        call()
+                    times[name].append((time.process_time_ns() - start) / calls / 1e3)
+                    gc.enable()
     print(f"\n{op}, world {world}: CPU us per call, median (lowest-highest) of {trials} blocks")
     print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
     for name in names:
         got = sorted(times[name])
         print(f"{got[len(got) // 2]:7.2f}  ({got[0]:.2f}-{got[-1]:.2f})  {name}")
+
+
+@contextlib.contextmanager
+def _registered(pm: Any, plugin: Any) -> Iterator[None]:
+    """``plugin`` registered for the block (nothing when it is None)."""
+    if plugin is None:
+        yield
+        return
+    pm.register(plugin)
+    try:
+        yield
+    finally:
+        pm.unregister(plugin)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -185,6 +185,8 @@ class DirectCalls(Backend):
         if collective == "scatter":
             opts = self._rooted_options(c10d.ScatterOptions, key["src"], True)
             return DirectCall(pg.scatter, opts, unless_in=_coalescing)
+        if collective in ("send", "recv"):
+            return DirectCall(getattr(pg, collective), None, unless_in=_coalescing)
         if collective == "all_gather_into_tensor" and _ALL_GATHER_SINGLE:
             call = getattr(pg, _ALL_GATHER_SINGLE)
             return DirectCall(call, _ALLGATHER[True], unless_in=_coalescing)

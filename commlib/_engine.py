@@ -616,6 +616,41 @@ class Engine:
             mapping.__exit__(type(exc), exc, exc.__traceback__)
             raise
 
+    def direct_p2p(
+        self, kind: str, lane: DirectCall, tensor: torch.Tensor, peer: int, tag: int
+    ) -> None:
+        """A blocking ``send`` or ``recv`` (``kind``): ``lane.call([tensor], peer, tag)``.
+
+        What :meth:`direct` does for a collective, numbered as point to point
+        and waited on as one (never in slices; watched, see :mod:`commlib._waiting`).
+
+        Examples:
+            >>> engine.direct_p2p("send", lane, torch.ones(2), 1, 0)  # 2 ranks  # doctest: +SKIP
+        """
+        health = self.health
+        if health.broken is not None:
+            health.check(kind)
+        limit = self.timeout
+        if health.engine_timeout is not limit:
+            self.bound_engine_wait(limit)
+        self.p2p_seq += 1
+        seq = self.p2p_seq
+        if self.on_call is not None:
+            self.on_call(kind)
+        started = time.monotonic()
+        try:
+            work = lane.call([tensor], peer, tag)  # type: ignore[misc]
+            if work is not None:
+                if self._sliced:
+                    _waiting.wait_point_to_point(work, limit, self.group, self._interrupt_p2p)
+                else:
+                    work.wait(limit)
+        except BaseException as exc:
+            mapping = self.map_errors(kind, seq, limit)
+            mapping.started = started
+            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
     def _issue(
         self,
         what: str,

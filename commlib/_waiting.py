@@ -90,6 +90,26 @@ def wait_watching(
         _beside(work, limit, group)
 
 
+def wait_point_to_point(
+    work: Work, limit: datetime.timedelta, group: Any, interrupt: bool = False
+) -> None:
+    """:func:`wait_watching` for an engine's own point-to-point ``work`` (never in slices).
+
+    For a send's or receive's work as the engine returned it, which does not
+    say it is point to point (a :class:`~commlib.backend.WorkList` does).
+
+    Examples:
+        >>> wait_point_to_point(work, datetime.timedelta(seconds=30), group, True)
+        ... # doctest: +SKIP
+    """
+    if interrupt:
+        _interruptibly(work, limit, group)
+    elif work.is_completed():
+        work.wait()
+    else:
+        _beside(work, limit, group)
+
+
 _FIRST_SLICE = datetime.timedelta(seconds=_FIRST_LOOK)
 #: the first slice of a sliced wait: a caller may wait it out itself, then call
 #: :func:`wait_watching` if it ran out (the engine's direct calls do)

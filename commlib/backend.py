@@ -103,7 +103,8 @@ class DirectCall(NamedTuple):
     ``reduce_scatter`` ``call(output, input, options)``,
     ``all_to_all_single`` ``call(output, input, [], [], options)``,
     ``scatter`` ``call([tensor], [scatter_list] on src else [], options)``,
-    ``barrier`` ``call(options)``. It
+    ``barrier`` ``call(options)``; ``send`` and ``recv`` ``call([tensor],
+    peer, tag)`` (no options). It
     returns the operation's work. ``call=None``: the collective is the
     identity here (a group of one rank): nothing to issue.
 
@@ -614,7 +615,8 @@ class Backend:
         ``src`` and ``dtype``; ``reduce`` ``op``, ``dst`` and ``dtype``;
         ``all_gather_into_tensor`` and ``all_to_all_single`` (equal splits)
         ``dtype``; ``reduce_scatter`` ``op`` and ``dtype``; ``scatter``
-        ``src`` and ``dtype``; ``barrier`` none. Return ``None`` for a
+        ``src`` and ``dtype``; ``send`` and ``recv`` ``dtype``; ``barrier``
+        none. Return ``None`` for a
         collective or key the plugin does not serve so.
 
         Examples:

@@ -1932,10 +1932,26 @@ class Communicator:
         async_op: bool,
         timeout: Timeout,
     ) -> Handle | None:
+        engine = self._engine
+        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
+            lane = engine.lanes.get((kind, tensor.dtype))
+            if (
+                lane is not None
+                and type(peer) is int
+                and 0 <= peer < engine.world_size
+                and peer != engine.rank
+                and type(tag) is int
+                and not _steps.unfinished
+                and engine.serves(lane, tensor)
+            ):
+                engine.direct_p2p(kind, lane, tensor, peer, tag)
+                return None
         engine = self._member(kind)
         check.tensor(tensor, "tensor")
         check.peer(peer, engine.world_size, engine.rank, "dst" if kind == "send" else "src")
         check.tag(tag)
+        if (kind, tensor.dtype) not in engine.lanes:
+            engine.learn(kind, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         return engine.point_to_point(

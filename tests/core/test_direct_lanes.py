@@ -34,8 +34,22 @@ def fake8():
 
 @contextlib.contextmanager
 def _counted(engine):
-    with mock.patch.object(engine, "direct", wraps=engine.direct) as direct:
-        yield direct
+    with (
+        mock.patch.object(engine, "direct", wraps=engine.direct) as direct,
+        mock.patch.object(engine, "direct_p2p", wraps=engine.direct_p2p) as direct_p2p,
+    ):
+        yield _Both(direct, direct_p2p)
+
+
+class _Both:
+    """The calls of Engine.direct and Engine.direct_p2p, counted together."""
+
+    def __init__(self, *mocks):
+        self.mocks = mocks
+
+    @property
+    def call_count(self):
+        return sum(m.call_count for m in self.mocks)
 
 
 def _calls(comm):
@@ -52,6 +66,8 @@ def _calls(comm):
         "all_to_all_single": lambda: comm.all_to_all_single(out, torch.ones(32)),
         "scatter": lambda: comm.scatter(t, parts, src=0),
         "barrier": lambda: comm.barrier(),
+        "send": lambda: comm.send(t, dst=1),
+        "recv": lambda: comm.recv(t, src=1),
     }
 
 
@@ -243,6 +259,16 @@ def _on_lanes(comm):
         c.all_to_all_single(a, torch.arange(float(world)) + 100 * me + round_)
         got[("all_to_all_single", round_)] = a.tolist()
         c.barrier()
+        if world > 1:  # around the ring: right, then from the left
+            p = torch.full((2,), float(me + round_))
+            q = torch.empty(2)
+            if me % 2 == 0:
+                c.send(p, dst=(me + 1) % world)
+                c.recv(q, src=(me - 1) % world)
+            else:
+                c.recv(q, src=(me - 1) % world)
+                c.send(p, dst=(me + 1) % world)
+            got[("p2p", round_)] = q.tolist()
     sub = c.new_group(list(range(1, world))) if world > 1 else None
     if sub is not None and sub.is_member:
         for round_ in range(2):
@@ -266,7 +292,9 @@ def test_gloo_results_through_the_lanes(world):
             ]
             if n > 1 and me > 0:
                 assert got[("sub broadcast", round_)] == [1.0 + round_] * 2
+            if n > 1:
+                assert got[("p2p", round_)] == [float((me - 1) % n + round_)] * 2
         expected = {"all_reduce", "broadcast", "barrier"}
         if n > 1:  # a group of one copies, through the methods
-            expected |= {"all_to_all_single", "scatter"}
+            expected |= {"all_to_all_single", "scatter", "send", "recv"}
         assert expected <= set(lanes), lanes

@@ -68,15 +68,25 @@ def _on_point_to_point_waiter(comm) -> dict[str, tuple[str, float]]:
     # (gloo's sends and receives cannot be waited on in slices); rank 1 never matches
     # either: its own call on that pair times out and breaks it
     out = {}
-    for side in ("recv", "send"):
+    for side in ("exchange", "recv", "send"):
         c = Communicator(timeout=30.0).new_group([0, 1])
+        # a message each way first: the recv and send below take the direct path
+        buf = torch.empty(4)
+        if c.rank == 0:
+            c.send(torch.ones(4), dst=1)
+            c.recv(buf, src=1)
+        else:
+            c.recv(buf, src=0)
+            c.send(torch.ones(4), dst=0)
         started = time.monotonic()
         try:
             if c.rank == 1:
                 c.all_reduce(torch.ones(1), timeout=1.0)
-            elif side == "recv":
+            elif side == "exchange":
                 engine = c._engine
                 engine.run("exchange", engine.plugin.exchange, [], [(torch.empty(4), 1)])
+            elif side == "recv":
+                c.recv(buf, src=1)
             else:
                 c.send(torch.ones(4), dst=1)
             out[side] = "ok", time.monotonic() - started
@@ -89,7 +99,7 @@ def test_a_point_to_point_wait_learns_of_the_failure_within_moments():
     with World(2, timeout=120, pg_timeout=60) as world:
         waiter, giver = world.run(_on_point_to_point_waiter, timeout=120)
         world.kill()  # its groups are broken
-    for side in ("recv", "send"):
+    for side in ("exchange", "recv", "send"):
         kind1, waited1 = giver[side]
         assert kind1 == "CommTimeoutError" and waited1 < 5, (side, giver)
         # not its own 30 s: rank 1's announcement, seen by the watcher, which ended the wait

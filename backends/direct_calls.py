@@ -194,6 +194,8 @@ class DirectCalls(Backend):
             opts = self._reduce_options(c10d.ReduceScatterOptions, key["op"], -1, True)
             call = getattr(pg, _REDUCE_SCATTER_SINGLE)
             return DirectCall(call, opts, unless_in=_coalescing)
+        if collective == "all_to_all":
+            return DirectCall(pg.alltoall, _ALLTOALL[True], unless_in=_coalescing)
         if collective == "all_to_all_single" and _ALL_TO_ALL_SINGLE:
             call = getattr(pg, _ALL_TO_ALL_SINGLE)
             return DirectCall(call, _ALLTOALL[True], unless_in=_coalescing)

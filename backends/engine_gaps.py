@@ -232,6 +232,14 @@ class EngineGaps(Backend):
             >>> gloo.direct_call("all_reduce", group, op="band", dtype=torch.float32)  # None
             ... # doctest: +SKIP
         """
+        if collective == "all_gather_slots":
+            # the rows gathered as one all_gather_into_tensor of the first (see
+            # all_gather_slots), unless this class changed how it gathers bytes
+            own = type(self).all_gather_into_tensor is EngineGaps.all_gather_into_tensor
+            if not own or self.sends_slot_rows_apart(self.world_size(group), key["slot_bytes"]):
+                return None
+            found = self.direct_call("all_gather_into_tensor", group, dtype=torch.uint8)
+            return None if found is None or found.call is None else found
         dtype: torch.dtype | None = key.get("dtype")
         if dtype is not None and not self._wire_ok(dtype):
             return None

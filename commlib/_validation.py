@@ -150,18 +150,20 @@ def tensor_list(
     return list(value)
 
 
-def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> torch.dtype | None:
+def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> tuple[torch.dtype, bool] | None:
     """The one dtype of two lists of ``length`` tensors a CPU engine takes as they are.
 
     As they are: plain ``torch.Tensor`` (no subclass), dense, on the CPU,
-    contiguous, outside autograd, all of one dtype. ``None`` when anything
-    differs; the caller then checks the lists with :func:`tensor_list` and
-    :func:`same_dtype` (whose errors say what is wrong) and adapts the tensors
-    one by one. One loop over both lists, for the call that needs no more.
+    contiguous, outside autograd, all of one dtype. Returns that dtype and
+    whether every tensor has one shape; ``None`` when anything differs (the
+    caller then checks the lists with :func:`tensor_list` and
+    :func:`same_dtype`, whose errors say what is wrong, and adapts the
+    tensors one by one). One loop over both lists, for the call that needs
+    no more.
 
     Examples:
-        >>> plain_tensor_lists([torch.ones(2)], [torch.zeros(2)], 1)
-        torch.float32
+        >>> plain_tensor_lists([torch.ones(2)], [torch.zeros(3)], 1)
+        (torch.float32, False)
         >>> print(plain_tensor_lists([torch.ones(2)], [torch.zeros(2, dtype=torch.int64)], 1))
         None
     """
@@ -173,7 +175,10 @@ def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> torch.dtype | 
         or not length
     ):
         return None
-    dtype = inputs[0].dtype if type(inputs[0]) is torch.Tensor else None
+    first = inputs[0]
+    if type(first) is not torch.Tensor:
+        return None
+    dtype, shape, one_shape = first.dtype, first.shape, True
     strided = torch.strided
     for tensors in (outputs, inputs):
         for t in tensors:
@@ -186,7 +191,9 @@ def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> torch.dtype | 
                 or not t.is_contiguous()
             ):
                 return None
-    return dtype
+            if one_shape and t.shape != shape:
+                one_shape = False
+    return dtype, one_shape
 
 
 def same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:

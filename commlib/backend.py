@@ -103,6 +103,8 @@ class DirectCall(NamedTuple):
     ``reduce_scatter`` ``call(output, input, options)``,
     ``all_to_all_single`` ``call(output, input, [], [], options)``,
     ``scatter`` ``call([tensor], [scatter_list] on src else [], options)``,
+    ``all_to_all`` ``call(output_list, input_list, options)``,
+    ``all_gather_slots`` ``call(output, slots[0], options)``,
     ``barrier`` ``call(options)``; ``send`` and ``recv`` ``call([tensor],
     peer, tag)`` (no options). It
     returns the operation's work. ``call=None``: the collective is the
@@ -615,8 +617,10 @@ class Backend:
         ``src`` and ``dtype``; ``reduce`` ``op``, ``dst`` and ``dtype``;
         ``all_gather_into_tensor`` and ``all_to_all_single`` (equal splits)
         ``dtype``; ``reduce_scatter`` ``op`` and ``dtype``; ``scatter``
-        ``src`` and ``dtype``; ``send`` and ``recv`` ``dtype``; ``barrier``
-        none. Return ``None`` for a
+        ``src`` and ``dtype``; ``all_to_all`` (lists of tensors of one
+        shape) ``dtype``; ``all_gather_slots`` ``slot_bytes`` (one row's
+        size; the rows are uint8); ``send`` and ``recv`` ``dtype``;
+        ``barrier`` none. Return ``None`` for a
         collective or key the plugin does not serve so.
 
         Examples:

@@ -1643,16 +1643,17 @@ class Communicator:
         engine = self._member("all_to_all")
         world = engine.world_size
         # one loop over both lists where the engine takes every tensor as it is
-        dtype = (
+        plain = (
             check.plain_tensor_lists(output_tensor_list, input_tensor_list, world)
             if engine.on_cpu
             else None
         )
-        as_they_are = dtype is not None
-        if dtype is None:
+        if plain is None:
             check.tensor_list(output_tensor_list, world, "output_tensor_list")
             check.tensor_list(input_tensor_list, world, "input_tensor_list")
             dtype = check.same_dtype([*output_tensor_list, *input_tensor_list], "all_to_all")
+        else:
+            dtype = plain[0]
         guard = self._guard
         if "all_to_all" in guard.checked:
             guard.check_pairs(
@@ -1663,10 +1664,24 @@ class Communicator:
                 [t.numel() for t in output_tensor_list],
                 timeout,
             )
-        if as_they_are:  # the engine writes the caller's own tensors: nothing to finish
+        if plain is not None:  # the engine writes the caller's own tensors: nothing to finish
+            outs = list(output_tensor_list)
+            ins = list(input_tensor_list)
+            if plain[1] and not async_op and timeout is None:
+                # one shape: the engine's own all_to_all where the plugin has it
+                key = ("all_to_all", dtype)
+                lanes = engine.lanes
+                lane = lanes[key] if key in lanes else engine.learn("all_to_all", dtype=dtype)
+                if (
+                    lane is not None
+                    and lane.call is not None
+                    and not (lane.unless_in and engine.group in lane.unless_in)
+                ):
+                    engine.direct("all_to_all", lane, outs, ins)
+                    return None
             return engine.all_to_all(
-                list(output_tensor_list),
-                list(input_tensor_list),
+                outs,
+                ins,
                 timeout=None if timeout is None else as_timedelta(timeout),
                 async_op=async_op,
                 value=list(output_tensor_list),

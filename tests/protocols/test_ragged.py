@@ -7,14 +7,21 @@ communicator (equal shapes, then different ones, then equal again; refusals
 and disagreements in between; a slot that grows and shrinks; dtypes of
 every width), so a kept header or view that no longer fits would show as a
 wrong result, a wrong error, or ranks taking different numbers of rounds.
-They run on the session's gloo worlds of 1 to 4 ranks.
+They run on the session's gloo worlds of 1 to 4 ranks; which calls take the
+engine's direct call (``Engine.direct``) is seen in one process on torch's
+fake process group.
 """
 
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
+import torch.distributed as dist
 
+import commlib
 from commlib import Communicator
 from commlib.errors import RemoteArgumentError
 
@@ -172,3 +179,79 @@ def test_all_to_all_lists_as_they_are_and_adapted(world):
         assert got["adapted"] == want  # written through the transposed views
         assert got["mixed"][0] in ("TypeError", "remote")
         assert "one dtype" in got["mixed"][1]
+
+
+def _on_large_slot(comm: Communicator):
+    # past the all_to_all's sizes, the learnt slot's round is the engine's own gather
+    r = comm.rank
+    mine = torch.full((150_000,), float(r))  # 600 KB: learnt at 2 ranks (1 MiB a rank)
+    got, rounds = [], []
+    for _ in range(3):
+        before = comm._engine.seq
+        got.append([t[::50_000].tolist() for t in comm.all_gather(mine)])
+        rounds.append(comm._engine.seq - before)
+    lanes = [k for k, lane in comm._engine.lanes.items() if k[0] == "all_gather_slots" and lane]
+    return got, rounds, bool(lanes), comm.all_gather(torch.ones(2) * r, timeout=30)[-1].tolist()
+
+
+def test_a_large_learnt_slot_is_gathered_directly(world2):
+    for got, rounds, lane, timed in world2.run(_on_large_slot):
+        assert got == [[[float(q)] * 3 for q in range(2)]] * 3
+        assert rounds == [2, 1, 1] and lane
+        assert timed == [1.0, 1.0]
+
+
+# -- one process, torch's fake process group: which calls take the direct call ----------
+
+
+@pytest.fixture
+def fake8():
+    from commlib.bench.fake_world import dispatch_plugin, fake_world
+
+    assert not dist.is_initialized()
+    plugin = dispatch_plugin(commlib.plugins.resolve_backend("gloo"))
+    with fake_world(8, plugin) as comm:
+        yield comm
+
+
+@contextlib.contextmanager
+def _counted(engine):
+    with mock.patch.object(engine, "direct", wraps=engine.direct) as direct:
+        yield direct
+
+
+def test_the_rounds_and_all_to_all_take_the_direct_call(fake8):
+    comm, engine = fake8, fake8._engine
+    x = torch.arange(4.0)
+    ins = [torch.full((2,), float(j)) for j in range(8)]
+    with _counted(engine) as direct:
+        for _ in range(2):
+            # the fake group copies this rank's input into every output
+            assert [t.tolist() for t in comm.gather(x, 0)] == [x.tolist()] * 8
+            assert [t.tolist() for t in comm.all_gather(x)] == [x.tolist()] * 8
+            outs = [torch.empty(2) for _ in range(8)]
+            comm.all_to_all(outs, tuple(ins))
+            assert [t.tolist() for t in outs] == [t.tolist() for t in ins]
+        assert direct.call_count == 6
+        assert {k[0] for k, lane in engine.lanes.items() if lane} >= {
+            "all_gather_slots",
+            "all_to_all",
+        }
+
+
+def test_what_the_direct_call_does_not_take(fake8):
+    comm, engine = fake8, fake8._engine
+    x = torch.arange(4.0)
+    comm.all_gather(x)
+    comm.all_to_all([torch.empty(2) for _ in range(8)], [torch.ones(2) for _ in range(8)])
+    with _counted(engine) as direct:
+        comm.all_gather(x, timeout=5)
+        comm.gather(x, 0, timeout=5)
+        outs = [torch.empty(2) for _ in range(8)]
+        comm.all_to_all(outs, [torch.ones(2) for _ in range(8)], timeout=5)
+        comm.all_to_all(outs, [torch.ones(2) for _ in range(8)], async_op=True).wait()
+        # shapes that differ: the plugin's own path (one all_to_all_single)
+        uneven = [torch.empty(j + 1) for j in range(8)]
+        comm.all_to_all(uneven, [torch.full((j + 1,), 2.0) for j in range(8)])
+        assert direct.call_count == 0
+    assert [t.tolist() for t in uneven] == [[2.0] * (j + 1) for j in range(8)]

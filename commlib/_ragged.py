@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlib._rooms import HEADER, Rooms
+from commlib._rooms import HEADER, Rooms, learn_cap
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
@@ -95,7 +95,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Slots:
     """One engine's sent slot (:class:`SentSlot`) and the layouts of the calls seen."""
 
-    __slots__ = ("first", "header", "lane_key", "layouts", "sent", "world")
+    __slots__ = ("cap", "first", "header", "lane_key", "layouts", "sent", "world")
 
     def __init__(self, engine: Engine, size: int):
         copies = copies_of(engine.world_size, size, engine.on_cpu)
@@ -108,6 +108,8 @@ class _Slots:
         self.header = b""
         self.layouts: dict[tuple[Any, ...], _Layout] = {}
         self.world = engine.world_size
+        #: the most a slot learns to carry per rank (Rooms)
+        self.cap = learn_cap(engine.world_size)
 
     def layout(self, tensor: torch.Tensor, status: int, dst: int | None) -> _Layout:
         """The layout of a call sending ``tensor`` with ``status`` (and ``dst``)."""
@@ -213,7 +215,11 @@ def exchange(
             shapes = [list(tensor.shape)] * world
             if shapes_only:
                 return shapes, None, tensor.dtype
-            if rooms is not None:
+            # a steady call teaches the slot nothing (Rooms.learn would only reset
+            # counters that are reset): no call for it
+            if rooms is not None and (
+                rooms.smaller or not nbytes <= rooms.learnt <= 2 * nbytes or nbytes > slots.cap
+            ):
                 rooms.learn(nbytes, world)
             if layout.areas is None:  # too large for the slot: the caller's second round
                 return shapes, None, tensor.dtype

@@ -276,24 +276,42 @@ def _wall_time(t: float) -> float:
     return t + _wall_offset
 
 
-def _template(engine: Engine, collective: _Collective) -> dict[str, Any]:
-    """The attributes ``collective``'s events on ``engine`` share, made once per engine."""
+def _bases(engine: Engine, collective: _Collective) -> dict[Any, dict[str, Any]]:
+    """Where ``collective``'s events on ``engine`` start from, made once per engine.
+
+    Under ``None``: the attributes every event shares (group, ranks, name,
+    the defaults); under a tensor payload's ``(shape, dtype)``: the same with
+    that tensor's facts, made the first time a call passes it (bytes are
+    elements times element size whatever the strides, so the two say it all).
+    """
     group, ranks = _group_label(engine)
-    found = dict(_EVENT_DEFAULTS)
-    found.update(
+    shared = dict(_EVENT_DEFAULTS)
+    shared.update(
         name=collective.name,
         group=group,
         group_ranks=ranks,
         rank=engine.rank,
         uniform=collective.uniform,
     )
-    engine.kept[collective.key] = found
+    found = engine.kept[collective.key] = {None: shared}
     return found
 
 
-# a tensor's facts by (shape, dtype) (payload_facts): bytes are elements times element
-# size whatever the strides, so the two say it all; bounded, for shapes that keep changing
-_tensor_facts: dict[tuple[torch.Size, torch.dtype], Any] = {}
+def _with_facts(
+    bases: dict[Any, dict[str, Any]], key: Any, tensor: torch.Tensor
+) -> dict[str, Any]:
+    """The base of events passing ``tensor`` (``key``: its shape and dtype), made now."""
+    if len(bases) > _BASES_KEPT:  # shapes that keep changing: start again
+        shared = bases[None]
+        bases.clear()
+        bases[None] = shared
+    found = bases[None].copy()
+    found["shapes"], found["dtypes"], found["nbytes"] = payload_facts(tensor)
+    bases[key] = found
+    return found
+
+
+_BASES_KEPT = 64
 
 # an op's name in events by the string the caller passed ("sum", "SUM"): made once
 _OP_NAMES: dict[str, str] = {}
@@ -469,16 +487,37 @@ class _Span:
         engine = self.engine
         engine.on_call = None
         c = self.collective
-        args, kwargs = self.args, self.kwargs
-        self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
         try:
-            # the event's attributes: the collective's template (group, ranks, name:
-            # made once per engine), then this call's; set as the event's __dict__
-            # at once, which CollectiveEvent's generated __init__ would do one by one
-            fields = engine.kept.get(c.key)
-            if fields is None:
-                fields = _template(engine, c)
-            fields = fields.copy()
+            # the event's attributes: a copy of what the collective's events on this
+            # engine share (with the tensor's facts, for a tensor seen before: see
+            # _bases), then this call's; set as the event's __dict__ at once, which
+            # CollectiveEvent's generated __init__ would do one by one. Each argument
+            # is found as _Collective.facts finds it (its keyword, else its position,
+            # else its default), written out here as this runs on every call.
+            bases = engine.kept.get(c.key)
+            if bases is None:
+                bases = _bases(engine, c)
+            args, kwargs = self.args, self.kwargs
+            n = len(args)
+            name = c.payload
+            if name is None:
+                fields = bases[None].copy()
+            else:
+                if kwargs and name in kwargs:
+                    value = kwargs[name]
+                elif c.payload_at < n:
+                    value = args[c.payload_at]
+                else:
+                    value = c.payload_default
+                if type(value) is torch.Tensor:  # the same shape and dtype, call after call
+                    key = (value.shape, value.dtype)
+                    base = bases.get(key)
+                    if base is None:
+                        base = _with_facts(bases, key, value)
+                    fields = base.copy()
+                else:
+                    fields = bases[None].copy()
+                    fields["shapes"], fields["dtypes"], fields["nbytes"] = payload_facts(value)
             fields["communicator"] = self.comm
             if what in POINT_TO_POINT:
                 fields["seq"] = engine.p2p_seq
@@ -489,28 +528,6 @@ class _Span:
             fields["start"] = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
             if self.site is not None:
                 fields["call_site"] = self.site
-            # the call's facts (as _Collective.facts finds them): each argument from
-            # the keywords, else its position, else its default, written out here
-            n = len(args)
-            name = c.payload
-            if name is not None:
-                if kwargs and name in kwargs:
-                    value = kwargs[name]
-                elif c.payload_at < n:
-                    value = args[c.payload_at]
-                else:
-                    value = c.payload_default
-                facts = None
-                if type(value) is torch.Tensor:  # the same shape and dtype, call after call
-                    key = (value.shape, value.dtype)
-                    facts = _tensor_facts.get(key)
-                    if facts is None:
-                        if len(_tensor_facts) >= 1024:
-                            _tensor_facts.clear()
-                        facts = _tensor_facts[key] = payload_facts(value)
-                else:
-                    facts = payload_facts(value)
-                fields["shapes"], fields["dtypes"], fields["nbytes"] = facts
             name = c.peer
             if name is not None:
                 if kwargs and name in kwargs:
@@ -543,6 +560,8 @@ class _Span:
         except Exception as exc:  # observing must never break the collective
             _warn_once(f"commlib could not describe {c.name} to observers: {exc!r}")
             return
+        finally:
+            self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
         self.event = event
         # _notify, written out: it runs on every observed call
         for plugin, function, takes_event in self.observers.starts:

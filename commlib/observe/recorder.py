@@ -119,7 +119,11 @@ class FlightRecorder:
         self.recorded = 0
         # the ring: grows to capacity, then its oldest slot is filled again
         self._slots: list[Record] = []
-        self._open: dict[int, int] = {}  # id(event) -> its record's number, until it ends
+        # the collective started last, until it ends: id(event) and its record's number
+        # (most end before the next starts, and need no dictionary)
+        self._last_id: int | None = None
+        self._last_number = 0
+        self._open: dict[int, int] = {}  # the others still open: id(event) -> number
         self._groups: dict[str, list[int]] = {}
         self._rank: int | None = None
         self._reasons: deque[str] = deque(maxlen=20)  # why the file was written, oldest first
@@ -146,9 +150,12 @@ class FlightRecorder:
         else:
             self._slots.append(Record(event, number))
         self.recorded = number  # after the slot is filled: snapshot() reads the ring by it
-        if len(self._open) >= self.capacity:  # handles nobody waits on must not pile up
-            self._open.pop(next(iter(self._open)))
-        self._open[id(event)] = number
+        if self._last_id is not None:  # still open (an async handle, another thread's)
+            if len(self._open) >= capacity:  # handles nobody waits on must not pile up
+                self._open.pop(next(iter(self._open)))
+            self._open[self._last_id] = self._last_number
+        self._last_id = id(event)
+        self._last_number = number
         if event.group not in self._groups:
             self._groups[event.group] = list(event.group_ranks)
             if self._rank is None:
@@ -157,9 +164,15 @@ class FlightRecorder:
     @hookimpl
     def commlib_collective_end(self, event: CollectiveEvent) -> None:
         """Complete the record; a failure writes the file (and tells the other ranks)."""
-        number = self._open.pop(id(event), None)
-        if number is None:
-            return
+        key = id(event)
+        if key == self._last_id:
+            number = self._last_number
+            self._last_id = None
+        else:
+            found = self._open.pop(key, None)
+            if found is None:
+                return
+            number = found
         record = self._slots[(number - 1) % self.capacity]
         if record.number != number:
             return  # its slot holds a later collective now: it left the ring

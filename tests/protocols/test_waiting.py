@@ -348,6 +348,8 @@ def test_waits_start_no_thread_and_wake_no_busy_watcher(announced, monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+# Python 3.12+ warns of forking a process with threads: that is the case under test
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_watches_with_a_watcher_of_its_own(announced):
     broken, _ = announced
     broken["g"] = WHY

@@ -372,9 +372,16 @@ class EngineGaps(Backend):
         return super().all_gather_slots(output, slots, group, async_op)
 
     def sends_slot_rows_apart(self, world: int, slot_bytes: int) -> bool:
-        """Up to ``small_exchange_bytes`` in all: one all_to_all sends row ``j`` to rank ``j``."""
+        """Up to ``small_exchange_bytes`` in all: one all_to_all sends row ``j`` to rank ``j``.
+
+        Not where a subclass gathers slots its own way: its rows may not go apart.
+        """
         limit = self.small_exchange_bytes
-        return limit is not None and 0 < world * slot_bytes <= limit
+        return (
+            limit is not None
+            and 0 < world * slot_bytes <= limit
+            and type(self).all_gather_slots is EngineGaps.all_gather_slots
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any, async_op: bool = False) -> Any:
         """broadcast; dtypes the library cannot move travel as bytes."""

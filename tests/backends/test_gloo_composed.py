@@ -163,3 +163,40 @@ def _on_all_gather_slots(comm) -> list[str]:
 def test_all_gather_slots_gives_every_ranks_slot_in_rank_order(world):
     for wrong in world.run(_on_all_gather_slots):
         assert wrong == []
+
+
+def _on_slot_rows_apart(comm) -> list[str]:
+    from commlib.backend import Backend
+
+    c = Communicator(timeout=30)
+    world, me = c.world_size, c.rank
+    gloo, group = c.plugin, tdist.group.WORLD
+
+    class OwnGather(type(gloo)):  # type: ignore[misc]
+        def all_gather_slots(self, output, slots, group, async_op=False):
+            return Backend.all_gather_slots(self, output, slots, group, async_op)
+
+    wrong = []
+    if Backend().sends_slot_rows_apart(world, 16) or OwnGather().sends_slot_rows_apart(world, 16):
+        wrong.append("a default or overridden all_gather_slots claims rows apart")
+    if gloo.sends_slot_rows_apart(world, 600 << 10 if world > 1 else 2 << 20):
+        wrong.append("gloo claims rows apart past small_exchange_bytes")
+    if not gloo.sends_slot_rows_apart(world, 16):
+        wrong.append("gloo does not send small rows apart")
+        return wrong
+    # row j for rank j: rank r's row j is 10 * r + j, 16 times
+    rows = torch.tensor([[10 * me + j] * 16 for j in range(world)], dtype=torch.uint8)
+    out = torch.zeros(world * 16, dtype=torch.uint8)
+    work = gloo.all_gather_slots(out, rows, group, async_op=True)
+    if work is not None:
+        work.wait()
+    want = torch.tensor([[10 * r + me] * 16 for r in range(world)], dtype=torch.uint8)
+    if not torch.equal(out.view(world, 16), want):
+        wrong.append(f"rank {me} got {out.view(world, 16)[:, 0].tolist()}")
+    return wrong
+
+
+def test_gloo_sends_each_slot_row_to_its_rank(world):
+    # what lets a scatter's pieces and an all_to_all_single's chunks ride in the check
+    for wrong in world.run(_on_slot_rows_apart):
+        assert wrong == []

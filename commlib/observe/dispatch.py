@@ -432,25 +432,27 @@ class _Collective:
             raise
         engine.observed = engine.on_call = None
         event = span.event
-        if result is None:  # a blocking call, done
-            if event is not None and event.state == "started":
-                # span.end(None), written out: the common case
-                event.duration = time.perf_counter() - span.t0
-                event.state = "completed"
-                for plugin, function, takes_event in observers.ends:
-                    if _disabled and id(plugin) in _disabled:
-                        continue
-                    try:
-                        function(event) if takes_event else function()
-                    except Exception as exc:  # an observer must never break a collective
-                        _disable(plugin, exc)
-            return None
-        if isinstance(result, Handle) and event is not None:
-            return Handle(functools.partial(span.wait, result), None, result, value=result.value)
-        if isinstance(result, ResultHandle) and event is not None:
-            result.add_done_callback(span.end)  # an async object collective ends in wait()
-            return result
-        span.end(None)
+        if event is None:
+            return result  # nothing reached the engine, or only the profiler watches
+        if result is not None:
+            if isinstance(result, Handle):  # an async collective ends in its wait()
+                return Handle(
+                    functools.partial(span.wait, result), None, result, value=result.value
+                )
+            if isinstance(result, ResultHandle):  # an async object collective ends in wait()
+                result.add_done_callback(span.end)
+                return result
+        if event.state == "started":
+            # span.end(None), written out: the common case
+            event.duration = time.perf_counter() - span.t0
+            event.state = "completed"
+            for plugin, function, takes_event in observers.ends:
+                if _disabled and id(plugin) in _disabled:
+                    continue
+                try:
+                    function(event) if takes_event else function()
+                except Exception as exc:  # an observer must never break a collective
+                    _disable(plugin, exc)
         return result
 
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 #: an observer with this attribute set to True gets ``event.call_site`` filled in
 CALL_SITES_ATTRIBUTE = "commlib_call_sites"
-_Call = tuple[Any, Callable[..., Any], bool]  # (plugin, hook function, takes the event)
+_Call = tuple[Any, Callable[[CollectiveEvent], Any]]  # (plugin, its hook, given the event)
 
 _lock = threading.Lock()
 # id(plugin) -> (plugin, why it no longer observes, the registration it was disabled in);
@@ -76,7 +76,7 @@ class _Observers:
         self.starts = starts
         self.ends = ends
         self.call_sites = any(
-            getattr(plugin, CALL_SITES_ATTRIBUTE, False) is True for plugin, _, _ in starts + ends
+            getattr(plugin, CALL_SITES_ATTRIBUTE, False) is True for plugin, _ in starts + ends
         )
         #: whether there is anyone to tell: an attribute, read on every call (a
         #: ``__bool__`` would be a Python call each time)
@@ -105,8 +105,15 @@ def _calls(caller: Any) -> list[_Call]:
         if getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False):
             continue  # observers are plain hooks; a wrapper would have to wrap the call
         if id(impl.plugin) not in _disabled:
-            out.append((impl.plugin, impl.function, bool(impl.argnames)))
+            function = impl.function
+            if not impl.argnames:  # a hook that takes no event: called without it
+                function = functools.partial(_without_event, function)
+            out.append((impl.plugin, function))
     return out
+
+
+def _without_event(function: Callable[[], Any], event: CollectiveEvent) -> Any:
+    return function()
 
 
 def current() -> _Observers:
@@ -173,11 +180,11 @@ def _warn_once(message: str) -> None:
 
 
 def _notify(calls: list[_Call], event: CollectiveEvent) -> None:
-    for plugin, function, takes_event in calls:
+    for plugin, function in calls:
         if id(plugin) in _disabled:
             continue
         try:
-            function(event) if takes_event else function()
+            function(event)
         except Exception as exc:  # an observer must never break a collective
             _disable(plugin, exc)
 
@@ -394,7 +401,7 @@ class _Collective:
             return self.guarded(comm, *args, **kwargs)
         # the span's attributes set here, not in an __init__: one Python call less
         span = _new_span(_Span)
-        span.t0 = time.perf_counter()
+        span.t0 = t0 = _perf_counter()
         span.collective, span.observers, span.engine = self, observers, engine
         span.comm, span.args, span.kwargs = comm, args, kwargs
         span.event = None
@@ -444,13 +451,13 @@ class _Collective:
                 return result
         if event.state == "started":
             # span.end(None), written out: the common case
-            event.duration = time.perf_counter() - span.t0
+            event.duration = _perf_counter() - t0
             event.state = "completed"
-            for plugin, function, takes_event in observers.ends:
+            for plugin, function in observers.ends:
                 if _disabled and id(plugin) in _disabled:
                     continue
                 try:
-                    function(event) if takes_event else function()
+                    function(event)
                 except Exception as exc:  # an observer must never break a collective
                     _disable(plugin, exc)
         return result
@@ -566,11 +573,11 @@ class _Span:
             self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
         self.event = event
         # _notify, written out: it runs on every observed call
-        for plugin, function, takes_event in self.observers.starts:
+        for plugin, function in self.observers.starts:
             if _disabled and id(plugin) in _disabled:
                 continue
             try:
-                function(event) if takes_event else function()
+                function(event)
             except Exception as exc:  # an observer must never break a collective
                 _disable(plugin, exc)
 
@@ -601,6 +608,7 @@ class _Span:
 
 
 _new_span = _Span.__new__
+_perf_counter = time.perf_counter
 
 
 def observed(

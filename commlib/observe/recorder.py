@@ -123,6 +123,7 @@ class FlightRecorder:
         # (most end before the next starts, and need no dictionary)
         self._last_id: int | None = None
         self._last_number = 0
+        self._last_record: Record | None = None
         self._open: dict[int, int] = {}  # the others still open: id(event) -> number
         self._groups: dict[str, list[int]] = {}
         self._rank: int | None = None
@@ -148,7 +149,8 @@ class FlightRecorder:
             record.end = record.error = None
             record.state = "started"
         else:
-            self._slots.append(Record(event, number))
+            record = Record(event, number)
+            self._slots.append(record)
         self.recorded = number  # after the slot is filled: snapshot() reads the ring by it
         if self._last_id is not None:  # still open (an async handle, another thread's)
             if len(self._open) >= capacity:  # handles nobody waits on must not pile up
@@ -156,6 +158,7 @@ class FlightRecorder:
             self._open[self._last_id] = self._last_number
         self._last_id = id(event)
         self._last_number = number
+        self._last_record = record
         if event.group not in self._groups:
             self._groups[event.group] = list(event.group_ranks)
             if self._rank is None:
@@ -165,17 +168,18 @@ class FlightRecorder:
     def commlib_collective_end(self, event: CollectiveEvent) -> None:
         """Complete the record; a failure writes the file (and tells the other ranks)."""
         key = id(event)
-        if key == self._last_id:
-            number = self._last_number
+        if key == self._last_id:  # nothing started since: its slot holds it still
+            record = self._last_record
             self._last_id = None
-        else:
-            found = self._open.pop(key, None)
-            if found is None:
+            if record is None:
                 return
-            number = found
-        record = self._slots[(number - 1) % self.capacity]
-        if record.number != number:
-            return  # its slot holds a later collective now: it left the ring
+        else:
+            number = self._open.pop(key, None)
+            if number is None:
+                return
+            record = self._slots[(number - 1) % self.capacity]
+            if record.number != number:
+                return  # its slot holds a later collective now: it left the ring
         record.end = record.fields["start"] + (event.duration or 0.0)
         record.state = event.state
         if event.error is not None:

@@ -319,6 +319,27 @@ def test_an_event_starts_at_the_wall_clock_time_of_its_call():
     assert events[0].start + events[0].duration <= events[1].start + 1e-3
 
 
+def test_hooks_that_take_no_event_are_called_without_one():
+    calls = []
+
+    class Counter:
+        @hookimpl
+        def commlib_collective_start(self):
+            calls.append("start")
+
+        @hookimpl
+        def commlib_collective_end(self):
+            calls.append("end")
+
+    counter = Counter()
+    plugin_manager().register(counter)
+    try:
+        Communicator().all_reduce(torch.ones(2))
+    finally:
+        plugin_manager().unregister(counter)
+    assert calls == ["start", "end"] and dispatch.disabled() == {}
+
+
 def test_the_flight_recorder_keeps_no_communicator_alive():
     recorder = FlightRecorder(capacity=4)
     plugin_manager().register(recorder)

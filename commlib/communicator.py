@@ -71,8 +71,9 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 _Data = TypeVar("_Data")
 
 
-def _engine_of(comm: Communicator) -> Engine | None:
-    return comm._engine
+# a communicator's engine (None for a non-member), read by the observing wrapper
+# on every call: a C-level getter, not a Python function
+_engine_of: Callable[[Communicator], Engine | None] = operator.attrgetter("_engine")
 
 
 # tensors whose collectives torch sends as they are (another subclass may route

@@ -43,6 +43,11 @@ _HEADER_BYTES = _HEADER * 8
 assert _HEADER_BYTES == HEADER
 
 
+# results that came in the round are copied out of it where a slot is more than this
+# many times their bytes: a view would keep every rank's whole slot alive (a loop
+# keeping each step's 16-byte results would hold 32 KiB a step at 8 ranks)
+_COMPACT = 2
+
 # gathered slots up to this many bytes land in a bytearray, larger ones in torch.empty
 _ZEROED_UP_TO = 64 << 10
 _HEADS = struct.Struct(f"<{_HEADER}q")
@@ -58,7 +63,7 @@ class _Layout:
     makes its own once per layout).
     """
 
-    __slots__ = ("areas", "header", "nbytes", "offset", "sizes", "status", "strides")
+    __slots__ = ("areas", "compact", "header", "nbytes", "offset", "sizes", "status", "strides")
 
     def __init__(
         self, tensor: torch.Tensor, status: int, dst: int | None, slot: SentSlot, world: int
@@ -82,6 +87,8 @@ class _Layout:
         self.offset = _HEADER_BYTES // size
         self.sizes = (world, *tensor.shape)
         self.strides = (slot.size // size, *_contiguous_strides(tuple(tensor.shape)))
+        #: whether the results get storage of their own (see _COMPACT)
+        self.compact = slot.size > _COMPACT * nbytes
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -226,6 +233,8 @@ def exchange(
             every = gathered.view(tensor.dtype).as_strided(
                 layout.sizes, layout.strides, layout.offset
             )
+            if layout.compact:
+                every = every.clone()  # one op: the results no longer hold the slots
             return shapes, list(every.unbind(0)), tensor.dtype
     heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
     return _settle(
@@ -270,6 +279,8 @@ def _settle(
         rows[r].narrow(0, _HEADER_BYTES, h[3]).view(dtype).reshape(shapes[r])
         for r, h in enumerate(heads)
     ]
+    if size > _COMPACT * max(h[3] for h in heads):
+        tensors = [t.clone() for t in tensors]  # see _COMPACT
     return shapes, tensors, dtype
 
 

@@ -495,6 +495,14 @@ def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, gr
     (:meth:`Communicator.refusing`), as the communicator's own methods do; the
     error names world ranks as the other ranks' does.
     """
+    if in_group is None and (group is None or isinstance(group, Communicator)):
+        # the usual call: a rank within the group, or none (the group's first): known
+        # good without the checks below, which cost more than a small collective's call
+        size = comm.world_size
+        if rank is None and size > 0:
+            return 0
+        if type(rank) is int and 0 <= rank < size:
+            return rank
     with rank_args.world_ranks_in_errors(comm), comm.refusing(call):
         return rank_args.group_rank(
             comm, call, name, rank, in_group, world_ranks=rank_args.is_torch_group(group)

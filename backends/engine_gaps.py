@@ -233,12 +233,16 @@ class EngineGaps(Backend):
             ... # doctest: +SKIP
         """
         if collective == "all_gather_slots":
-            # the rows gathered as one all_gather_into_tensor of the first (see
-            # all_gather_slots), unless this class changed how it gathers bytes
-            own = type(self).all_gather_into_tensor is EngineGaps.all_gather_into_tensor
-            if not own or self.sends_slot_rows_apart(self.world_size(group), key["slot_bytes"]):
+            # the rows gathered as one all_gather_into_tensor of the first, or (apart=True)
+            # sent row j to rank j in one all_to_all_single (see all_gather_slots), unless
+            # this class changed how it gathers or exchanges bytes
+            apart = bool(key.get("apart", False))
+            via = "all_to_all_single" if apart else "all_gather_into_tensor"
+            own = getattr(type(self), via) is getattr(EngineGaps, via)
+            rows_apart = self.sends_slot_rows_apart(self.world_size(group), key["slot_bytes"])
+            if not own or rows_apart != apart:
                 return None
-            found = self.direct_call("all_gather_into_tensor", group, dtype=torch.uint8)
+            found = self.direct_call(via, group, dtype=torch.uint8)
             return None if found is None or found.call is None else found
         dtype: torch.dtype | None = key.get("dtype")
         if dtype is not None and not self._wire_ok(dtype):

@@ -104,7 +104,8 @@ class DirectCall(NamedTuple):
     ``all_to_all_single`` ``call(output, input, [], [], options)``,
     ``scatter`` ``call([tensor], [scatter_list] on src else [], options)``,
     ``all_to_all`` ``call(output_list, input_list, options)``,
-    ``all_gather_slots`` ``call(output, slots[0], options)``,
+    ``all_gather_slots`` ``call(output, slots[0], options)``, or with
+    ``apart`` (rows sent apart) ``call(output, slots, [], [], options)``,
     ``barrier`` ``call(options)``; ``send`` and ``recv`` ``call([tensor],
     peer, tag)`` (no options). It
     returns the operation's work. ``call=None``: the collective is the
@@ -619,7 +620,9 @@ class Backend:
         ``dtype``; ``reduce_scatter`` ``op`` and ``dtype``; ``scatter``
         ``src`` and ``dtype``; ``all_to_all`` (lists of tensors of one
         shape) ``dtype``; ``all_gather_slots`` ``slot_bytes`` (one row's
-        size; the rows are uint8); ``send`` and ``recv`` ``dtype``;
+        size; the rows are uint8) and optionally ``apart`` (whether the
+        rows go to their ranks: :meth:`sends_slot_rows_apart`); ``send`` and
+        ``recv`` ``dtype``;
         ``barrier`` none. Return ``None`` for a
         collective or key the plugin does not serve so.
 

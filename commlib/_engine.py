@@ -530,6 +530,36 @@ class Engine:
         self.lanes[(collective, *key.values()) if as_key is None else as_key] = lane
         return lane
 
+    def round_lane(self, slot_bytes: int, apart: bool = False) -> DirectCall | None:
+        """The direct call for a protocol's first round of ``slot_bytes`` rows, if any.
+
+        The plugin's ``all_gather_slots`` as the one engine call it makes: an
+        all_to_all_single of the rows (``apart``: row ``j`` goes to rank
+        ``j``, :meth:`~commlib.Backend.sends_slot_rows_apart`) or an all_gather
+        of the first. Asked once per slot size (:meth:`learn`); none where the
+        plugin gathers bytes its own way, for a slot outside the call's byte
+        range, or while the group is in an open coalescing manager.
+
+        Examples:
+            >>> engine.round_lane(4096) is None   # single: no direct calls
+            True
+        """
+        key = ("all_gather_slots", slot_bytes, apart)
+        lanes = self.lanes
+        lane = (
+            lanes[key]
+            if key in lanes
+            else self.learn("all_gather_slots", slot_bytes=slot_bytes, apart=apart)
+        )
+        if (
+            lane is None
+            or lane.call is None
+            or not lane.min_bytes <= slot_bytes <= lane.max_bytes
+            or (lane.unless_in and self.group in lane.unless_in)
+        ):
+            return None
+        return lane
+
     def serves(
         self, lane: DirectCall, tensor: torch.Tensor, other: torch.Tensor | None = None
     ) -> bool:

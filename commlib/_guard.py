@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from commlib._engine import Engine
-    from commlib.backend import DirectCall
     from commlib.serialization import Serializer
     from commlib.types import Timeout
 
@@ -150,8 +149,6 @@ class _HostSlots:
         self.rows = self.every.view(world, slot_size)
         self.starts = range(0, world * slot_size, slot_size)  # where each gathered row begins
         self.layouts: dict[tuple[torch.dtype, torch.Size], list[torch.Tensor]] = {}
-        #: where the engine's direct call for this round is kept (Engine.lanes)
-        self.lane_key = ("all_gather_slots", slot_size, apart)
 
     def gathered(self, data: torch.Tensor, nbytes: int) -> list[torch.Tensor]:
         """Every rank's data area in the gathered slots, typed and shaped like ``data``."""
@@ -164,32 +161,6 @@ class _HostSlots:
                 _typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows.unbind(0)
             ]
         return found
-
-
-def _round_lane(engine: Engine, host: _HostSlots) -> DirectCall | None:
-    """The engine's direct call for the round of ``host``'s slots, where the plugin has one.
-
-    Asked once per slot size (:meth:`~commlib._engine.Engine.learn`): the
-    plugin's ``all_gather_slots`` as the one engine call it makes (an
-    all_to_all_single of the rows where they go apart, an all_gather of the
-    first otherwise). A slot outside the call's byte range, or a group in an
-    open coalescing manager, takes the plugin's method.
-    """
-    key = host.lane_key
-    lanes = engine.lanes
-    lane = (
-        lanes[key]
-        if key in lanes
-        else engine.learn("all_gather_slots", slot_bytes=key[1], apart=key[2])
-    )
-    if (
-        lane is None
-        or lane.call is None
-        or not lane.min_bytes <= key[1] <= lane.max_bytes
-        or (lane.unless_in and engine.group in lane.unless_in)
-    ):
-        return None
-    return lane
 
 
 def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -272,7 +243,7 @@ def exchange(
             elif write(areas.first) is not False:
                 areas.spread()
         every, rows = host.every, host.rows
-        lane = _round_lane(engine, host) if timeout is None else None
+        lane = engine.round_lane(slot_size, host.apart) if timeout is None else None
         if lane is not None:  # the engine's own exchange of the rows, in one step
             if host.apart:
                 engine.direct(what, lane, every, host.sent.rows, [], [])

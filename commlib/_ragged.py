@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     import datetime
 
     from commlib._engine import Engine
-    from commlib.backend import DirectCall
 
 MAX_DIMS = 31
 _HEADER = 36  # int64 fields: ok, dtype, ndim, nbytes, dims...; 288 bytes keeps data aligned
@@ -102,15 +101,17 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Slots:
     """One engine's sent slot (:class:`SentSlot`) and the layouts of the calls seen."""
 
-    __slots__ = ("cap", "first", "header", "lane_key", "layouts", "sent", "world")
+    __slots__ = ("apart", "cap", "first", "header", "layouts", "sent", "world")
 
     def __init__(self, engine: Engine, size: int):
         copies = copies_of(engine.world_size, size, engine.on_cpu)
         self.sent = SentSlot(copies, size, _HEADER_BYTES)
         #: the row an engine that gathers the first row gathers (a view made once)
         self.first = self.sent.rows[0]
-        #: the engine's direct call for this slot size (Engine.lanes), once learnt
-        self.lane_key = ("all_gather_slots", size)
+        #: whether the engine sends row j to rank j (then every row is sent)
+        self.apart = copies == engine.world_size and engine.plugin.sends_slot_rows_apart(
+            copies, size
+        )
         #: the header the sent rows hold now: a call with the same one writes none
         self.header = b""
         self.layouts: dict[tuple[Any, ...], _Layout] = {}
@@ -375,12 +376,14 @@ def _round(
         else:
             # not zeroed: the round fills every byte, and zeroing megabytes costs
             gathered = torch.empty(world * size, dtype=torch.uint8)
-        lane = _lane(engine, slots) if timeout is None else None
-        if lane is not None:  # the engine's own gather of the first row, in one step
-            engine.direct(what, lane, gathered, slots.first)
-        else:
+        lane = engine.round_lane(size, slots.apart) if timeout is None else None
+        if lane is None:
             rows = slots.sent.rows
             engine.run(what, plugin.all_gather_slots, gathered, rows, timeout=timeout)
+        elif slots.apart:  # the engine's own exchange of the rows, in one step
+            engine.direct(what, lane, gathered, slots.sent.rows, [], [])
+        else:  # the engine's own gather of the first row
+            engine.direct(what, lane, gathered, slots.first)
         if raw is not None:
             return gathered, raw, size
     else:
@@ -390,27 +393,6 @@ def _round(
     # large, or on a device: only the headers come back to be read
     heads = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
     return gathered, heads, _HEADER_BYTES
-
-
-def _lane(engine: Engine, slots: _Slots) -> DirectCall | None:
-    """The engine's direct call for ``slots``' round, where the plugin has one.
-
-    Asked once per slot size (:meth:`~commlib._engine.Engine.learn`); the
-    plugin has none where it sends the rows apart (an all_to_all) or gathers
-    bytes its own way. A slot outside the call's byte range, or a group in
-    an open coalescing manager, takes the plugin's ``all_gather_slots``.
-    """
-    lanes = engine.lanes
-    key = slots.lane_key
-    lane = lanes[key] if key in lanes else engine.learn(key[0], slot_bytes=key[1])
-    if (
-        lane is None
-        or lane.call is None
-        or not lane.min_bytes <= key[1] <= lane.max_bytes
-        or (lane.unless_in and engine.group in lane.unless_in)
-    ):
-        return None
-    return lane
 
 
 def _agree(what: str, heads: list[tuple[int, ...]], gathered: torch.Tensor, size: int) -> None:

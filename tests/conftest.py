@@ -59,6 +59,25 @@ def world3() -> World:
 
 
 @pytest.fixture
+def fake8():
+    """A communicator over torch's fake process group of 8 (nothing is sent), rank 0.
+
+    In this process, torch.distributed otherwise uninitialised: the dispatch
+    benchmark's world (:mod:`commlib.bench.fake_world`), gloo's plugin re-pointed
+    at it, unchecked.
+    """
+    import torch.distributed as dist
+
+    import commlib
+    from commlib.bench.fake_world import dispatch_plugin, fake_world
+
+    assert not dist.is_initialized()
+    plugin = dispatch_plugin(commlib.plugins.resolve_backend("gloo"))
+    with fake_world(8, plugin) as comm:
+        yield comm
+
+
+@pytest.fixture
 def fresh_commlib_state():
     """commlib's process state as a fresh process has it, for the test and after it."""
     commlib_state.reset()

@@ -22,16 +22,6 @@ from commlib.errors import CommBrokenError
 # -- one process, torch's fake process group: which calls take the lane ----------------
 
 
-@pytest.fixture
-def fake8():
-    from commlib.bench.fake_world import dispatch_plugin, fake_world
-
-    assert not dist.is_initialized()
-    plugin = dispatch_plugin(commlib.plugins.resolve_backend("gloo"))
-    with fake_world(8, plugin) as comm:
-        yield comm
-
-
 @contextlib.contextmanager
 def _counted(engine):
     with (

@@ -19,9 +19,7 @@ from unittest import mock
 
 import pytest
 import torch
-import torch.distributed as dist
 
-import commlib
 from commlib import Communicator
 from commlib.errors import RemoteArgumentError
 
@@ -208,16 +206,6 @@ def test_a_large_learnt_slot_is_gathered_directly(world2):
 
 
 # -- one process, torch's fake process group: which calls take the direct call ----------
-
-
-@pytest.fixture
-def fake8():
-    from commlib.bench.fake_world import dispatch_plugin, fake_world
-
-    assert not dist.is_initialized()
-    plugin = dispatch_plugin(commlib.plugins.resolve_backend("gloo"))
-    with fake_world(8, plugin) as comm:
-        yield comm
 
 
 @contextlib.contextmanager

@@ -892,7 +892,13 @@ class Communicator:
             {'loss': tensor(0.5000), 'n': [2, 3]}
         """
         engine = self._engine
-        if engine is not None and type(tensor) in _PLAIN and not async_op and timeout is None:
+        if (
+            engine is not None
+            and type(tensor) in _PLAIN
+            and type(op) is str  # a key of the lanes (a user's list must not reach a dict)
+            and not async_op
+            and timeout is None
+        ):
             # the direct call, where an earlier call with this op and dtype found one
             lane = engine.lanes.get(("all_reduce", op, tensor.dtype))
             if (
@@ -1222,7 +1228,13 @@ class Communicator:
             tensor([0])
         """
         engine = self._engine
-        if engine is not None and type(tensor) in _PLAIN and not async_op and timeout is None:
+        if (
+            engine is not None
+            and type(tensor) in _PLAIN
+            and type(src) is int
+            and not async_op
+            and timeout is None
+        ):
             lane = engine.lanes.get(("broadcast", src, tensor.dtype))
             if (
                 lane is not None
@@ -1298,12 +1310,18 @@ class Communicator:
             tensor([1.])
         """
         engine = self._engine
-        if engine is not None and not async_op and timeout is None and type(input) in _PLAIN:
+        if (
+            engine is not None
+            and not async_op
+            and timeout is None
+            and type(input) in _PLAIN
+            and type(output) in _PLAIN
+            and type(op) is str
+        ):
             lane = self._lane(engine, ("reduce_scatter", op, output.dtype))
             whole = cast(torch.Tensor, input)
             if (
                 lane is not None
-                and type(output) in _PLAIN
                 and whole.dtype is output.dtype
                 and output.dim() == 1
                 and whole.dim() == 1
@@ -1486,7 +1504,14 @@ class Communicator:
             tensor([1., 2.])
         """
         engine = self._engine
-        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
+        if (
+            engine is not None
+            and not async_op
+            and timeout is None
+            and type(tensor) in _PLAIN
+            and type(op) is str
+            and type(dst) is int
+        ):
             lane = self._lane(engine, ("reduce", op, dst, tensor.dtype))
             if lane is not None and not self.check_finite and engine.serves(lane, tensor):
                 # the engine may use the buffer of a rank other than dst as scratch space
@@ -1563,7 +1588,13 @@ class Communicator:
             tensor([0., 0.])
         """
         engine = self._engine
-        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
+        if (
+            engine is not None
+            and not async_op
+            and timeout is None
+            and type(tensor) in _PLAIN
+            and type(src) is int
+        ):
             lane = self._lane(engine, ("scatter", src, tensor.dtype))
             if lane is not None and engine.serves(lane, tensor):
                 if engine.rank != src:

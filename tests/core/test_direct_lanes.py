@@ -159,6 +159,26 @@ def test_arguments_are_still_refused_after_a_lane_was_learnt(fake8):
         comm.scatter(torch.ones(4), [torch.ones(4)] * 7, src=0)
 
 
+def test_arguments_no_lane_can_hold_are_refused_as_before(fake8):
+    # every lane learnt first: the wrong arguments below must reach the checks, not a
+    # lookup that fails on them (an unhashable op, None for a tensor)
+    for call in _calls(fake8).values():
+        call()
+    t = torch.ones(4)
+    with pytest.raises(TypeError, match="op must be a string"):
+        fake8.all_reduce(t, op=["sum"])
+    with pytest.raises(TypeError, match="src must be an int"):
+        fake8.broadcast(t, src=[0])
+    with pytest.raises(TypeError, match="dst must be an int"):
+        fake8.reduce(t, dst=0.0)
+    with pytest.raises(TypeError, match="output must be a torch.Tensor"):
+        fake8.reduce_scatter(None, torch.ones(32))
+    with pytest.raises(TypeError):
+        fake8.reduce_scatter(torch.empty(4), torch.ones(32), op={"sum"})
+    with pytest.raises(TypeError, match="src must be an int"):
+        fake8.scatter(t, [t] * 8, src=None)
+
+
 def test_a_lane_counts_its_call_and_tells_observers(fake8):
     comm = fake8
     seen = []

@@ -251,6 +251,19 @@ class Engine:
         """
         return _MapErrors(self, what, seq, limit)
 
+    def _raise_mapped(
+        self, what: str, seq: int, limit: datetime.timedelta, started: float, exc: BaseException
+    ) -> None:
+        """Raise the commlib error for ``exc``, an engine call's failure (see :meth:`map_errors`).
+
+        What the calls that issue and wait in one ``try`` do with what they
+        caught; returns for an exception that is not the engine's (the caller
+        re-raises it).
+        """
+        mapping = self.map_errors(what, seq, limit)
+        mapping.started = started
+        mapping.__exit__(type(exc), exc, exc.__traceback__)
+
     def _timed_out(
         self, exc: BaseException, kind: Kind, waited: float, limit: datetime.timedelta
     ) -> bool:
@@ -462,14 +475,9 @@ class Engine:
         try:
             work = call(*args, group=self.group, async_op=True, **kwargs)
             if work is not None:
-                if self._sliced:
-                    _waiting.wait_watching(work, limit, self.group, self._interrupt_p2p)
-                else:
-                    work.wait(limit)
+                self._wait_work(work, limit)
         except BaseException as exc:
-            mapping = self.map_errors(what, seq, limit)
-            mapping.started = started
-            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            self._raise_mapped(what, seq, limit, started, exc)
             raise
 
     def submit(
@@ -641,9 +649,7 @@ class Engine:
                 else:
                     _waiting.wait_watching(work, limit, self.group)
         except BaseException as exc:
-            mapping = self.map_errors(what, seq, limit)
-            mapping.started = started
-            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            self._raise_mapped(what, seq, limit, started, exc)
             raise
 
     def direct_p2p(
@@ -676,9 +682,7 @@ class Engine:
                 else:
                     work.wait(limit)
         except BaseException as exc:
-            mapping = self.map_errors(kind, seq, limit)
-            mapping.started = started
-            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            self._raise_mapped(kind, seq, limit, started, exc)
             raise
 
     def _issue(
@@ -703,16 +707,7 @@ class Engine:
         limit = timeout or self.timeout
         if self.health.engine_timeout != limit:
             self.bound_engine_wait(limit)
-        if self.health.broken is not None:
-            self.health.check(what)
-        if what in POINT_TO_POINT:
-            self.p2p_seq += 1
-            seq = self.p2p_seq
-        else:
-            self.seq += 1
-            seq = self.seq
-        if self.on_call is not None:
-            self.on_call(what)
+        seq = self._next(what)
         started = time.monotonic()
         try:
             work = call(*args, self.group, True, *tail)
@@ -722,14 +717,9 @@ class Engine:
                     lambda t: self.wait(pending, t or timeout), finish, work, value=value
                 )
             if work is not None:
-                if self._sliced:
-                    _waiting.wait_watching(work, limit, self.group, self._interrupt_p2p)
-                else:
-                    work.wait(limit)
+                self._wait_work(work, limit)
         except BaseException as exc:
-            mapping = self.map_errors(what, seq, limit)
-            mapping.started = started
-            mapping.__exit__(type(exc), exc, exc.__traceback__)
+            self._raise_mapped(what, seq, limit, started, exc)
             raise
         if finish is not None:
             finish()

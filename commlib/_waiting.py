@@ -80,14 +80,8 @@ def wait_watching(
     """
     if getattr(work, "interruptible", True):
         _in_slices(work, limit, group)
-    elif interrupt:
-        _interruptibly(work, limit, group)
-    elif work.is_completed():
-        # nothing left to wait for (an engine whose sends complete at once): its
-        # wait returns at once, raising the work's own error if it failed
-        work.wait()
     else:
-        _beside(work, limit, group)
+        wait_point_to_point(work, limit, group, interrupt)
 
 
 def wait_point_to_point(
@@ -105,6 +99,8 @@ def wait_point_to_point(
     if interrupt:
         _interruptibly(work, limit, group)
     elif work.is_completed():
+        # nothing left to wait for (an engine whose sends complete at once): its
+        # wait returns at once, raising the work's own error if it failed
         work.wait()
     else:
         _beside(work, limit, group)

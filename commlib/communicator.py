@@ -900,14 +900,8 @@ class Communicator:
             and timeout is None
         ):
             # the direct call, where an earlier call with this op and dtype found one
-            lane = engine.lanes.get(("all_reduce", op, tensor.dtype))
-            if (
-                lane is not None
-                and not _steps.unfinished
-                and "all_reduce" not in self._guard.checked
-                and not self.check_finite
-                and engine.serves(lane, tensor)
-            ):
+            lane = self._lane(engine, ("all_reduce", op, tensor.dtype))
+            if lane is not None and not self.check_finite and engine.serves(lane, tensor):
                 if op != "mean":
                     engine.direct("all_reduce", lane, [tensor])
                     return None
@@ -1235,13 +1229,8 @@ class Communicator:
             and not async_op
             and timeout is None
         ):
-            lane = engine.lanes.get(("broadcast", src, tensor.dtype))
-            if (
-                lane is not None
-                and not _steps.unfinished
-                and "broadcast" not in self._guard.checked
-                and engine.serves(lane, tensor)
-            ):
+            lane = self._lane(engine, ("broadcast", src, tensor.dtype))
+            if lane is not None and engine.serves(lane, tensor):
                 engine.direct("broadcast", lane, [tensor])
                 return None
         engine = self._member("broadcast")
@@ -1981,14 +1970,13 @@ class Communicator:
     ) -> Handle | None:
         engine = self._engine
         if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
-            lane = engine.lanes.get((kind, tensor.dtype))
+            lane = self._lane(engine, (kind, tensor.dtype))  # (no check on point to point)
             if (
                 lane is not None
                 and type(peer) is int
                 and 0 <= peer < engine.world_size
                 and peer != engine.rank
                 and type(tag) is int
-                and not _steps.unfinished
                 and engine.serves(lane, tensor)
             ):
                 engine.direct_p2p(kind, lane, tensor, peer, tag)

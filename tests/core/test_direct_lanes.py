@@ -171,7 +171,7 @@ def test_arguments_no_lane_can_hold_are_refused_as_before(fake8):
         fake8.broadcast(t, src=[0])
     with pytest.raises(TypeError, match="dst must be an int"):
         fake8.reduce(t, dst=0.0)
-    with pytest.raises(TypeError, match="output must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"output must be a torch\.Tensor"):
         fake8.reduce_scatter(None, torch.ones(32))
     with pytest.raises(TypeError):
         fake8.reduce_scatter(torch.empty(4), torch.ones(32), op={"sum"})

@@ -189,7 +189,9 @@ class Engine:
         # slots): an attribute lookup, where a weak dictionary keyed by the engine
         # costs microseconds a call
         self.kept: dict[str, Any] = {}
-        self.on_cpu = plugin.device().type == "cpu"
+        # the device the plugin's direct calls take tensors on (Engine.serves)
+        self._device_obj = plugin.device()
+        self.on_cpu = self._device_obj.type == "cpu"
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
         # and whether a point-to-point wait may be ended by another thread's timed-out wait
@@ -211,7 +213,6 @@ class Engine:
         #: the plugin's direct calls learnt so far (:meth:`learn`): (collective, *key) ->
         #: the call, or None where the plugin's method must run
         self.lanes: dict[tuple[Any, ...], DirectCall | None] = {}
-        self._device_obj = plugin.device()
 
     # -- devices ---------------------------------------------------------------------
     def device(self) -> torch.device:
@@ -589,11 +590,7 @@ class Engine:
             or (pending and self.group in pending)
         ):
             return False
-        return other is None or (
-            (other.is_cpu if self.on_cpu else other.device == self._device_obj)
-            and other.layout is _STRIDED
-            and other.is_contiguous()
-        )
+        return other is None or self.takes(other)
 
     def takes(self, tensor: torch.Tensor) -> bool:
         """Whether a direct call takes ``tensor`` as it is: on the device, dense, contiguous.

@@ -7,7 +7,7 @@ communicator's collectives share and nothing else:
   are handed the group here, never by callers);
 * sequence numbers, one per call, that name a collective in error messages:
   the same on every rank for the collectives; point-to-point calls, which only
-  the ranks involved make, are numbered apart (:data:`POINT_TO_POINT`);
+  the ranks involved make, are numbered apart (:data:`commlib._catalog.POINT_TO_POINT`);
 * timeouts: the communicator's, or a call's own, which also bound the
   engine's own wait (:meth:`~commlib.Backend.set_timeout`), so an abandoned
   operation ends inside the engine too and the process can exit;
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commlib import _failure_notes, _newcomers, _survivors, _waiting
+from commlib import _catalog, _failure_notes, _newcomers, _survivors, _waiting
 from commlib._error_map import Kind, kind_of
 from commlib._health import health_of
 from commlib._world import default_store, store_failed
@@ -49,15 +49,6 @@ from commlib.backend import Backend, DirectCall
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle
 from commlib.types import EngineOp, Group, P2PRequest, Work
-
-#: what point-to-point calls name their engine calls: only the ranks involved make
-#: them, so they are numbered apart (:attr:`Engine.p2p_seq`) and the collectives'
-#: numbers stay the same on every rank (errors, observers and ``commlib trace``
-#: line ranks up by them)
-POINT_TO_POINT = frozenset(
-    {"send", "recv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
-)
-
 
 # a wait that raised within this much of its limit ran out of time, whatever
 # the engine's message says
@@ -72,33 +63,6 @@ _ENDED_GRACE = 0.5
 # rank's wait ends first (naming the ranks it waited for), and soon enough
 # after it that the process can exit
 _ENGINE_SLACK, _ENGINE_SLACK_SHARE, _ENGINE_SLACK_MAX = 2.0, 0.05, 60.0
-
-
-_STRIDED = torch.strided
-
-
-def _owner(cls: type, name: str) -> type:
-    return next(k for k in cls.__mro__ if name in k.__dict__)
-
-
-def _vouched_for(cls: type[Backend], collective: str) -> bool:
-    """Whether ``cls``'s ``direct_call`` knows its method for ``collective``.
-
-    Only if the class that wrote ``direct_call`` derives from the one that
-    wrote the method: a subclass that overrides a collective (logging, timing
-    it) has it called, unless it writes its own ``direct_call`` too.
-
-    Examples:
-        >>> gloo = type(commlib.plugins.resolve_backend("gloo"))
-        >>> _vouched_for(gloo, "all_reduce")
-        True
-        >>> class Logged(gloo):
-        ...     def all_reduce(self, tensor, op, group, async_op=False):
-        ...         return super().all_reduce(tensor, op, group, async_op)
-        >>> _vouched_for(Logged, "all_reduce"), _vouched_for(Logged, "broadcast")
-        (False, True)
-    """
-    return issubclass(_owner(cls, "direct_call"), _owner(cls, collective))
 
 
 def engine_limit(limit: datetime.timedelta) -> datetime.timedelta:
@@ -189,9 +153,9 @@ class Engine:
         # slots): an attribute lookup, where a weak dictionary keyed by the engine
         # costs microseconds a call
         self.kept: dict[str, Any] = {}
-        # the device the plugin's direct calls take tensors on (Engine.serves)
-        self._device_obj = plugin.device()
-        self.on_cpu = self._device_obj.type == "cpu"
+        # the device the plugin's direct calls take tensors on (commlib._lanes.serves)
+        self.device_obj = plugin.device()
+        self.on_cpu = self.device_obj.type == "cpu"
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
         # and whether a point-to-point wait may be ended by another thread's timed-out wait
@@ -210,8 +174,8 @@ class Engine:
         self._send = plugin.send
         self._recv = plugin.recv
         self._batch_isend_irecv = plugin.batch_isend_irecv
-        #: the plugin's direct calls learnt so far (:meth:`learn`): (collective, *key) ->
-        #: the call, or None where the plugin's method must run
+        #: the plugin's direct calls learnt so far (:func:`commlib._lanes.learn`):
+        #: (collective, *key) -> the call, or None where the plugin's method must run
         self.lanes: dict[tuple[Any, ...], DirectCall | None] = {}
 
     # -- devices ---------------------------------------------------------------------
@@ -432,7 +396,7 @@ class Engine:
     def _next(self, what: str) -> int:
         """The next engine call's sequence number, once the group is known healthy."""
         self.health.check(what)
-        if what in POINT_TO_POINT:
+        if what in _catalog.POINT_TO_POINT:
             self.p2p_seq += 1
             seq = self.p2p_seq
         else:
@@ -519,97 +483,11 @@ class Engine:
     # Each hands its arguments to _issue with the plugin's method bound once
     # (__init__): nothing is looked up by name nor packed into keywords per call.
     # -- direct calls: the plugin's engine call, issued here --------------------------
-    def learn(
-        self, collective: str, *, as_key: tuple[Any, ...] | None = None, **key: Any
-    ) -> DirectCall | None:
-        """The plugin's direct call for ``collective`` and ``key``, asked once and kept.
-
-        Kept in :attr:`lanes` under ``(collective, *key.values())``, or under
-        ``as_key`` (a ``mean`` the caller finishes from the engine's ``sum``).
-        The communicator asks after it validated a call's arguments, so a
-        key in :attr:`lanes` stands for arguments known to be valid; its
-        next calls with that key look there first (:meth:`direct`).
-
-        Examples:
-            >>> engine.learn("all_reduce", op="sum", dtype=torch.float32)  # single: none
-        """
-        lane = None
-        if _vouched_for(type(self.plugin), collective):
-            lane = self.plugin.direct_call(collective, self.group, **key)
-        self.lanes[(collective, *key.values()) if as_key is None else as_key] = lane
-        return lane
-
-    def round_lane(self, slot_bytes: int, apart: bool = False) -> DirectCall | None:
-        """The direct call for a protocol's first round of ``slot_bytes`` rows, if any.
-
-        The plugin's ``all_gather_slots`` as the one engine call it makes: an
-        all_to_all_single of the rows (``apart``: row ``j`` goes to rank
-        ``j``, :meth:`~commlib.Backend.sends_slot_rows_apart`) or an all_gather
-        of the first. Asked once per slot size (:meth:`learn`); none where the
-        plugin gathers bytes its own way, for a slot outside the call's byte
-        range, or while the group is in an open coalescing manager.
-
-        Examples:
-            >>> engine.round_lane(4096) is None   # single: no direct calls
-            True
-        """
-        key = ("all_gather_slots", slot_bytes, apart)
-        lanes = self.lanes
-        lane = (
-            lanes[key]
-            if key in lanes
-            else self.learn("all_gather_slots", slot_bytes=slot_bytes, apart=apart)
-        )
-        if (
-            lane is None
-            or lane.call is None
-            or not lane.min_bytes <= slot_bytes <= lane.max_bytes
-            or (lane.unless_in and self.group in lane.unless_in)
-        ):
-            return None
-        return lane
-
-    def serves(
-        self, lane: DirectCall, tensor: torch.Tensor, other: torch.Tensor | None = None
-    ) -> bool:
-        """Whether ``lane`` takes ``tensor`` (and ``other``) as they are.
-
-        Both on the device, dense and contiguous; ``tensor``'s bytes in the
-        lane's range; the group in no open coalescing manager.
-
-        Examples:
-            >>> engine.serves(DirectCall(None, None), torch.ones(2))
-            True
-        """
-        pending = lane.unless_in
-        if (
-            not (tensor.is_cpu if self.on_cpu else tensor.device == self._device_obj)
-            or tensor.layout is not _STRIDED
-            or not tensor.is_contiguous()
-            or not lane.min_bytes <= tensor.nbytes <= lane.max_bytes
-            or (pending and self.group in pending)
-        ):
-            return False
-        return other is None or self.takes(other)
-
-    def takes(self, tensor: torch.Tensor) -> bool:
-        """Whether a direct call takes ``tensor`` as it is: on the device, dense, contiguous.
-
-        Examples:
-            >>> engine.takes(torch.ones(2)), engine.takes(torch.ones(2, 2).t())
-            (True, False)
-        """
-        return (
-            (tensor.is_cpu if self.on_cpu else tensor.device == self._device_obj)
-            and tensor.layout is _STRIDED
-            and tensor.is_contiguous()
-        )
-
     def direct(self, what: str, lane: DirectCall, *args: Any) -> None:
         """``lane.call(*args, lane.options)``, blocking: what :meth:`_issue` does, fewer steps.
 
         For a blocking call with the communicator's timeout whose
-        arguments :meth:`serves` took: one frame between the communicator and
+        arguments :func:`commlib._lanes.serves` took: one frame between the communicator and
         the engine's own method. Sequence number, health, the engine's bound
         wait, observers' first-call hook, sliced wait and error mapping as
         for every other call.

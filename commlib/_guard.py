@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import torch
 
-from commlib import _objects, _ragged, _steps
+from commlib import _catalog, _lanes, _objects, _ragged, _steps
 from commlib._host_copy import host_copy
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
@@ -58,43 +58,10 @@ if TYPE_CHECKING:
 
 Checks = Literal["strict", "guard", "off"]
 
-#: collectives every rank of the group joins, whose first round a rank's refusal
-#: can join (:meth:`Guard.refuse`): the tensor ones where checked
-CHECKED_ROUNDS = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "gather",
-        "broadcast",
-        "reduce_scatter",
-        "barrier",
-        "reduce",
-        "scatter",
-        "all_to_all",
-        "all_to_all_single",
-        "all_gather_shapes",
-    }
-)
-#: ... and the object ones, always (their first round is the slots' exchange)
-OBJECT_ROUNDS = frozenset(
-    {
-        "all_gather_object",
-        "gather_object",
-        "broadcast_object_list",
-        "broadcast_object",
-        "scatter_object_list",
-    }
-)
-# fixed-size first rounds: checked only in strict mode (the guard checks what the
-# engine would abort on)
-_UNSIZED = frozenset({"barrier", "all_gather", "all_gather_shapes", "gather"})
-# first rounds of every rank's shape (commlib._ragged)
-_RAGGED = frozenset({"all_gather", "all_gather_shapes", "gather"})
 # which collectives each mode checks
 _CHECKED_IN: dict[str, frozenset[str]] = {
-    "strict": CHECKED_ROUNDS,
-    "guard": CHECKED_ROUNDS - _UNSIZED,
+    "strict": _catalog.CHECKED_ROUNDS,
+    "guard": _catalog.CHECKED_ROUNDS - _catalog.UNSIZED,
     "off": frozenset(),
 }
 
@@ -105,12 +72,6 @@ _TAIL = struct.Struct("<qq")
 _MAGIC = 0x434F4D4D4C494221  # "COMMLIB!"
 _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
-
-
-#: the checked collectives where every rank needs every rank's data (all_to_all_single:
-#: its part for each rank, in that rank's row): the slot learns their sizes up to its
-#: cap; the others' only up to ``_rooms.PAD_UP_TO``
-EVERYONE_NEEDS_ALL = frozenset({"all_reduce", "all_gather_into_tensor", "all_to_all_single"})
 
 
 def fingerprint(description: str) -> int:
@@ -243,7 +204,7 @@ def exchange(
             elif write(areas.first) is not False:
                 areas.spread()
         every, rows = host.every, host.rows
-        lane = engine.round_lane(slot_size, host.apart) if timeout is None else None
+        lane = _lanes.round_lane(engine, slot_size, host.apart) if timeout is None else None
         if lane is not None:  # the engine's own exchange of the rows, in one step
             if host.apart:
                 engine.direct(what, lane, every, host.sent.rows, [], [])
@@ -296,7 +257,7 @@ def exchange(
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
-    need = need_of(nbytes, what in EVERYONE_NEEDS_ALL)
+    need = need_of(nbytes, what in _catalog.EVERYONE_NEEDS_ALL)
     if (
         apart
         and need
@@ -552,12 +513,14 @@ class Guard:
         except (ValueError, TypeError):
             limit = None  # the timeout may be the mistake: the communicator's then
         distributed = self.distributed and engine.world_size > 1
-        if what in OBJECT_ROUNDS:
+        if what in _catalog.OBJECT_ROUNDS:
             if distributed:
                 first = rooms_of(engine).slot_bytes(self.slot_size)
                 _steps.run(engine, _objects.refusal_steps(engine, what, error, first), limit)
         elif (
-            distributed and what in _RAGGED and not (what == "all_gather" and what in self.checked)
+            distributed
+            and what in _catalog.RAGGED
+            and not (what == "all_gather" and what in self.checked)
         ):
             # the first round is the shapes' (strict mode checks all_gather before it)
             _ragged.refuse(

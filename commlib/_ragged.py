@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from commlib import _lanes
 from commlib._rooms import HEADER, Rooms, learn_cap
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
@@ -376,7 +377,7 @@ def _round(
         else:
             # not zeroed: the round fills every byte, and zeroing megabytes costs
             gathered = torch.empty(world * size, dtype=torch.uint8)
-        lane = engine.round_lane(size, slots.apart) if timeout is None else None
+        lane = _lanes.round_lane(engine, size, slots.apart) if timeout is None else None
         if lane is None:
             rows = slots.sent.rows
             engine.run(what, plugin.all_gather_slots, gathered, rows, timeout=timeout)

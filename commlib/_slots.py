@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from commlib import _catalog
 from commlib.serialization import Payload, Serializer, uint8_view
 
 # slot: status, collective, reserved, root (src/dst or -1), aux (list length), body length
@@ -38,17 +39,13 @@ PACKED_HEAD = struct.Struct("<QQ")  # a packed payload's table length and blob l
 ALIGN = 16  # the largest element size (complex128): any dtype can view an aligned buffer
 
 EMPTY, INLINE, TABLE, PACKED, FAILED, BAD_ARGUMENT = range(6)
-ALL_GATHER, GATHER, BROADCAST, SCATTER, SEND = 1, 2, 3, 4, 5
-OP_NAMES = {
-    ALL_GATHER: "all_gather_object",
-    GATHER: "gather_object",
-    BROADCAST: "broadcast_object_list",
-    SCATTER: "scatter_object_list",
-    SEND: "send_object_list",
-}
-
-# a collective's op in round one (broadcast_object is broadcast_object_list of one)
-OP_CODES = {**{name: code for code, name in OP_NAMES.items()}, "broadcast_object": BROADCAST}
+# a collective's op code in round one and back, from the catalog's rows
+# (broadcast_object is broadcast_object_list of one)
+OP_NAMES = _catalog.SLOT_NAMES
+OP_CODES = _catalog.SLOT_CODES
+ALL_GATHER, GATHER = OP_CODES["all_gather_object"], OP_CODES["gather_object"]
+BROADCAST, SCATTER = OP_CODES["broadcast_object_list"], OP_CODES["scatter_object_list"]
+SEND = OP_CODES["send_object_list"]
 
 # round two: buffers below SMALL are coalesced into messages of up to CAP bytes
 SMALL, CAP = 1 << 18, 1 << 20

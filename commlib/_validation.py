@@ -242,3 +242,48 @@ def split_sizes(value: Any, world_size: int, rows: int, what: str) -> list[int] 
     if sum(sizes) != rows:
         raise ValueError(f"{name} {sizes} sum to {sum(sizes)}, but {what} has {rows} rows (dim 0)")
     return sizes
+
+
+def reduce_scatter_input(output: torch.Tensor, input: Any, world_size: int) -> torch.Tensor | None:
+    """``reduce_scatter``'s ``input`` as one flat tensor, checked against ``output``.
+
+    ``input`` is a tensor of ``world_size`` x ``output``'s elements, or a list
+    of ``world_size`` tensors shaped like ``output``; ``None`` for a list of
+    tensors of different shapes (the caller reduces those its own way).
+
+    Examples:
+        >>> reduce_scatter_input(torch.zeros(2), [torch.ones(2), torch.ones(2)], 2)
+        tensor([1., 1., 1., 1.])
+        >>> reduce_scatter_input(torch.zeros(2), torch.ones(3), 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: input has 3 elements; reduce_scatter needs world_size (2) x output's 2
+    """
+    if isinstance(input, torch.Tensor):
+        if input.numel() != output.numel() * world_size:
+            raise ValueError(
+                f"input has {input.numel()} elements; reduce_scatter needs world_size "
+                f"({world_size}) x output's {output.numel()}"
+            )
+        flat = input if input.dim() == 1 else input.reshape(-1)
+    elif isinstance(input, (list, tuple)):
+        if len(input) != world_size:
+            raise ValueError(f"reduce_scatter needs {world_size} input tensors, got {len(input)}")
+        for t in input:
+            tensor(t, "input[i]")
+        if any(t.shape != input[0].shape for t in input):
+            return None
+        for t in input:
+            if t.shape != output.shape:
+                raise ValueError(
+                    f"each input tensor must be shaped like output {tuple(output.shape)}, "
+                    f"got {tuple(t.shape)}"
+                )
+        flat = torch.cat([t.reshape(-1) for t in input])
+    else:
+        raise TypeError(
+            f"input must be a torch.Tensor or a list of them, got {type(input).__name__}"
+        )
+    if flat.dtype != output.dtype:
+        raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
+    return flat

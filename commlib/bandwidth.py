@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from commlib import _catalog
+from commlib._catalog import Busbw
+
 
 # a world of one moves nothing: its busbw is 0, as in nccl-tests
 def _all_reduce(n: int) -> float:
@@ -39,30 +42,21 @@ def _broadcast(n: int) -> float:
     return 1.0
 
 
-# collective name -> busbw factor for a world of n ranks
-BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
-    "all_reduce": _all_reduce,
-    "all_reduce_params": _all_reduce,
-    "all_gather": _gather_like,
-    "all_gather_into_tensor": _gather_like,
-    "reduce_scatter": _gather_like,
-    "all_gather_object": _gather_like,
-    "gather_object": _gather_like,
-    "broadcast": _broadcast,
-    "broadcast_object_list": _broadcast,
-    "reduce": _broadcast,
-    "gather": _gather_like,
-    "scatter": _gather_like,
-    "all_to_all": _gather_like,
-    "all_to_all_single": _gather_like,
-    "send_recv": _broadcast,
-}
-
 # how the factor is written in tables and the docs
 FACTOR_TEXT: dict[Callable[[int], float], str] = {
     _all_reduce: "2(n-1)/n",
     _gather_like: "(n-1)/n",
     _broadcast: "1",
+}
+_FACTOR_OF = {text: factor for factor, text in FACTOR_TEXT.items()}
+
+# commlib bench's composite cases, counted like the collective they are made of
+_BENCH_CASES: dict[str, Busbw] = {"all_reduce_params": "2(n-1)/n", "send_recv": "1"}
+
+# collective name -> busbw factor for a world of n ranks (each collective's own in
+# the catalog)
+BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
+    name: _FACTOR_OF[text] for name, text in {**_catalog.BUSBW, **_BENCH_CASES}.items()
 }
 
 

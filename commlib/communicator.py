@@ -17,12 +17,13 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, TypeGuard, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
 
 from commlib import (
+    _catalog,
     _finite,
     _guard,
     _nested,
@@ -39,8 +40,6 @@ from commlib import (
 from commlib import _validation as check
 from commlib._engine import Engine
 from commlib._guard import (
-    CHECKED_ROUNDS,
-    OBJECT_ROUNDS,
     Checks,
     Guard,
     checks_mode,
@@ -48,10 +47,11 @@ from commlib._guard import (
     write_nothing,
 )
 from commlib._host_copy import host_copy, stack_into
+from commlib._lanes import Lanes, learn_once
 from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
-from commlib.backend import Backend, DirectCall
+from commlib.backend import Backend
 from commlib.errors import (
     BackendUnavailableError,
     CommError,
@@ -76,35 +76,22 @@ _Data = TypeVar("_Data")
 _engine_of: Callable[[Communicator], Engine | None] = operator.attrgetter("_engine")
 
 
-# tensors whose collectives torch sends as they are (another subclass may route
-# them through __torch_function__): what the engine's direct calls take
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _divides_in_place(tensor: torch.Tensor) -> bool:
-    # what divide_back divides in place: floating point, wider than a byte
-    return tensor.is_floating_point() and tensor.element_size() > 1
-
-
-def _plain_like(tensors: Any, length: int, like: torch.Tensor) -> TypeGuard[list[torch.Tensor]]:
-    """Whether ``tensors`` is a list of ``length`` plain tensors shaped and typed ``like``."""
-    if type(tensors) is not list or len(tensors) != length:
-        return False
-    shape, dtype = like.shape, like.dtype
-    for t in tensors:
-        if type(t) not in _PLAIN or t.dtype is not dtype or t.shape != shape:
-            return False
-    return True
-
-
-def _collective(name: str, **facts: Any) -> Callable[[_Method], _Method]:
+def _collective(name: str) -> Callable[[_Method], _Method]:
     """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`).
 
-    A group-wide one also refuses on every rank: see :func:`_refused_everywhere`.
+    Its facts are its row in :mod:`commlib._catalog`. A group-wide one also
+    refuses on every rank: see :func:`_refused_everywhere`.
     """
-    if name not in CHECKED_ROUNDS and name not in OBJECT_ROUNDS:
-        return observed(name, _engine_of, **facts)
-    return observed(name, _engine_of, refuse=_refused_everywhere(name), **facts)
+    row = _catalog.ROWS[name]
+    return observed(
+        name,
+        _engine_of,
+        payload=row.payload,
+        peer=row.peer,
+        op=row.op,
+        uniform=row.uniform,
+        refuse=None if row.first_round is None else _refused_everywhere(name),
+    )
 
 
 def _refused_everywhere(name: str) -> Callable[[Any, Engine, ValueError | TypeError, Any], None]:
@@ -245,25 +232,26 @@ class Communicator:
         self._engine: Engine | None = (
             Engine(plugin, group, self.timeout) if self.is_member else None
         )
-        self._guard = self._new_guard()
+        self._new_guard()
         if self._distributed:
             _world.world.teardown_at_exit(self._release_at_exit)
 
-    def _new_guard(self) -> Guard:
-        """The argument check, for the settings in force (built again when one is set)."""
+    def _new_guard(self) -> None:
+        """The argument check and the lanes, for the settings in force (again when one is set)."""
         mode = checks_mode(
             distributed=self._distributed,
             strict=self._strict,
             world_size=self.world_size,
             mismatch_aborts=self.plugin.mismatch_aborts,
         )
-        return Guard(
+        self._guard = guard = Guard(
             mode,
             self.plugin.completed_by_check,
             self._serializer,
             self._slot_size,
             distributed=self._distributed,
         )
+        self._lanes = Lanes(self._engine, guard.checked, self)
 
     # settings the check depends on: public, settable after construction
     @property
@@ -274,7 +262,7 @@ class Communicator:
     @strict.setter
     def strict(self, value: bool | None) -> None:
         self._strict = value
-        self._guard = self._new_guard()
+        self._new_guard()
 
     @property
     def slot_size(self) -> int:
@@ -284,7 +272,7 @@ class Communicator:
     @slot_size.setter
     def slot_size(self, value: int) -> None:
         self._slot_size = value
-        self._guard = self._new_guard()
+        self._new_guard()
 
     @property
     def serializer(self) -> Serializer:
@@ -294,13 +282,14 @@ class Communicator:
     @serializer.setter
     def serializer(self, value: Serializer) -> None:
         self._serializer = value
-        self._guard = self._new_guard()
+        self._new_guard()
 
     def _release_at_exit(self) -> None:
         """Let go of the process group (at interpreter exit, before C++ teardown)."""
         if self._engine is not None:
             self._engine.lanes.clear()  # their calls are the group's own bound methods
         self._engine = None
+        self._lanes = Lanes(None, frozenset(), self)
         self.group = None
         self._exited = True
 
@@ -709,20 +698,6 @@ class Communicator:
             _steps.finish_pending(self._engine.group)
         return self._engine
 
-    def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
-        """The engine's direct call for ``key`` (collective first), if this call may take it.
-
-        It may when an earlier call with that key was validated and learnt it
-        (:meth:`Engine.learn`), this communicator does not check the
-        collective, and no async object collective is still unfinished. The
-        caller has seen a plain blocking call with the communicator's timeout.
-        """
-        lane = engine.lanes.get(key)
-        # (a communicator outside torch.distributed runs the single backend: no lanes)
-        if lane is None or _steps.unfinished or key[0] in self._guard.checked:
-            return None
-        return lane
-
     @contextlib.contextmanager
     def refusing(self, what: str) -> Iterator[None]:
         """Argument errors found in the block, before collective ``what``, raised on every rank.
@@ -772,7 +747,7 @@ class Communicator:
         if self._distributed:
             _guard.agree(engine, what, description, self._serializer, self._slot_size)
 
-    @_collective("all_gather_shapes", payload="tensor")
+    @_collective("all_gather_shapes")
     def all_gather_shapes(
         self, tensor: torch.Tensor, *, timeout: Timeout = None
     ) -> list[list[int]]:
@@ -795,7 +770,7 @@ class Communicator:
         )
         return [list(s) for s in shapes]  # one list per rank, the caller's to change
 
-    @_collective("all_gather_cat", payload="data")
+    @_collective("all_gather_cat")
     def all_gather_cat(self, data: _Data, dim: int = 0, *, timeout: Timeout = None) -> _Data:
         """Every rank's ``data`` concatenated along ``dim``, leaf by leaf, in rank order.
 
@@ -857,7 +832,7 @@ class Communicator:
         async_op: bool = ...,
         timeout: Timeout = ...,
     ) -> _Data: ...
-    @_collective("all_reduce", payload="tensor", op="op", uniform=True)
+    @_collective("all_reduce")
     def all_reduce(
         self,
         tensor: Any,
@@ -891,43 +866,19 @@ class Communicator:
             >>> comm.all_reduce({"loss": torch.tensor(0.5), "n": [2, 3]})
             {'loss': tensor(0.5000), 'n': [2, 3]}
         """
-        engine = self._engine
-        if (
-            engine is not None
-            and type(tensor) in _PLAIN
-            and type(op) is str  # a key of the lanes (a user's list must not reach a dict)
-            and not async_op
-            and timeout is None
-        ):
-            # the direct call, where an earlier call with this op and dtype found one
-            lane = self._lane(engine, ("all_reduce", op, tensor.dtype))
-            if lane is not None and not self.check_finite and engine.serves(lane, tensor):
-                if op != "mean":
-                    engine.direct("all_reduce", lane, [tensor])
-                    return None
-                if not tensor.requires_grad:  # (autograd refuses the division in place)
-                    engine.direct("all_reduce", lane, [tensor])
-                    if not self.plugin.native_avg:
-                        tensor.div_(engine.world_size)  # a floating dtype: see below
-                    return None
+        if self._lanes.all_reduce(tensor, op, async_op, timeout):
+            return None
         engine = self._member("all_reduce")
         if not isinstance(tensor, torch.Tensor):
             return _nested.all_reduce(self, tensor, op, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
-        if ("all_reduce", op, tensor.dtype) not in engine.lanes:
-            if engine_op == op:
-                engine.learn("all_reduce", op=engine_op, dtype=tensor.dtype)
-            elif name == op == "mean" and (back is copy_back or _divides_in_place(tensor)):
-                # the engine's avg, or its sum divided in place
-                key = ("all_reduce", op, tensor.dtype)
-                engine.learn("all_reduce", as_key=key, op=engine_op, dtype=tensor.dtype)
+        Lanes.learn_all_reduce(engine, op, name, engine_op, back, tensor)
         work_t = engine.to_device(tensor)
         world = engine.world_size
-        guard = self._guard
         finite = not self.check_finite or _finite.is_finite(tensor)
-        if "all_reduce" in guard.checked:
+        if "all_reduce" in self._guard.checked:
             parts = self._checked_finite(
                 engine,
                 "all_reduce",
@@ -961,7 +912,7 @@ class Communicator:
     def all_gather(
         self, tensor: _Data, *, timeout: Timeout = ..., adapt_empty: bool = ...
     ) -> list[_Data]: ...
-    @_collective("all_gather", payload="tensor")
+    @_collective("all_gather")
     def all_gather(
         self, tensor: Any, *, timeout: Timeout = None, adapt_empty: bool = False
     ) -> list[Any]:
@@ -1048,7 +999,7 @@ class Communicator:
             return out
         return [tensor if r == me else t.to(tensor.device) for r, t in enumerate(out)]
 
-    @_collective("all_gather_into_tensor", payload="tensor", uniform=True)
+    @_collective("all_gather_into_tensor")
     def all_gather_into_tensor(
         self,
         output: torch.Tensor,
@@ -1065,25 +1016,12 @@ class Communicator:
             >>> out = torch.empty(comm.world_size * 2)
             >>> comm.all_gather_into_tensor(out, torch.ones(2) * comm.rank)
         """
-        engine = self._engine
-        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
-            lane = self._lane(engine, ("all_gather_into_tensor", tensor.dtype))
-            if (
-                lane is not None
-                and type(output) in _PLAIN
-                and output.dtype is tensor.dtype
-                and output.dim() == 1
-                and tensor.dim() == 1
-                and output.numel() == tensor.numel() * engine.world_size
-                and engine.serves(lane, tensor, output)
-            ):
-                engine.direct("all_gather_into_tensor", lane, output, tensor)
-                return None
+        if self._lanes.all_gather_into_tensor(output, tensor, async_op, timeout):
+            return None
         engine = self._member("all_gather_into_tensor")
         check.tensor(output, "output")
         check.tensor(tensor, "tensor")
-        if ("all_gather_into_tensor", tensor.dtype) not in engine.lanes:
-            engine.learn("all_gather_into_tensor", dtype=tensor.dtype)
+        learn_once(engine, "all_gather_into_tensor", dtype=tensor.dtype)
         if output.numel() != tensor.numel() * engine.world_size:
             raise ValueError(
                 f"output has {output.numel()} elements; all_gather_into_tensor needs "
@@ -1120,7 +1058,7 @@ class Communicator:
             value=[output],
         )
 
-    @_collective("gather", payload="tensor", peer="dst", uniform=True)
+    @_collective("gather")
     def gather(
         self, tensor: torch.Tensor, dst: int = 0, *, timeout: Timeout = None
     ) -> list[torch.Tensor]:
@@ -1196,7 +1134,7 @@ class Communicator:
     def broadcast(
         self, tensor: _Data, src: int = ..., *, async_op: bool = ..., timeout: Timeout = ...
     ) -> _Data: ...
-    @_collective("broadcast", payload="tensor", peer="src", uniform=True)
+    @_collective("broadcast")
     def broadcast(
         self,
         tensor: Any,
@@ -1221,25 +1159,14 @@ class Communicator:
             >>> x
             tensor([0])
         """
-        engine = self._engine
-        if (
-            engine is not None
-            and type(tensor) in _PLAIN
-            and type(src) is int
-            and not async_op
-            and timeout is None
-        ):
-            lane = self._lane(engine, ("broadcast", src, tensor.dtype))
-            if lane is not None and engine.serves(lane, tensor):
-                engine.direct("broadcast", lane, [tensor])
-                return None
+        if self._lanes.broadcast(tensor, src, async_op, timeout):
+            return None
         engine = self._member("broadcast")
         if not isinstance(tensor, torch.Tensor):
             return _nested.broadcast(self, tensor, src, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        if ("broadcast", src, tensor.dtype) not in engine.lanes:
-            engine.learn("broadcast", src=src, dtype=tensor.dtype)
+        learn_once(engine, "broadcast", src=src, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         guard = self._guard
@@ -1266,7 +1193,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("reduce_scatter", payload="output", op="op", uniform=True)
+    @_collective("reduce_scatter")
     def reduce_scatter(
         self,
         output: torch.Tensor,
@@ -1298,61 +1225,18 @@ class Communicator:
             >>> out
             tensor([1.])
         """
-        engine = self._engine
-        if (
-            engine is not None
-            and not async_op
-            and timeout is None
-            and type(input) in _PLAIN
-            and type(output) in _PLAIN
-            and type(op) is str
-        ):
-            lane = self._lane(engine, ("reduce_scatter", op, output.dtype))
-            whole = cast(torch.Tensor, input)
-            if (
-                lane is not None
-                and whole.dtype is output.dtype
-                and output.dim() == 1
-                and whole.dim() == 1
-                and whole.numel() == output.numel() * engine.world_size
-                and engine.serves(lane, output, whole)
-            ):
-                engine.direct("reduce_scatter", lane, output, whole)
-                return None
+        if self._lanes.reduce_scatter(output, input, op, async_op, timeout):
+            return None
         engine = self._member("reduce_scatter")
         check.tensor(output, "output")
         world = engine.world_size
-        if isinstance(input, torch.Tensor):
-            if input.numel() != output.numel() * world:
-                raise ValueError(
-                    f"input has {input.numel()} elements; reduce_scatter needs world_size "
-                    f"({world}) x output's {output.numel()}"
-                )
-            flat = input if input.dim() == 1 else input.reshape(-1)
-        elif isinstance(input, (list, tuple)):
-            if len(input) != world:
-                raise ValueError(f"reduce_scatter needs {world} input tensors, got {len(input)}")
-            for t in input:
-                check.tensor(t, "input[i]")
-            if any(t.shape != input[0].shape for t in input):
-                return self._reduce_scatter_v(engine, output, input, op, async_op, timeout)
-            for t in input:
-                if t.shape != output.shape:
-                    raise ValueError(
-                        f"each input tensor must be shaped like output {tuple(output.shape)}, "
-                        f"got {tuple(t.shape)}"
-                    )
-            flat = torch.cat([t.reshape(-1) for t in input])
-        else:
-            raise TypeError(
-                f"input must be a torch.Tensor or a list of them, got {type(input).__name__}"
-            )
-        if flat.dtype != output.dtype:
-            raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
+        flat = check.reduce_scatter_input(output, input, world)
+        if flat is None:  # tensors of different shapes
+            return self._reduce_scatter_v(engine, output, cast(list, input), op, async_op, timeout)
         name = check.reduce_op(op, output)
         engine_op, back = reduction(name, output, self.plugin.native_avg)
-        if engine_op == op and ("reduce_scatter", op, output.dtype) not in engine.lanes:
-            engine.learn("reduce_scatter", op=engine_op, dtype=output.dtype)
+        if engine_op == op:
+            learn_once(engine, "reduce_scatter", op=engine_op, dtype=output.dtype)
         out_t = engine.to_device(output)
         if out_t.dim() != 1:
             out_t = out_t.view(-1)  # contiguous, so a view
@@ -1447,15 +1331,10 @@ class Communicator:
             >>> h.wait()
             True
         """
-        engine = self._engine
-        if engine is not None and not async_op and timeout is None:
-            lane = self._lane(engine, ("barrier",))
-            if lane is not None:
-                engine.direct("barrier", lane)
-                return None
+        if self._lanes.barrier(async_op, timeout):
+            return None
         engine = self._member("barrier")
-        if ("barrier",) not in engine.lanes:
-            engine.learn("barrier")
+        learn_once(engine, "barrier")
         self._guard.check(engine, "barrier", lambda: "", timeout=timeout)
         if not async_op:
             engine.barrier(as_timedelta(timeout))
@@ -1470,7 +1349,7 @@ class Communicator:
             value=[],
         )
 
-    @_collective("reduce", payload="tensor", peer="dst", op="op", uniform=True)
+    @_collective("reduce")
     def reduce(
         self,
         tensor: torch.Tensor,
@@ -1492,27 +1371,15 @@ class Communicator:
             >>> x                 # on rank 0 of 2 ranks: tensor([3., 6.])
             tensor([1., 2.])
         """
-        engine = self._engine
-        if (
-            engine is not None
-            and not async_op
-            and timeout is None
-            and type(tensor) in _PLAIN
-            and type(op) is str
-            and type(dst) is int
-        ):
-            lane = self._lane(engine, ("reduce", op, dst, tensor.dtype))
-            if lane is not None and not self.check_finite and engine.serves(lane, tensor):
-                # the engine may use the buffer of a rank other than dst as scratch space
-                engine.direct("reduce", lane, [tensor if engine.rank == dst else tensor.clone()])
-                return None
+        if self._lanes.reduce(tensor, dst, op, async_op, timeout):
+            return None
         engine = self._member("reduce")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
-        if engine_op == op and ("reduce", op, dst, tensor.dtype) not in engine.lanes:
-            engine.learn("reduce", op=engine_op, dst=dst, dtype=tensor.dtype)
+        if engine_op == op:
+            learn_once(engine, "reduce", op=engine_op, dst=dst, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         is_dst = engine.rank == dst
@@ -1550,7 +1417,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("scatter", payload="tensor", peer="src", uniform=True)
+    @_collective("scatter")
     def scatter(
         self,
         tensor: torch.Tensor,
@@ -1576,30 +1443,13 @@ class Communicator:
             >>> out
             tensor([0., 0.])
         """
-        engine = self._engine
-        if (
-            engine is not None
-            and not async_op
-            and timeout is None
-            and type(tensor) in _PLAIN
-            and type(src) is int
-        ):
-            lane = self._lane(engine, ("scatter", src, tensor.dtype))
-            if lane is not None and engine.serves(lane, tensor):
-                if engine.rank != src:
-                    engine.direct("scatter", lane, [tensor], [])
-                    return None
-                if _plain_like(scatter_list, engine.world_size, tensor) and all(
-                    map(engine.takes, scatter_list)
-                ):
-                    engine.direct("scatter", lane, [tensor], [list(scatter_list)])
-                    return None
+        if self._lanes.scatter(tensor, scatter_list, src, async_op, timeout):
+            return None
         engine = self._member("scatter")
         check.tensor(tensor, "tensor")
         world = engine.world_size
         check.rank_in_range(src, world, "src")
-        if ("scatter", src, tensor.dtype) not in engine.lanes:
-            engine.learn("scatter", src=src, dtype=tensor.dtype)
+        learn_once(engine, "scatter", src=src, dtype=tensor.dtype)
         parts = None
         if engine.rank == src:  # the others wait for src: a mistake here reaches them
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
@@ -1639,7 +1489,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("all_to_all", payload="input_tensor_list")
+    @_collective("all_to_all")
     def all_to_all(
         self,
         output_tensor_list: Sequence[torch.Tensor],
@@ -1690,15 +1540,7 @@ class Communicator:
             ins = list(input_tensor_list)
             if plain[1] and not async_op and timeout is None:
                 # one shape: the engine's own all_to_all where the plugin has it
-                key = ("all_to_all", dtype)
-                lanes = engine.lanes
-                lane = lanes[key] if key in lanes else engine.learn("all_to_all", dtype=dtype)
-                if (
-                    lane is not None
-                    and lane.call is not None
-                    and not (lane.unless_in and engine.group in lane.unless_in)
-                ):
-                    engine.direct("all_to_all", lane, outs, ins)
+                if Lanes.all_to_all(engine, outs, ins, dtype):
                     return None
             return engine.all_to_all(
                 outs,
@@ -1726,7 +1568,7 @@ class Communicator:
             value=list(output_tensor_list),
         )
 
-    @_collective("all_to_all_single", payload="input")
+    @_collective("all_to_all_single")
     def all_to_all_single(
         self,
         output: torch.Tensor,
@@ -1751,35 +1593,16 @@ class Communicator:
             tensor([0.])
             >>> # uneven: rank r sends i + 1 rows to rank i, and gets r + 1 rows from each
         """
-        engine = self._engine
-        if (
-            engine is not None
-            and output_split_sizes is None
-            and input_split_sizes is None
-            and not async_op
-            and timeout is None
-            and type(input) in _PLAIN
+        if self._lanes.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, async_op, timeout
         ):
-            lane = self._lane(engine, ("all_to_all_single", input.dtype))
-            if (
-                lane is not None
-                and type(output) in _PLAIN
-                and output.dtype is input.dtype
-                and output.dim() == 1
-                and input.dim() == 1
-                and output.numel() == input.numel()
-                and input.numel() % engine.world_size == 0
-                and engine.serves(lane, input, output)
-            ):
-                engine.direct("all_to_all_single", lane, output, input, [], [])
-                return None
+            return None
         engine = self._member("all_to_all_single")
         world = engine.world_size
         check.tensor(output, "output")
         check.tensor(input, "input")
         check.same_dtype([output, input], "all_to_all_single")
-        if ("all_to_all_single", input.dtype) not in engine.lanes:
-            engine.learn("all_to_all_single", dtype=input.dtype)
+        learn_once(engine, "all_to_all_single", dtype=input.dtype)
         if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
             raise ValueError(
                 "all_to_all_single needs output and input of at least one dim whose rows "
@@ -1850,7 +1673,7 @@ class Communicator:
         )
 
     # -- point to point -------------------------------------------------------------
-    @_collective("send", payload="tensor", peer="dst")
+    @_collective("send")
     def send(
         self,
         tensor: torch.Tensor,
@@ -1905,7 +1728,7 @@ class Communicator:
         async_op: bool = ...,
         timeout: Timeout = ...,
     ) -> int | Handle: ...
-    @_collective("recv", payload="tensor", peer="src")
+    @_collective("recv")
     def recv(
         self,
         tensor: torch.Tensor,
@@ -1928,7 +1751,7 @@ class Communicator:
         handle = self._p2p("recv", tensor, src, tag, async_op, timeout)
         return src if handle is None else handle
 
-    @_collective("isend", payload="tensor", peer="dst")
+    @_collective("isend")
     def isend(
         self, tensor: torch.Tensor, dst: int, *, tag: int = 0, timeout: Timeout = None
     ) -> Handle:
@@ -1943,7 +1766,7 @@ class Communicator:
         assert handle is not None
         return handle
 
-    @_collective("irecv", payload="tensor", peer="src")
+    @_collective("irecv")
     def irecv(
         self, tensor: torch.Tensor, src: int, *, tag: int = 0, timeout: Timeout = None
     ) -> Handle:
@@ -1968,25 +1791,13 @@ class Communicator:
         async_op: bool,
         timeout: Timeout,
     ) -> Handle | None:
-        engine = self._engine
-        if engine is not None and not async_op and timeout is None and type(tensor) in _PLAIN:
-            lane = self._lane(engine, (kind, tensor.dtype))  # (no check on point to point)
-            if (
-                lane is not None
-                and type(peer) is int
-                and 0 <= peer < engine.world_size
-                and peer != engine.rank
-                and type(tag) is int
-                and engine.serves(lane, tensor)
-            ):
-                engine.direct_p2p(kind, lane, tensor, peer, tag)
-                return None
+        if self._lanes.point_to_point(kind, tensor, peer, tag, async_op, timeout):
+            return None
         engine = self._member(kind)
         check.tensor(tensor, "tensor")
         check.peer(peer, engine.world_size, engine.rank, "dst" if kind == "send" else "src")
         check.tag(tag)
-        if (kind, tensor.dtype) not in engine.lanes:
-            engine.learn(kind, dtype=tensor.dtype)
+        learn_once(engine, kind, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         return engine.point_to_point(
@@ -2099,7 +1910,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any]]: ...
-    @_collective("all_gather_object", payload="obj")
+    @_collective("all_gather_object")
     def all_gather_object(
         self,
         obj: Any,
@@ -2158,7 +1969,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any] | None] | None: ...
-    @_collective("gather_object", payload="obj", peer="dst")
+    @_collective("gather_object")
     def gather_object(
         self,
         obj: Any,
@@ -2182,7 +1993,7 @@ class Communicator:
         steps = _objects.gather_object_steps(engine, obj, dst, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
-    @_collective("broadcast_object_list", payload="object_list", peer="src")
+    @_collective("broadcast_object_list")
     def broadcast_object_list(
         self,
         object_list: list[Any],
@@ -2246,7 +2057,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> Any: ...
-    @_collective("broadcast_object", payload="obj", peer="src")
+    @_collective("broadcast_object")
     def broadcast_object(
         self,
         obj: Any = None,
@@ -2273,7 +2084,7 @@ class Communicator:
         )
         return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
 
-    @_collective("scatter_object_list", payload="input_list", peer="src")
+    @_collective("scatter_object_list")
     def scatter_object_list(
         self,
         output_list: list[Any],
@@ -2312,7 +2123,7 @@ class Communicator:
         )
         return self._run_objects(engine, steps, timeout, async_op)
 
-    @_collective("send_object_list", payload="object_list", peer="dst")
+    @_collective("send_object_list")
     def send_object_list(
         self,
         object_list: list[Any],
@@ -2370,7 +2181,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> int | ResultHandle[int]: ...
-    @_collective("recv_object_list", payload="object_list", peer="src")
+    @_collective("recv_object_list")
     def recv_object_list(
         self,
         object_list: list[Any],

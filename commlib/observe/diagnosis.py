@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from commlib._engine import POINT_TO_POINT
+from commlib import _catalog
 from commlib.observe._lines import shorten
 from commlib.observe.event import describe
 from commlib.observe.stacks import roll_call, where
@@ -47,7 +47,7 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 def _point_to_point(entry: dict[str, Any]) -> bool:
     # files from before the field existed: the names tell
-    return bool(entry.get("point_to_point")) or entry.get("name") in POINT_TO_POINT
+    return bool(entry.get("point_to_point")) or entry.get("name") in _catalog.POINT_TO_POINT
 
 
 def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:

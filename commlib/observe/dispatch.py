@@ -38,7 +38,7 @@ import torch
 import torch.autograd.profiler as _profiler
 import torch.distributed as dist
 
-from commlib._engine import POINT_TO_POINT
+from commlib import _catalog
 from commlib._manager import registered_at, registrations
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle, ResultHandle
@@ -528,7 +528,7 @@ class _Span:
                     fields = bases[None].copy()
                     fields["shapes"], fields["dtypes"], fields["nbytes"] = payload_facts(value)
             fields["communicator"] = self.comm
-            if what in POINT_TO_POINT:
+            if what in _catalog.POINT_TO_POINT:
                 fields["seq"] = engine.p2p_seq
                 fields["point_to_point"] = True
             else:

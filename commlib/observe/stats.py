@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
+from commlib import _catalog
 from commlib.hookspecs import hookimpl
 from commlib.observe import stats_report
 from commlib.observe.event import CollectiveEvent
@@ -34,11 +35,6 @@ from commlib.observe.event import CollectiveEvent
 FORMAT = "commlib-stats/1"
 DEFAULT_ARRIVALS = 10_000
 _SAMPLES = 4096  # durations kept per size row for its median (a uniform sample past that)
-# collectives whose payload is one rank's part of what the operation moves (commlib
-# bench counts the whole: the gathered output, the scattered or reduce-scattered input)
-_TIMES_WORLD = frozenset(
-    {"all_gather", "all_gather_into_tensor", "reduce_scatter", "gather", "scatter"}
-)
 
 
 class _Size:
@@ -135,7 +131,7 @@ class CollectiveStats:
         if failed:
             row.errors += 1
         n = len(event.group_ranks)
-        nbytes = event.nbytes * n if event.name in _TIMES_WORLD else event.nbytes
+        nbytes = event.nbytes * n if event.name in _catalog.TIMES_WORLD else event.nbytes
         key = (event.name, bucket(nbytes), n)
         size = self._sizes.get(key)
         if size is None:

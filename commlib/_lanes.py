@@ -1,0 +1,440 @@
+"""The direct path: the lane table and each collective's fast entry.
+
+A plugin may name, per collective and key (op, dtype, root), the one engine
+call its method would make (:meth:`commlib.Backend.direct_call`). The
+communicator learns it once, after the first call with that key passed
+validation (:func:`learn`); later blocking calls with the communicator's own
+timeout, unchecked, on contiguous tensors on the device, take it: the
+collective's fast entry here (:class:`Lanes`) hands it to the engine in one
+step (:meth:`commlib._engine.Engine.direct`). A miss returns ``False`` and the
+method goes the whole way (validation, the check, the plugin's method).
+
+The table is the engine's (``engine.lanes``: ``(collective, *key) -> call or
+None``); the protocols' first rounds take it too (:func:`round_lane`).
+
+Examples:
+    >>> comm = commlib.Communicator()          # single: no lanes
+    >>> comm._lanes.all_reduce(torch.ones(2), "sum", False, None)
+    False
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+import torch
+
+from commlib import _steps
+from commlib.reductions import copy_back
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from commlib._engine import Engine
+    from commlib.backend import Backend, DirectCall
+    from commlib.types import EngineOp
+
+# tensors whose collectives torch sends as they are (another subclass may route
+# them through __torch_function__): what the engine's direct calls take
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
+
+
+# -- the lane table -----------------------------------------------------------------------
+def _owner(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def vouched_for(cls: type[Backend], collective: str) -> bool:
+    """Whether ``cls``'s ``direct_call`` knows its method for ``collective``.
+
+    Only if the class that wrote ``direct_call`` derives from the one that
+    wrote the method: a subclass that overrides a collective (logging, timing
+    it) has it called, unless it writes its own ``direct_call`` too.
+
+    Examples:
+        >>> gloo = type(commlib.plugins.resolve_backend("gloo"))
+        >>> vouched_for(gloo, "all_reduce")
+        True
+        >>> class Logged(gloo):
+        ...     def all_reduce(self, tensor, op, group, async_op=False):
+        ...         return super().all_reduce(tensor, op, group, async_op)
+        >>> vouched_for(Logged, "all_reduce"), vouched_for(Logged, "broadcast")
+        (False, True)
+    """
+    return issubclass(_owner(cls, "direct_call"), _owner(cls, collective))
+
+
+def learn(
+    engine: Engine, collective: str, *, as_key: tuple[Any, ...] | None = None, **key: Any
+) -> DirectCall | None:
+    """The plugin's direct call for ``collective`` and ``key``, asked once and kept.
+
+    Kept in ``engine.lanes`` under ``(collective, *key.values())``, or under
+    ``as_key`` (a ``mean`` the caller finishes from the engine's ``sum``).
+    The communicator asks after it validated a call's arguments, so a key in
+    the table stands for arguments known to be valid; its next calls with that
+    key look there first.
+
+    Examples:
+        >>> engine = commlib.Communicator()._engine
+        >>> learn(engine, "all_reduce", op="sum", dtype=torch.float32)  # single: none
+    """
+    lane = None
+    if vouched_for(type(engine.plugin), collective):
+        lane = engine.plugin.direct_call(collective, engine.group, **key)
+    engine.lanes[(collective, *key.values()) if as_key is None else as_key] = lane
+    return lane
+
+
+def learn_once(engine: Engine, collective: str, **key: Any) -> None:
+    """:func:`learn`, unless the table holds ``(collective, *key.values())`` already."""
+    if (collective, *key.values()) not in engine.lanes:
+        learn(engine, collective, **key)
+
+
+def round_lane(engine: Engine, slot_bytes: int, apart: bool = False) -> DirectCall | None:
+    """The direct call for a protocol's first round of ``slot_bytes`` rows, if any.
+
+    The plugin's ``all_gather_slots`` as the one engine call it makes: an
+    all_to_all_single of the rows (``apart``: row ``j`` goes to rank ``j``,
+    :meth:`~commlib.Backend.sends_slot_rows_apart`) or an all_gather of the
+    first. Asked once per slot size (:func:`learn`); none where the plugin
+    gathers bytes its own way, for a slot outside the call's byte range, or
+    while the group is in an open coalescing manager.
+
+    Examples:
+        >>> round_lane(commlib.Communicator()._engine, 4096) is None   # single: none
+        True
+    """
+    key = ("all_gather_slots", slot_bytes, apart)
+    lanes = engine.lanes
+    lane = (
+        lanes[key]
+        if key in lanes
+        else learn(engine, "all_gather_slots", slot_bytes=slot_bytes, apart=apart)
+    )
+    if (
+        lane is None
+        or lane.call is None
+        or not lane.min_bytes <= slot_bytes <= lane.max_bytes
+        or (lane.unless_in and engine.group in lane.unless_in)
+    ):
+        return None
+    return lane
+
+
+def serves(
+    engine: Engine, lane: DirectCall, tensor: torch.Tensor, other: torch.Tensor | None = None
+) -> bool:
+    """Whether ``lane`` takes ``tensor`` (and ``other``) as they are.
+
+    Both on the device, dense and contiguous; ``tensor``'s bytes in the lane's
+    range; the group in no open coalescing manager.
+
+    Examples:
+        >>> from commlib.backend import DirectCall
+        >>> serves(commlib.Communicator()._engine, DirectCall(None, None), torch.ones(2))
+        True
+    """
+    pending = lane.unless_in
+    if (
+        not (tensor.is_cpu if engine.on_cpu else tensor.device == engine.device_obj)
+        or tensor.layout is not _STRIDED
+        or not tensor.is_contiguous()
+        or not lane.min_bytes <= tensor.nbytes <= lane.max_bytes
+        or (pending and engine.group in pending)
+    ):
+        return False
+    return other is None or takes(engine, other)
+
+
+def takes(engine: Engine, tensor: torch.Tensor) -> bool:
+    """Whether a direct call takes ``tensor`` as it is: on the device, dense, contiguous.
+
+    Examples:
+        >>> engine = commlib.Communicator()._engine
+        >>> takes(engine, torch.ones(2)), takes(engine, torch.ones(2, 2).t())
+        (True, False)
+    """
+    return (
+        (tensor.is_cpu if engine.on_cpu else tensor.device == engine.device_obj)
+        and tensor.layout is _STRIDED
+        and tensor.is_contiguous()
+    )
+
+
+def _divides_in_place(tensor: torch.Tensor) -> bool:
+    # what divide_back divides in place: floating point, wider than a byte
+    return tensor.is_floating_point() and tensor.element_size() > 1
+
+
+def _plain_like(tensors: Any, length: int, like: torch.Tensor) -> TypeGuard[list[torch.Tensor]]:
+    """Whether ``tensors`` is a list of ``length`` plain tensors shaped and typed ``like``."""
+    if type(tensors) is not list or len(tensors) != length:
+        return False
+    shape, dtype = like.shape, like.dtype
+    for t in tensors:
+        if type(t) not in PLAIN or t.dtype is not dtype or t.shape != shape:
+            return False
+    return True
+
+
+# -- each collective's fast entry -----------------------------------------------------------
+class Lanes:
+    """One communicator's fast entries: each takes the call's arguments, says whether it ran.
+
+    ``True``: the lane ran the call (a blocking, unchecked call whose key an
+    earlier validated call learnt). ``False``: the communicator's method goes
+    the whole way, and learns the lane after validating (``learn_*``).
+
+    Args:
+        engine: the communicator's engine (``None`` for a non-member: no lanes).
+        checked: the collectives the communicator's argument check runs for
+            (they never take a lane).
+        settings: what is read per call: ``check_finite`` (reductions that
+            check for NaN take no lane).
+    """
+
+    __slots__ = ("checked", "engine", "native_avg", "settings")
+
+    def __init__(self, engine: Engine | None, checked: frozenset[str], settings: Any):
+        self.engine = engine
+        self.checked = checked
+        self.settings = settings
+        self.native_avg = engine is not None and engine.plugin.native_avg
+
+    def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
+        lane = engine.lanes.get(key)
+        # (a communicator outside torch.distributed runs the single backend: no lanes)
+        if lane is None or _steps.unfinished or key[0] in self.checked:
+            return None
+        return lane
+
+    def barrier(self, async_op: bool, timeout: Any) -> bool:
+        engine = self.engine
+        if engine is None or async_op or timeout is not None:
+            return False
+        lane = self._lane(engine, ("barrier",))
+        if lane is None:
+            return False
+        engine.direct("barrier", lane)
+        return True
+
+    def all_reduce(self, tensor: Any, op: Any, async_op: bool, timeout: Any) -> bool:
+        engine = self.engine
+        if (
+            engine is None
+            or type(tensor) not in PLAIN
+            or type(op) is not str  # a key of the lanes (a user's list must not reach a dict)
+            or async_op
+            or timeout is not None
+        ):
+            return False
+        lane = self._lane(engine, ("all_reduce", op, tensor.dtype))
+        if lane is None or self.settings.check_finite or not serves(engine, lane, tensor):
+            return False
+        if op != "mean":
+            engine.direct("all_reduce", lane, [tensor])
+            return True
+        if tensor.requires_grad:  # (autograd refuses the division in place)
+            return False
+        engine.direct("all_reduce", lane, [tensor])
+        if not self.native_avg:
+            tensor.div_(engine.world_size)  # a floating dtype: see learn_all_reduce
+        return True
+
+    @staticmethod
+    def learn_all_reduce(
+        engine: Engine,
+        op: Any,
+        name: str,
+        engine_op: EngineOp,
+        back: Callable[..., Any],
+        tensor: torch.Tensor,
+    ) -> None:
+        """Learn ``all_reduce``'s lane for ``op`` (validated as ``name``), where one serves it."""
+        key = ("all_reduce", op, tensor.dtype)
+        if key in engine.lanes:
+            return
+        if engine_op == op:
+            learn(engine, "all_reduce", op=engine_op, dtype=tensor.dtype)
+        elif name == op == "mean" and (back is copy_back or _divides_in_place(tensor)):
+            # the engine's avg, or its sum divided in place
+            learn(engine, "all_reduce", as_key=key, op=engine_op, dtype=tensor.dtype)
+
+    def all_gather_into_tensor(
+        self, output: Any, tensor: Any, async_op: bool, timeout: Any
+    ) -> bool:
+        engine = self.engine
+        if engine is None or async_op or timeout is not None or type(tensor) not in PLAIN:
+            return False
+        lane = self._lane(engine, ("all_gather_into_tensor", tensor.dtype))
+        if (
+            lane is None
+            or type(output) not in PLAIN
+            or output.dtype is not tensor.dtype
+            or output.dim() != 1
+            or tensor.dim() != 1
+            or output.numel() != tensor.numel() * engine.world_size
+            or not serves(engine, lane, tensor, output)
+        ):
+            return False
+        engine.direct("all_gather_into_tensor", lane, output, tensor)
+        return True
+
+    def broadcast(self, tensor: Any, src: Any, async_op: bool, timeout: Any) -> bool:
+        engine = self.engine
+        if (
+            engine is None
+            or type(tensor) not in PLAIN
+            or type(src) is not int
+            or async_op
+            or timeout is not None
+        ):
+            return False
+        lane = self._lane(engine, ("broadcast", src, tensor.dtype))
+        if lane is None or not serves(engine, lane, tensor):
+            return False
+        engine.direct("broadcast", lane, [tensor])
+        return True
+
+    def reduce_scatter(
+        self, output: Any, input: Any, op: Any, async_op: bool, timeout: Any
+    ) -> bool:
+        engine = self.engine
+        if (
+            engine is None
+            or async_op
+            or timeout is not None
+            or type(input) not in PLAIN
+            or type(output) not in PLAIN
+            or type(op) is not str
+        ):
+            return False
+        lane = self._lane(engine, ("reduce_scatter", op, output.dtype))
+        if (
+            lane is None
+            or input.dtype is not output.dtype
+            or output.dim() != 1
+            or input.dim() != 1
+            or input.numel() != output.numel() * engine.world_size
+            or not serves(engine, lane, output, input)
+        ):
+            return False
+        engine.direct("reduce_scatter", lane, output, input)
+        return True
+
+    def reduce(self, tensor: Any, dst: Any, op: Any, async_op: bool, timeout: Any) -> bool:
+        engine = self.engine
+        if (
+            engine is None
+            or async_op
+            or timeout is not None
+            or type(tensor) not in PLAIN
+            or type(op) is not str
+            or type(dst) is not int
+        ):
+            return False
+        lane = self._lane(engine, ("reduce", op, dst, tensor.dtype))
+        if lane is None or self.settings.check_finite or not serves(engine, lane, tensor):
+            return False
+        # the engine may use the buffer of a rank other than dst as scratch space
+        engine.direct("reduce", lane, [tensor if engine.rank == dst else tensor.clone()])
+        return True
+
+    def scatter(
+        self, tensor: Any, scatter_list: Any, src: Any, async_op: bool, timeout: Any
+    ) -> bool:
+        engine = self.engine
+        if (
+            engine is None
+            or async_op
+            or timeout is not None
+            or type(tensor) not in PLAIN
+            or type(src) is not int
+        ):
+            return False
+        lane = self._lane(engine, ("scatter", src, tensor.dtype))
+        if lane is None or not serves(engine, lane, tensor):
+            return False
+        if engine.rank != src:
+            engine.direct("scatter", lane, [tensor], [])
+            return True
+        if not _plain_like(scatter_list, engine.world_size, tensor):
+            return False
+        for t in scatter_list:
+            if not takes(engine, t):
+                return False
+        engine.direct("scatter", lane, [tensor], [list(scatter_list)])
+        return True
+
+    @staticmethod
+    def all_to_all(
+        engine: Engine, outs: list[torch.Tensor], ins: list[torch.Tensor], dtype: torch.dtype
+    ) -> bool:
+        """``all_to_all`` of validated plain tensors of one shape, where the plugin has it."""
+        key = ("all_to_all", dtype)
+        lanes = engine.lanes
+        lane = lanes[key] if key in lanes else learn(engine, "all_to_all", dtype=dtype)
+        if (
+            lane is None
+            or lane.call is None
+            or (lane.unless_in and engine.group in lane.unless_in)
+        ):
+            return False
+        engine.direct("all_to_all", lane, outs, ins)
+        return True
+
+    def all_to_all_single(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None,
+        input_split_sizes: Sequence[int] | None,
+        async_op: bool,
+        timeout: Any,
+    ) -> bool:
+        engine = self.engine
+        if (
+            engine is None
+            or output_split_sizes is not None
+            or input_split_sizes is not None
+            or async_op
+            or timeout is not None
+            or type(input) not in PLAIN
+        ):
+            return False
+        lane = self._lane(engine, ("all_to_all_single", input.dtype))
+        if (
+            lane is None
+            or type(output) not in PLAIN
+            or output.dtype is not input.dtype
+            or output.dim() != 1
+            or input.dim() != 1
+            or output.numel() != input.numel()
+            or input.numel() % engine.world_size != 0
+            or not serves(engine, lane, input, output)
+        ):
+            return False
+        engine.direct("all_to_all_single", lane, output, input, [], [])
+        return True
+
+    def point_to_point(
+        self, kind: str, tensor: Any, peer: Any, tag: Any, async_op: bool, timeout: Any
+    ) -> bool:
+        engine = self.engine
+        if engine is None or async_op or timeout is not None or type(tensor) not in PLAIN:
+            return False
+        lane = self._lane(engine, (kind, tensor.dtype))  # (no check on point to point)
+        if (
+            lane is None
+            or type(peer) is not int
+            or not 0 <= peer < engine.world_size
+            or peer == engine.rank
+            or type(tag) is not int
+            or not serves(engine, lane, tensor)
+        ):
+            return False
+        engine.direct_p2p(kind, lane, tensor, peer, tag)
+        return True

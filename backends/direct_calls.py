@@ -13,6 +13,11 @@ A call it cannot serve exactly as torch would goes through torch.distributed
 as before: a tensor subclass (its ``__torch_function__`` decides), a group with
 an open ``_coalescing_manager``, torch's torchcomms mode, or a torch whose
 ProcessGroup lacks the method.
+
+The lanes themselves (the engine issuing the ProcessGroup's call past the
+method) are every torch.distributed plugin's: :meth:`commlib.Backend.direct_call`
+and :mod:`commlib._torch_lanes`. What this class adds is the same call made from
+its methods, for what takes no lane (async calls, another timeout).
 """
 
 from __future__ import annotations
@@ -23,24 +28,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from commlib._torch_lanes import ALL_GATHER_SINGLE as _ALL_GATHER_SINGLE
+from commlib._torch_lanes import ALL_TO_ALL_SINGLE as _ALL_TO_ALL_SINGLE
+from commlib._torch_lanes import COALESCING as _coalescing
+from commlib._torch_lanes import REDUCE_SCATTER_SINGLE as _REDUCE_SCATTER_SINGLE
+from commlib._torch_lanes import build_options as _build
 from commlib.backend import Backend, DirectCall, WorkList
 from commlib.types import EngineOp, Group, Work
 
-_coalescing = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
 _torchcomms = getattr(c10d, "_use_torchcomms_enabled", None)
-# torchcomms installed: its mode may be switched on at any time, so no call is decided once
-_TORCHCOMMS_INSTALLED = bool(getattr(c10d, "_TORCHCOMM_AVAILABLE", False))
-_HAS_ASYNC_OP = hasattr(c10d.BroadcastOptions(), "asyncOp")
-
-
-def _method(*names: str) -> str | None:
-    """The ProcessGroup method among ``names`` this torch has (it renamed some)."""
-    return next((n for n in names if hasattr(dist.ProcessGroup, n)), None)
-
-
-_ALL_GATHER_SINGLE = _method("all_gather_single", "_allgather_base")
-_ALL_TO_ALL_SINGLE = _method("all_to_all_single", "alltoall_base")
-_REDUCE_SCATTER_SINGLE = _method("reduce_scatter_single", "_reduce_scatter_base")
 
 
 # Parameter turns __torch_function__ off: torch.distributed calls the group directly too
@@ -77,19 +73,9 @@ def _finish(work: Any, async_op: bool) -> Work | None:
     return None
 
 
-def _build(kind: Any, async_op: bool, **fields: Any) -> Any:
-    opts = kind()
-    for name, value in fields.items():
-        setattr(opts, name, value)
-    if _HAS_ASYNC_OP:
-        opts.asyncOp = async_op
-    return opts
-
-
 # the options without fields, one per async_op: nothing in them varies between calls
 _ALLGATHER = {a: _build(c10d.AllgatherOptions, a) for a in (False, True)}
 _ALLTOALL = {a: _build(c10d.AllToAllOptions, a) for a in (False, True)}
-_BARRIER = {a: _build(c10d.BarrierOptions, a, device=torch.device("cpu")) for a in (False, True)}
 
 
 class DirectCalls(Backend):
@@ -147,59 +133,18 @@ class DirectCalls(Backend):
         return pg
 
     def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
-        """The ProcessGroup's own method for ``collective``, with its options built once.
+        """The default's lanes (:meth:`Backend.direct_call`), vouched for the methods below.
 
-        For plain dtypes (a complex tensor travels as its real pairs, one
-        step more). A group of one rank issues nothing for the reductions and
-        broadcast (``call=None``); its gathers copy, through the methods below.
-        While torch's torchcomms mode may be on, none (torch.distributed decides).
+        Each method here issues, for a plain tensor outside a coalescing
+        manager, exactly the ProcessGroup call that lane makes: writing
+        ``direct_call`` in this class tells the engine so.
 
         Examples:
             >>> gloo = commlib.plugins.resolve_backend("gloo")
             >>> gloo.direct_call("all_reduce", group, op="sum", dtype=torch.float32).options
             ... # doctest: +SKIP
         """
-        dtype = key.get("dtype")
-        if _TORCHCOMMS_INSTALLED or (dtype is not None and dtype.is_complex):
-            return None
-        pg = dist.GroupMember.WORLD if group is None else group
-        if not isinstance(pg, dist.ProcessGroup):
-            return None
-        alone = pg.size() == 1
-        if collective == "all_reduce":
-            opts = self._reduce_options(c10d.AllreduceOptions, key["op"], -1, True)
-            return DirectCall(None if alone else pg.allreduce, opts, unless_in=_coalescing)
-        if collective == "broadcast":
-            opts = self._rooted_options(c10d.BroadcastOptions, key["src"], True)
-            return DirectCall(None if alone else pg.broadcast, opts, unless_in=_coalescing)
-        if collective == "reduce":
-            opts = self._reduce_options(c10d.ReduceOptions, key["op"], key["dst"], True)
-            return DirectCall(None if alone else pg.reduce, opts, unless_in=_coalescing)
-        if collective == "barrier":
-            # torch's own barrier on a CPU engine (an accelerator's picks a device)
-            if type(self).barrier is not Backend.barrier or self.device_type != "cpu":
-                return None
-            return DirectCall(None if alone else pg.barrier, _BARRIER[True], unless_in=_coalescing)
-        if alone:
-            return None  # a copy: the methods below
-        if collective == "scatter":
-            opts = self._rooted_options(c10d.ScatterOptions, key["src"], True)
-            return DirectCall(pg.scatter, opts, unless_in=_coalescing)
-        if collective in ("send", "recv"):
-            return DirectCall(getattr(pg, collective), None, unless_in=_coalescing)
-        if collective == "all_gather_into_tensor" and _ALL_GATHER_SINGLE:
-            call = getattr(pg, _ALL_GATHER_SINGLE)
-            return DirectCall(call, _ALLGATHER[True], unless_in=_coalescing)
-        if collective == "reduce_scatter" and _REDUCE_SCATTER_SINGLE:
-            opts = self._reduce_options(c10d.ReduceScatterOptions, key["op"], -1, True)
-            call = getattr(pg, _REDUCE_SCATTER_SINGLE)
-            return DirectCall(call, opts, unless_in=_coalescing)
-        if collective == "all_to_all":
-            return DirectCall(pg.alltoall, _ALLTOALL[True], unless_in=_coalescing)
-        if collective == "all_to_all_single" and _ALL_TO_ALL_SINGLE:
-            call = getattr(pg, _ALL_TO_ALL_SINGLE)
-            return DirectCall(call, _ALLTOALL[True], unless_in=_coalescing)
-        return None
+        return super().direct_call(collective, group, **key)
 
     def rank(self, group: Group) -> int:
         """This process's rank within ``group``."""

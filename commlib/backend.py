@@ -51,6 +51,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import torch
 import torch.distributed as dist
 
+from commlib._torch_lanes import process_group_lane
 from commlib.serialization import Serializer, default_serializer
 from commlib.types import EngineOp, Group, P2PRequest, Work
 
@@ -608,12 +609,21 @@ class Backend:
     def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
         """The engine call that serves ``collective`` for ``key``, decided once per group.
 
-        Optional: ``None`` (the default) sends every call through the
-        collective's method below. A plugin whose method, for some
-        arguments, only issues one engine call returns it here; the engine
-        then issues it itself, past the method, on every call that matches
-        ``key`` (the call's other arguments are tensors, checked by the core
-        as for the method). Keys, by collective: ``all_reduce`` ``op`` (an
+        The engine issues it itself, past the collective's method, on every
+        call that matches ``key`` (the call's other arguments are tensors,
+        checked by the core as for the method). The default, for an engine
+        torch.distributed drives: the ProcessGroup's own method that the
+        default method's torch.distributed function calls, with its options
+        built once (:mod:`commlib._torch_lanes`), so a plugin that keeps the
+        default methods gets their lanes; ``None`` for a group that is not
+        a ``ProcessGroup`` (every call through the method). The engine asks
+        only where the class that wrote ``direct_call`` derives from the one
+        that wrote the collective's method: a plugin that overrides
+        ``all_reduce`` has its ``all_reduce`` called, unless it writes a
+        ``direct_call`` too (then it answers for both; return ``None`` for
+        what its method does differently).
+
+        Keys, by collective: ``all_reduce`` ``op`` (an
         :data:`~commlib.types.EngineOp`) and ``dtype``; ``broadcast``
         ``src`` and ``dtype``; ``reduce`` ``op``, ``dst`` and ``dtype``;
         ``all_gather_into_tensor`` and ``all_to_all_single`` (equal splits)
@@ -622,8 +632,7 @@ class Backend:
         shape) ``dtype``; ``all_gather_slots`` ``slot_bytes`` (one row's
         size; the rows are uint8) and optionally ``apart`` (whether the
         rows go to their ranks: :meth:`sends_slot_rows_apart`); ``send`` and
-        ``recv`` ``dtype``;
-        ``barrier`` none. Return ``None`` for a
+        ``recv`` ``dtype``; ``barrier`` none. Return ``None`` for a
         collective or key the plugin does not serve so.
 
         Examples:
@@ -631,7 +640,7 @@ class Backend:
             >>> lane = gloo.direct_call("all_reduce", group, op="sum", dtype=torch.float32)
             ... # doctest: +SKIP
         """
-        return None
+        return process_group_lane(self, collective, group, key)
 
     # -- tensor collectives --------------------------------------------------------
     def all_reduce(

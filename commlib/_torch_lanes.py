@@ -1,0 +1,192 @@
+"""The lanes of an engine torch.distributed drives: the ProcessGroup's own methods.
+
+:class:`~commlib.Backend`'s collective methods call torch.distributed's
+functions (``dist.all_reduce``, ...). Each of those, past its checks (which
+the Communicator has made already: validated arguments, contiguous tensors on
+the plugin's device, ranks within the group, membership), calls one method of
+the ProcessGroup with an options object and waits on its work. That call is
+the collective's *lane* (:class:`~commlib.backend.DirectCall`):
+:func:`process_group_lane` builds it once per key, and the engine issues it on
+every later call that matches, past the Python layer both of commlib's method
+and of torch's function. So every plugin whose method is the default one (the
+base ``Backend``'s, ``EngineGaps``' where it passes through, the accelerators',
+a plugin written as docs/plugins.md's minimum) gets the lane; a plugin that
+overrides a method keeps its method called (``Engine.learn`` asks only where
+the class that wrote ``direct_call`` derives from the one that wrote it).
+
+What torch's function does besides that call, and what the lane does about it
+(torch 2.13's ``distributed_c10d``; the same in the older torch supported):
+
+* a tensor subclass with ``__torch_function__`` decides the call itself: the
+  engine takes a lane for plain tensors only (``Engine.serves``);
+* a group with an open ``_coalescing_manager`` collects the call instead of
+  issuing it (on NCCL the manager then issues the batch as one coalesced
+  NCCL group): ``unless_in`` names torch's coalescing state, and the plugin's
+  method is called while the group is in it;
+* a complex tensor travels as its real pairs: no lane for complex dtypes;
+* an FP8 broadcast on CUDA travels as bytes: no lane serves FP8 on an
+  accelerator (their ``wire_dtypes`` leave it out, so ``EngineGaps`` offers none);
+* the device and stream: the function picks neither, the ProcessGroup's
+  backend uses the tensor's device and that device's current stream, as for
+  the lane; the engine serves a lane only tensors on the plugin's device;
+  ``barrier`` is the exception (torch guesses a device from the rank on an
+  accelerator): its lane is offered on CPU engines only;
+* torchcomms, where installed, may take a call over at any time: no lanes;
+* a vendor package that replaced torch's function (``torch_npu`` patches
+  some) changes what the default method does: no lane for that collective.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+if TYPE_CHECKING:
+    from commlib.backend import Backend, DirectCall
+    from commlib.types import Group
+
+#: torch's open coalescing managers, keyed by group (``None`` on a torch without them)
+COALESCING = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
+#: whether torchcomms' mode may be switched on: then no call is decided once
+TORCHCOMMS_INSTALLED = bool(getattr(c10d, "_TORCHCOMM_AVAILABLE", False))
+#: whether the options carry ``asyncOp`` (torch >= 2.7)
+HAS_ASYNC_OP = hasattr(c10d.BroadcastOptions(), "asyncOp")
+
+
+def _method(*names: str) -> str | None:
+    """The ProcessGroup method among ``names`` this torch has (it renamed some)."""
+    return next((n for n in names if hasattr(dist.ProcessGroup, n)), None)
+
+
+ALL_GATHER_SINGLE = _method("all_gather_single", "_allgather_base")
+ALL_TO_ALL_SINGLE = _method("all_to_all_single", "alltoall_base")
+REDUCE_SCATTER_SINGLE = _method("reduce_scatter_single", "_reduce_scatter_base")
+
+# the torch.distributed function the base Backend's method calls, per collective
+# (the first this torch has)
+_FUNCTIONS = {
+    "all_reduce": ("all_reduce",),
+    "broadcast": ("broadcast",),
+    "reduce": ("reduce",),
+    "barrier": ("barrier",),
+    "scatter": ("scatter",),
+    "send": ("isend",),
+    "recv": ("irecv",),
+    "all_gather_into_tensor": ("all_gather_single", "all_gather_into_tensor"),
+    "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+    "all_to_all": ("all_to_all",),
+    "all_to_all_single": ("all_to_all_single",),
+}
+
+
+def torch_own(collective: str) -> bool:
+    """Whether torch.distributed's function for ``collective`` is torch's own.
+
+    ``False`` where a vendor package put its own in its place, or for a
+    collective with no lane.
+
+    Examples:
+        >>> torch_own("all_reduce"), torch_own("gather")
+        (True, False)
+    """
+    for name in _FUNCTIONS.get(collective, ()):
+        function = getattr(dist, name, None)
+        if function is not None:
+            return getattr(function, "__module__", None) == c10d.__name__
+    return False
+
+
+def build_options(kind: Any, async_op: bool, **fields: Any) -> Any:
+    """An options object of ``kind`` with ``fields`` set (and ``asyncOp``, where torch has it).
+
+    Examples:
+        >>> build_options(c10d.BroadcastOptions, True, rootRank=1).rootRank
+        1
+    """
+    opts = kind()
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    if HAS_ASYNC_OP:
+        opts.asyncOp = async_op
+    return opts
+
+
+def process_group_lane(
+    plugin: Backend, collective: str, group: Group, key: dict[str, Any]
+) -> DirectCall | None:
+    """The ProcessGroup call torch.distributed's function makes for ``collective`` and ``key``.
+
+    What :meth:`commlib.Backend.direct_call` returns by default; the options
+    are built here, once per key. A group of one rank issues nothing for the
+    reductions, broadcast and barrier (``call=None``); its gathers and
+    exchanges copy, in the plugin's methods (no lane). ``None`` where the
+    default method does more than that one call (see the module's notes), or
+    for a group that is not a ProcessGroup.
+
+    Examples:
+        >>> gloo = commlib.plugins.resolve_backend("gloo")
+        >>> process_group_lane(gloo, "all_reduce", group, {"op": "sum", "dtype": torch.float32})
+        ... # doctest: +SKIP
+        DirectCall(call=<bound method ProcessGroup.allreduce ...>, ...)
+    """
+    from commlib.backend import Backend, DirectCall
+
+    if collective == "all_gather_slots":
+        # the default gathers the first row with all_gather_into_tensor: its lane,
+        # where both methods are the default's
+        cls = type(plugin)
+        if key.get("apart") or cls.all_gather_slots is not Backend.all_gather_slots:
+            return None
+        if cls.all_gather_into_tensor is not Backend.all_gather_into_tensor:
+            return None
+        found = process_group_lane(plugin, "all_gather_into_tensor", group, {})
+        return None if found is None or found.call is None else found
+    dtype = key.get("dtype")
+    if TORCHCOMMS_INSTALLED or (dtype is not None and dtype.is_complex):
+        return None
+    if not torch_own(collective):
+        return None
+    pg = dist.GroupMember.WORLD if group is None else group
+    if not isinstance(pg, dist.ProcessGroup):
+        return None
+    alone = pg.size() == 1
+    if collective in ("all_reduce", "reduce"):
+        fields: dict[str, Any] = {"reduceOp": plugin.torch_reduce_op(key["op"])}
+        if collective == "reduce":
+            fields["rootRank"] = key["dst"]
+        kind = c10d.AllreduceOptions if collective == "all_reduce" else c10d.ReduceOptions
+        call = None if alone else (pg.allreduce if collective == "all_reduce" else pg.reduce)
+        return DirectCall(call, build_options(kind, True, **fields), unless_in=COALESCING)
+    if collective == "broadcast":
+        opts = build_options(c10d.BroadcastOptions, True, rootRank=key["src"], rootTensor=0)
+        return DirectCall(None if alone else pg.broadcast, opts, unless_in=COALESCING)
+    if collective == "barrier":
+        # torch's own barrier on a CPU engine (on an accelerator torch picks a device)
+        if type(plugin).barrier is not Backend.barrier or plugin.device_type != "cpu":
+            return None
+        opts = build_options(c10d.BarrierOptions, True, device=torch.device("cpu"))
+        return DirectCall(None if alone else pg.barrier, opts, unless_in=COALESCING)
+    if alone:
+        return None  # a copy: the plugin's method
+    if collective == "scatter":
+        opts = build_options(c10d.ScatterOptions, True, rootRank=key["src"])
+        return DirectCall(pg.scatter, opts, unless_in=COALESCING)
+    if collective in ("send", "recv"):
+        return DirectCall(getattr(pg, collective), None, unless_in=COALESCING)
+    if collective == "all_gather_into_tensor" and ALL_GATHER_SINGLE:
+        opts = build_options(c10d.AllgatherOptions, True)
+        return DirectCall(getattr(pg, ALL_GATHER_SINGLE), opts, unless_in=COALESCING)
+    if collective == "reduce_scatter" and REDUCE_SCATTER_SINGLE:
+        reduce_op = plugin.torch_reduce_op(key["op"])
+        opts = build_options(c10d.ReduceScatterOptions, True, reduceOp=reduce_op)
+        return DirectCall(getattr(pg, REDUCE_SCATTER_SINGLE), opts, unless_in=COALESCING)
+    if collective == "all_to_all":
+        opts = build_options(c10d.AllToAllOptions, True)
+        return DirectCall(pg.alltoall, opts, unless_in=COALESCING)
+    if collective == "all_to_all_single" and ALL_TO_ALL_SINGLE:
+        opts = build_options(c10d.AllToAllOptions, True)
+        return DirectCall(getattr(pg, ALL_TO_ALL_SINGLE), opts, unless_in=COALESCING)
+    return None

@@ -1,0 +1,197 @@
+"""The direct path is the contract's, not one class's: every kind of plugin whose collective
+method is the default torch.distributed call takes its lanes, and a plugin that overrides a
+method still has it called.
+
+Per kind of engine, on torch's fake process group of 8 (the dispatch benchmark's world):
+gloo, a plugin written as docs/plugins.md's minimum (``commlib.Backend`` with three
+attributes), an ``EngineGaps`` plugin where it passes through (and where it does not), and
+the nccl, hccl and cncl plugins over simulated devices (each in a process of its own: a
+simulated device changes torch for good). Then the minimal plugin's results at 2 gloo ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+
+import commlib
+from commlib import plugins
+from commlib.bench.fake_world import dispatch_plugin, fake_world
+from commlib_backends.engine_gaps import STANDARD_DTYPES, EngineGaps
+
+ROOT = Path(__file__).resolve().parents[2]
+# what a lane must serve on every engine; the dispatch target's three among them
+TIMED = ("all_reduce", "broadcast", "all_gather_into_tensor")
+
+
+class Minimal(commlib.Backend):
+    """docs/plugins.md's minimum: an engine torch.distributed drives, nothing overridden."""
+
+    name = "lanes-minimal"
+    torch_backend = "gloo"
+    device_type = "cpu"
+
+
+class Gapped(EngineGaps):
+    """An EngineGaps plugin whose engine reduces neither max nor int32."""
+
+    name = "lanes-gapped"
+    torch_backend = "gloo"
+    device_type = "cpu"
+    wire_dtypes = STANDARD_DTYPES
+    reduce_dtypes = STANDARD_DTYPES - {torch.int32}
+    reduce_ops = frozenset({"sum", "product", "min"})
+
+
+def _calls(comm: commlib.Communicator) -> dict[str, Any]:
+    t = torch.ones(4)
+    out = torch.empty(32)
+    return {
+        "all_reduce": lambda: comm.all_reduce(t),
+        "broadcast": lambda: comm.broadcast(t, src=0),
+        "all_gather_into_tensor": lambda: comm.all_gather_into_tensor(out, t),
+        "reduce": lambda: comm.reduce(t, dst=0),
+        "all_to_all_single": lambda: comm.all_to_all_single(out, torch.ones(32)),
+        "send": lambda: comm.send(t, dst=1),
+        "recv": lambda: comm.recv(t, src=1),
+        "all_reduce max": lambda: comm.all_reduce(t, op="max"),
+        "all_reduce int32": lambda: comm.all_reduce(torch.ones(4, dtype=torch.int32)),
+    }
+
+
+def lanes_taken(base: commlib.Backend) -> dict[str, Any]:
+    """How ``base``'s plugin dispatches on the fake group of 8, as plain data.
+
+    ``taken``: per call, how many of two calls after the first went through a lane
+    (``Engine.direct`` / ``direct_p2p``); ``logged``: for a subclass that overrides
+    ``all_reduce``, how many of three calls ran its method and how many of those
+    went through a lane, and the lanes its broadcast took.
+    """
+    taken = {}
+    with fake_world(8, dispatch_plugin(base)) as comm:
+        engine = comm._engine
+        for name, call in _calls(comm).items():
+            call()  # validated, learnt
+            with (
+                mock.patch.object(engine, "direct", wraps=engine.direct) as direct,
+                mock.patch.object(engine, "direct_p2p", wraps=engine.direct_p2p) as p2p,
+            ):
+                call()
+                call()
+            taken[name] = direct.call_count + p2p.call_count
+    seen = []
+
+    class Logged(type(base)):  # type: ignore[misc]
+        def all_reduce(self, tensor, op, group, async_op=False):
+            seen.append(op)
+            return super().all_reduce(tensor, op, group, async_op)
+
+    with fake_world(8, dispatch_plugin(Logged())) as comm:
+        engine = comm._engine
+        t = torch.ones(4)
+        comm.broadcast(t, src=0)
+        with mock.patch.object(engine, "direct", wraps=engine.direct) as direct:
+            for _ in range(3):
+                comm.all_reduce(t)
+            on_lanes = direct.call_count
+            comm.broadcast(t, src=0)
+            comm.broadcast(t, src=0)
+            broadcast = direct.call_count - on_lanes
+    return {"taken": taken, "logged": {"ran": len(seen), "lanes": on_lanes, "bcast": broadcast}}
+
+
+def simulated_report(kind: str) -> None:
+    """Print :func:`lanes_taken` for ``kind``'s plugin over simulated devices, as JSON."""
+    from commlib.testing import simulated
+
+    simulated.install(kind, devices=1)
+    print(json.dumps(lanes_taken(plugins.resolve_backend(kind))))
+
+
+def _assert_the_default_s_lanes(report: dict[str, Any], *, all_ops: bool = True) -> None:
+    taken = report["taken"]
+    for name in (*TIMED, "reduce", "all_to_all_single", "send", "recv"):
+        assert taken[name] == 2, (name, taken)
+    if all_ops:
+        assert taken["all_reduce max"] == 2 and taken["all_reduce int32"] == 2, taken
+    # the overriding plugin's all_reduce ran every time; its broadcast kept its lane
+    assert report["logged"] == {"ran": 3, "lanes": 0, "bcast": 2}
+
+
+@pytest.fixture
+def free_dist():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    yield
+
+
+@pytest.mark.parametrize(
+    "base", [Minimal(), plugins.resolve_backend("gloo")], ids=["minimal", "gloo"]
+)
+def test_a_torch_engine_plugin_takes_the_default_s_lanes(free_dist, base):
+    _assert_the_default_s_lanes(lanes_taken(base))
+
+
+def test_engine_gaps_lanes_where_it_passes_through(free_dist):
+    report = lanes_taken(Gapped())
+    _assert_the_default_s_lanes(report, all_ops=False)
+    # what its engine cannot reduce is gathered and reduced here: its method, no lane
+    assert report["taken"]["all_reduce max"] == 0
+    assert report["taken"]["all_reduce int32"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["nccl", "hccl", "cncl"])
+def test_a_simulated_accelerator_takes_its_lanes(kind):
+    code = f"from {__name__} import simulated_report; simulated_report({kind!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # the vendor libraries have no band/bor/bxor, but they reduce max and int32
+    _assert_the_default_s_lanes(report)
+
+
+# -- the minimal plugin's results through its lanes, 2 gloo ranks -------------------------
+
+
+def _minimal_on_lanes(_: commlib.Communicator) -> tuple[dict[str, list[float]], list[str]]:
+    comm = commlib.Communicator(backend=Minimal(), strict=False)
+    me, world = comm.rank, comm.world_size
+    got = {}
+    for round_ in range(2):  # the first learns, the second takes the lane
+        x = torch.full((3,), float(me + round_))
+        comm.all_reduce(x, op="max")
+        got[f"all_reduce {round_}"] = x.tolist()
+        b = torch.full((3,), float(me * 10 + round_))
+        comm.broadcast(b, src=world - 1)
+        got[f"broadcast {round_}"] = b.tolist()
+        out = torch.empty(2 * world)
+        comm.all_gather_into_tensor(out, torch.full((2,), float(me + round_)))
+        got[f"all_gather_into_tensor {round_}"] = out.tolist()
+        got[f"all_gather {round_}"] = [t.tolist() for t in comm.all_gather(torch.ones(1) * me)]
+    return got, sorted(k[0] for k, lane in comm._engine.lanes.items() if lane is not None)
+
+
+def test_the_minimal_plugin_s_results_through_its_lanes(world2):
+    for got, lanes in world2.run(_minimal_on_lanes):
+        for round_ in range(2):
+            assert got[f"all_reduce {round_}"] == [1.0 + round_] * 3
+            assert got[f"broadcast {round_}"] == [10.0 + round_] * 3
+            assert got[f"all_gather_into_tensor {round_}"] == [
+                float(round_),
+                float(round_),
+                1.0 + round_,
+                1.0 + round_,
+            ]
+            assert got[f"all_gather {round_}"] == [[0.0], [1.0]]
+        assert {"all_reduce", "broadcast", "all_gather_into_tensor"} <= set(lanes)

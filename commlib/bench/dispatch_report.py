@@ -48,11 +48,12 @@ def header(rows: Sequence[Row]) -> list[str]:
     import commlib
 
     r0 = rows[0]
+    simulated = ", simulated device" if r0.get("simulated") else ""
     lines = [
         f"# commlib bench, dispatch: torch's fake process group (nothing is sent), world size "
         f"{r0['world_size']}, this process rank 0; commlib through plugin {r0['plugin']} "
-        f"({r0['device']}); {r0['size_bytes'] // 4} float32 per rank; torch {torch.__version__}, "
-        f"commlib {commlib.__version__}",
+        f"({r0['device']}{simulated}); {r0['size_bytes'] // 4} float32 per rank; "
+        f"torch {torch.__version__}, commlib {commlib.__version__}",
         f"# time: us per call, median over {r0['trials']} trials of {r0['calls']} calls a side "
         "in a row, the sides taking turns in an order that rotates each trial; +us: commlib's "
         "time less torch's",

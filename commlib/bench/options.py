@@ -101,8 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--backend",
         default=d.backend,
-        help="commlib backend or torch.distributed backend (default: the one the plugins "
-        "choose for this machine, see `commlib info`)",
+        help="commlib backend, torch.distributed backend, or a plugin class as "
+        "module:Class (default: the one the plugins choose for this machine, see "
+        "`commlib info`); --ops dispatch alone times nccl, hccl or cncl over simulated "
+        "devices where the device is absent",
     )
     add(
         "--min-bytes",
@@ -209,38 +211,45 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     if dispatch and opts.backend is None:
         backend_plugin(None)  # a machine with no backend that drives a process group
     if opts.backend is not None:
-        check_backend(opts.backend)
+        # the dispatch kind alone may time an absent accelerator over simulated devices
+        check_backend(opts.backend, dispatch=bool(dispatch) and not across_ranks)
     return opts
 
 
-def backend_plugin(name: str | None) -> Backend:
-    """The plugin ``name`` means: a commlib plugin or the one driving that torch backend.
+def backend_plugin(name: str | None, *, dispatch: bool = False) -> Backend:
+    """The plugin ``name`` means: a commlib plugin, the one driving that torch backend, or
+    ``module:Class`` (:mod:`commlib.bench.named_plugin`).
 
     ``None`` is the plugin the plugins choose for this machine (``commlib info``).
-    Raises ``ValueError`` unless it drives a process group and can run here.
+    Raises ``ValueError`` unless it drives a process group and can run here;
+    for the dispatch kind alone (``dispatch``), an accelerator commlib
+    simulates may be absent: it is then timed over simulated devices.
 
     Examples:
         >>> backend_plugin("gloo").name
         'gloo'
         >>> backend_plugin(None).torch_backend is not None
         True
+        >>> backend_plugin("hccl", dispatch=True).name   # no torch_npu: simulated later
+        'hccl'
     """
     from commlib import plugins
+    from commlib.bench.named_plugin import load_named, simulates
 
     if name is None:
         plugin = plugins.backend_for_group()
         name = plugin.name
     else:
-        plugin = plugins.resolve_backend(name)  # its ValueError lists what is registered
+        plugin = load_named(name)  # its ValueError lists what is registered
     if plugin.torch_backend is None:
         raise ValueError(f"backend {name!r} runs without a process group: nothing to compare")
     reason = plugin.unavailable_reason()
-    if reason:
+    if reason and not (dispatch and simulates(plugin)):
         raise ValueError(f"backend {name!r} cannot run here: {reason}")
     return plugin
 
 
-def check_backend(name: str) -> None:
+def check_backend(name: str, *, dispatch: bool = False) -> None:
     """Raise ``ValueError`` unless ``name`` is a backend that can run the benchmark here.
 
     ``name`` is a commlib plugin name or the torch.distributed backend one drives.
@@ -256,4 +265,4 @@ def check_backend(name: str) -> None:
         ...
         ValueError: backend 'nccl' cannot run here: torch was built without NCCL
     """
-    backend_plugin(name)
+    backend_plugin(name, dispatch=dispatch)

@@ -17,6 +17,7 @@ from commlib.bench import bandwidth, stats
 from commlib.bench.cases import SIDES, Case, Prepared, prepare_sides, select_cases
 from commlib.bench.launcher import note_failure
 from commlib.bench.memory import single_arena, steady_malloc
+from commlib.bench.named_plugin import as_registered
 from commlib.bench.options import BenchOptions
 from commlib.bench.progress import Progress
 from commlib.bench.timing import measure, probe_memory
@@ -56,7 +57,8 @@ def run_rank(opts: BenchOptions) -> list[Row] | None:
     if opts.memory:
         single_arena()  # before the engine's threads start: see commlib.bench.memory
     if started:
-        commlib.init_dist("pytorch", backend=opts.backend, timeout=opts.timeout)
+        backend = as_registered(opts.backend)  # a module:Class plugin: loaded in each rank
+        commlib.init_dist("pytorch", backend=backend, timeout=opts.timeout)
     try:
         return sweep(commlib.get_communicator(), opts)
     except BaseException as exc:

@@ -572,6 +572,7 @@ DISPATCH_COLUMNS = {
     "warmup",
     "trials",
     "observers",
+    "simulated",
     "torch_time_us",
     "torch_trials_us",
     *(
@@ -745,6 +746,56 @@ def test_bench_dispatch_end_to_end(tmp_path):
             low, high = row[f"{side}_ratio_low"], row[f"{side}_ratio_high"]
             assert low <= row[f"{side}_ratio"] <= high
             assert row[f"{side}_noise"] == stats.is_noise(low, high)
+
+
+def test_dispatch_takes_an_absent_accelerator_or_a_plugin_class_as_its_backend():
+    from commlib.bench.options import backend_plugin, options_from
+    from commlib.cli import main
+
+    # dispatch alone: an accelerator absent here is timed over simulated devices
+    assert backend_plugin("cncl", dispatch=True).name == "cncl"
+    with pytest.raises(ValueError, match="cannot run here"):
+        backend_plugin("cncl")  # across ranks: its ranks would need the device
+    assert main(["bench", "--ops", "dispatch,all_reduce", "--backend", "hccl"]) == 2
+    # a plugin class by module:Class, imported and registered under its own name
+    plugin = backend_plugin("commlib_backends.gloo:GlooBackend", dispatch=True)
+    assert plugin is backend_plugin("gloo")
+    assert main(["bench", "--ops", "dispatch", "--backend", "nope.mod:Nope"]) == 2
+    import argparse
+
+    from commlib.bench.options import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    opts = options_from(parser.parse_args(["--ops", "dispatch", "--backend", "nccl"]))
+    assert opts.backend == "nccl"
+
+
+@pytest.mark.parametrize(
+    "backend, plugin",
+    [
+        ("cncl", "cncl@fake"),
+        ("tests.backends.test_lanes_per_engine:Minimal", "lanes-minimal@fake"),
+    ],
+    ids=["simulated", "plugin-class"],
+)
+def test_bench_dispatch_of_a_simulated_accelerator_or_a_plugin_class(tmp_path, backend, plugin):
+    out = tmp_path / "dispatch.json"
+    args = ["bench", "--ops", "all_reduce[dispatch],barrier[dispatch]", "--backend", backend]
+    args += ["--calls", "10", "--trials", "1", "--nproc", "2", "--json", str(out)]
+    root = str(Path(__file__).resolve().parents[2])  # the plugin class's package: tests
+    env = {**_bench_env(tmp_path), "PYTHONPATH": root}
+    proc = subprocess.run(
+        [*_commlib(), *args, "--no-progress"], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["all_reduce"]["plugin"] == plugin
+    simulated = backend == "cncl"
+    assert rows["all_reduce"]["simulated"] is simulated
+    assert ("simulated device" in proc.stdout) is simulated
+    # torch's own barrier asks the accelerator runtime, which a simulated mlu lacks
+    assert ("barrier" in rows) is not simulated
 
 
 def test_bench_dispatch_and_ranks_in_one_run(tmp_path):

@@ -42,22 +42,12 @@ import torch
 import torch.distributed as dist
 
 from commlib import _catalog, _failure_notes, _newcomers, _survivors, _waiting
-from commlib._error_map import Kind, kind_of
+from commlib._error_map import MapErrors
 from commlib._health import health_of
-from commlib._world import default_store, store_failed
 from commlib.backend import Backend, DirectCall
-from commlib.errors import CommError, CommTimeoutError
+from commlib.errors import CommError
 from commlib.handle import Handle
 from commlib.types import EngineOp, Group, P2PRequest, Work
-
-# a wait that raised within this much of its limit ran out of time, whatever
-# the engine's message says
-_TIMEOUT_SLACK = 0.05
-
-
-# how long a failure looks for a peer process of this machine that ended
-_ENDED_GRACE = 0.5
-
 
 # the engine's own limit on an operation: a little after commlib's, so each
 # rank's wait ends first (naming the ranks it waited for), and soon enough
@@ -76,31 +66,6 @@ def engine_limit(limit: datetime.timedelta) -> datetime.timedelta:
     return datetime.timedelta(
         seconds=seconds + min(_ENGINE_SLACK + _ENGINE_SLACK_SHARE * seconds, _ENGINE_SLACK_MAX)
     )
-
-
-class _MapErrors:
-    """The context manager :meth:`Engine.map_errors` returns (a class: it runs on every call)."""
-
-    __slots__ = ("engine", "limit", "seq", "started", "what")
-
-    def __init__(self, engine: Engine, what: str, seq: int, limit: datetime.timedelta):
-        self.engine, self.what, self.seq, self.limit = engine, what, seq, limit
-
-    def __enter__(self) -> None:
-        self.started = time.monotonic()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> None:
-        if exc is None:
-            return
-        # by type (commlib._error_map): commlib's own errors and the caller's pass through
-        kind = kind_of(exc)
-        if kind is None:
-            return
-        waited = time.monotonic() - self.started
-        timed_out = self.engine._timed_out(exc, kind, waited, self.limit)
-        raise self.engine._translate(self.what, self.seq, self.limit, exc, timed_out) from exc
 
 
 class Pending:
@@ -194,7 +159,7 @@ class Engine:
         return moved if moved.is_contiguous() else moved.contiguous()
 
     # -- errors ----------------------------------------------------------------------
-    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> _MapErrors:
+    def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> MapErrors:
         """Turn an engine failure inside the block into the commlib error for it.
 
         A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
@@ -214,7 +179,7 @@ class Engine:
             >>> scratch.health.broken
             'all_reduce #7: all_reduce failed on rank 0: connection reset by peer'
         """
-        return _MapErrors(self, what, seq, limit)
+        return MapErrors(self, what, seq, limit)
 
     def _raise_mapped(
         self, what: str, seq: int, limit: datetime.timedelta, started: float, exc: BaseException
@@ -228,132 +193,6 @@ class Engine:
         mapping = self.map_errors(what, seq, limit)
         mapping.started = started
         mapping.__exit__(type(exc), exc, exc.__traceback__)
-
-    def _timed_out(
-        self, exc: BaseException, kind: Kind, waited: float, limit: datetime.timedelta
-    ) -> bool:
-        """Whether the failure ``exc`` (of ``kind``) is a timeout: by type, by time, by its text.
-
-        The text is the backend's to read (:meth:`~commlib.Backend.is_timeout`):
-        only it knows how its engine words a timeout.
-        """
-        return (
-            kind == "timeout"
-            or waited >= limit.total_seconds() * (1 - _TIMEOUT_SLACK)
-            or self.plugin.is_timeout(exc)
-        )
-
-    def _translate(
-        self, what: str, seq: int, limit: datetime.timedelta, exc: BaseException, timed_out: bool
-    ) -> CommError:
-        if isinstance(exc, _waiting.PeerFailed):
-            earlier: tuple[str, bool] | None = (exc.reason, exc.timed_out)
-        elif timed_out:
-            earlier = None
-        else:
-            # a closed connection may be a peer that gave up or failed first: say why
-            earlier = _failure_notes.broken_elsewhere(self.group)
-        error: CommError
-        if earlier is not None:
-            text, timed_out = earlier
-            how = "timed out" if timed_out else "failed"
-            _failure_notes.record(self.group, self.rank, seq, what, how)
-            if timed_out:
-                error = CommTimeoutError(
-                    f"{what} did not complete on rank {self.rank} of {self.world_size}: "
-                    f"another rank gave up on it first: {text}"
-                )
-            else:
-                error = CommError(
-                    f"{what} failed on rank {self.rank}: another rank failed first: {text}"
-                )
-        elif timed_out:
-            missing = _failure_notes.missing_ranks(
-                self.group, self.rank, self.world_size, seq, what
-            )
-            if missing:  # a rank that did not arrive may be one that died: say so
-                for r in self._ended_ranks(grace=0.0):
-                    if r in missing:
-                        missing[r] += ": its process has exited"
-            detail = "; ".join(f"{self._rank_label(r)}: {w}" for r, w in sorted(missing.items()))
-            error = CommTimeoutError(
-                f"{what} did not complete within {limit.total_seconds():g}s on "
-                f"{self._rank_label(self.rank)} of {self.world_size}"
-                + (f" ({detail})" if detail else "")
-            )
-        else:
-            _failure_notes.record(self.group, self.rank, seq, what, "failed")
-            error = CommError(f"{what} failed on rank {self.rank}: {self._describe(exc)}")
-        # the group's state is unknown now: a later call must not pair with this one
-        if self.health.mark_broken(f"{what} #{seq}: {error}"):
-            timed_out = isinstance(error, CommTimeoutError)
-            _failure_notes.announce_broken(self.group, str(error), timed_out)
-            self.plugin.abort(self.group)
-        return error
-
-    def _describe(self, exc: BaseException) -> str:
-        """The engine's failure in words, naming the rank at fault where it can be told.
-
-        The backend may know the peer whose connection its engine lost
-        (:meth:`~commlib.Backend.failed_peer`); otherwise a rank of the group
-        whose process on this machine has ended is named. Only on the
-        failure path: the call path records nothing for it.
-        """
-        text = self.plugin.describe_failure(exc)
-        peer = self._failed_peer(exc)
-        if peer is not None:
-            return (
-                f"lost the connection to {self._rank_label(peer)}, which exited, crashed or "
-                f"gave up: see its output ({text})"
-            )
-        gone = self._ended_ranks()
-        if gone:
-            names = ", ".join(self._rank_label(r) for r in gone)
-            verb = "has" if len(gone) == 1 else "have"
-            return f"{names} {verb} exited (its process ended); see its output ({text})"
-        return text
-
-    def _ended_ranks(self, grace: float = _ENDED_GRACE) -> list[int]:
-        """The ranks of this group whose process on this machine ended (waiting a moment).
-
-        A peer killed a moment ago closes its connections before the kernel
-        reports its process as ended: look again for up to ``grace`` seconds.
-        """
-        if self.group is None:
-            return []
-        try:
-            world_ranks = dist.get_process_group_ranks(self.group)
-        except Exception:  # a group torch cannot describe any more
-            return []
-        deadline = time.monotonic() + grace
-        while True:
-            gone = [r for r in _survivors.ended(world_ranks) if r != self.rank]
-            if gone or time.monotonic() >= deadline or default_store() is None:
-                return gone
-            time.sleep(0.05)
-
-    def _failed_peer(self, exc: BaseException) -> int | None:
-        """The rank of this group the backend says ``exc`` lost, if it can tell."""
-        if self.group is None or default_store() is None:
-            return None  # backends map addresses to ranks through the store: not a dead one
-        try:
-            peer = self.plugin.failed_peer(exc, self.group)
-        except Exception as lookup:  # naming the peer is a courtesy; the error goes up anyway
-            store_failed(lookup)
-            return None
-        if peer is None or peer == self.rank or not 0 <= peer < self.world_size:
-            return None
-        return peer
-
-    def _rank_label(self, rank: int) -> str:
-        """``rank 1``, or in a subgroup ``rank 1 (world rank 2)``: messages give both."""
-        if self.group is None or self.group is dist.GroupMember.WORLD:
-            return f"rank {rank}"
-        try:
-            world = dist.get_process_group_ranks(self.group)[rank]
-        except Exception:  # a group torch cannot describe any more: the group rank alone
-            return f"rank {rank}"
-        return f"rank {rank} (world rank {world})"
 
     def bound_engine_wait(self, limit: datetime.timedelta) -> None:
         """Make the engine itself give up on operations issued from now on, soon after ``limit``.
@@ -444,40 +283,6 @@ class Engine:
         except BaseException as exc:
             self._raise_mapped(what, seq, limit, started, exc)
             raise
-
-    def submit(
-        self,
-        what: str,
-        call: Callable[..., Work | None],
-        *args: Any,
-        finish: Callable[[], None] | None = None,
-        timeout: datetime.timedelta | None = None,
-        async_op: bool = False,
-        value: list[torch.Tensor] | None = None,
-        **kwargs: Any,
-    ) -> Handle | None:
-        """A user-facing collective: the engine call, then commlib's ``finish`` step.
-
-        Blocking unless ``async_op``; then a :class:`~commlib.Handle` whose
-        ``wait()`` waits for the engine and runs ``finish``, and whose future's
-        value is ``value`` (the tensors the collective writes). The
-        communicator's collectives use the typed methods below instead.
-
-        Examples:
-            >>> t = torch.ones(2)
-            >>> engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
-            <Handle pending>
-        """
-        if not async_op:
-            self.run(what, call, *args, timeout=timeout, **kwargs)
-            if finish is not None:
-                finish()
-            return None
-        self.bound_engine_wait(timeout or self.timeout)
-        pending = self.start(what, call, *args, **kwargs)
-        return Handle(
-            lambda t: self.wait(pending, t or timeout), finish, pending.work, value=value
-        )
 
     # -- the collectives, one typed method each ------------------------------------------
     # Each hands its arguments to _issue with the plugin's method bound once
@@ -573,7 +378,7 @@ class Engine:
     ) -> Handle | None:
         """``call(*args, group, True, *tail)``, waited for unless ``async_op``, then ``finish``.
 
-        What :meth:`submit` does, for a call whose plugin method is bound
+        A user-facing collective's engine call, its plugin method bound
         already: the steps of :meth:`run` (bounded engine wait, sequence
         number, error mapping, sliced wait) in one frame, a ``try`` in place
         of :meth:`map_errors`' context manager (it costs nothing until
@@ -611,7 +416,7 @@ class Engine:
         async_op: bool = False,
         value: list[torch.Tensor] | None = None,
     ) -> Handle | None:
-        """The plugin's all_reduce of ``tensor`` with ``op``, as :meth:`submit` runs a call.
+        """The plugin's all_reduce of ``tensor`` with ``op``, as :meth:`_issue` runs a call.
 
         Blocking unless ``async_op`` (then a :class:`~commlib.Handle` whose
         ``wait()`` also runs ``finish``); ``finish`` runs after the engine's

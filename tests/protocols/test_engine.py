@@ -203,7 +203,7 @@ def test_map_errors_is_where_engine_failures_become_commlib_errors():
     assert not isinstance(info.value, CommTimeoutError)
     engine = Engine(_Works(ok), None, datetime.timedelta(seconds=1))
     engine.run("broadcast", engine.plugin.broadcast, t, 0)
-    handle = engine.submit("broadcast", engine.plugin.broadcast, t, 0, async_op=True)
+    handle = engine.broadcast(t, 0, async_op=True)
     assert handle is not None and not handle.is_completed()
     assert handle.wait() and handle.is_completed()
     assert engine.seq == 2  # one number per call: they name the call in errors

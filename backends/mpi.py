@@ -463,9 +463,8 @@ class MPIBackend(MPICalls):
         kwargs["timeout"] = timeout
         store, rank, size = mpi_group.rendezvous(timeout)
         mpi_group.register()
-        dist.init_process_group(
-            backend=self.torch_backend, store=store, rank=rank, world_size=size, **kwargs
-        )
+        kwargs.setdefault("backend", self.torch_backend)  # or commlib-mpi: serve_torch=True
+        dist.init_process_group(store=store, rank=rank, world_size=size, **kwargs)
 
     def set_timeout(self, group: Group, timeout: datetime.timedelta) -> None:
         if isinstance(group, mpi_group.MPIProcessGroup):
@@ -499,6 +498,8 @@ class MPIBackend(MPICalls):
 
 MPIProcessGroupCalls = MPIBackend()
 mpi_group.MPIProcessGroup.calls = MPIProcessGroupCalls
+# torch knows the backend from here on (new_group(backend="commlib-mpi") makes its group)
+mpi_group.register()
 
 
 @hookimpl

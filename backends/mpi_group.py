@@ -400,6 +400,10 @@ def _create(options: Any, backend_options: Any) -> MPIProcessGroup:
     Called by torch on the group's members only, which is what
     ``Comm.Create_group`` needs: the others take no part.
     """
+    if MPIProcessGroup.calls is None:
+        # a program that named the backend without importing commlib (torch 2.14+'s entry
+        # point): the plugin module gives the groups their calls
+        import commlib_backends.mpi  # noqa: F401
     MPI = start_mpi()
     world = _world_comm()
     ranks = list(options.global_ranks_in_group or range(options.group_size))
@@ -429,13 +433,19 @@ def _world_comm() -> Any:
 def register() -> None:
     """Register the ``mpi4py`` torch.distributed backend (once; later calls do nothing).
 
+    The one way commlib's torch backends reach torch
+    (:mod:`commlib.torch_backend.registration`): the plugin module registers
+    it when imported, and torch 2.14+ finds it through its
+    ``torch.distributed.backends`` entry points without that.
+
     Examples:
         >>> register()                      # commlib's mpi plugin does, on init  # doctest: +SKIP
         >>> "mpi4py" in dist.Backend.backend_list  # doctest: +SKIP
         True
     """
-    if TORCH_BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(TORCH_BACKEND, _create, extended_api=True, devices=["cpu"])
+    from commlib.torch_backend import registration
+
+    registration.register(TORCH_BACKEND, _create, devices=["cpu"])
 
 
 def rendezvous(timeout: datetime.timedelta) -> tuple[dist.Store, int, int]:

@@ -185,3 +185,9 @@ __all__ = [
     "tensor2obj",
     "unregister_backend",
 ]
+
+# the torch.distributed backends commlib serves ("commlib", "commlib-gloo", ...): torch
+# 2.14+ finds them through its entry points; torch 2.13 only through this import
+from commlib.torch_backend import registration as _torch_registration
+
+_torch_registration.register_all()

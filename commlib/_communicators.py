@@ -14,6 +14,7 @@ import torch.distributed as dist
 from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed
 from commlib._world import world
 from commlib.communicator import Communicator
+from commlib.torch_backend import communicator_of, is_served
 
 
 def communicator_for(group: Any = None) -> Communicator:
@@ -25,6 +26,10 @@ def communicator_for(group: Any = None) -> Communicator:
     """
     if isinstance(group, Communicator):
         return group
+    served = dist.group.WORLD if group is None and dist_ready() else group
+    if is_served(served):
+        # a group commlib serves to torch (commlib.torch_backend): the communicator it runs on
+        return communicator_of(served)
     if is_destroyed(group):
         with world.lock:
             world.communicators.pop(group, None)

@@ -519,7 +519,9 @@ class Backend:
             **kwargs: what ``torch.distributed.init_process_group`` takes
                 (``init_method``, ``rank``, ``world_size``, ``timeout``, ...),
                 already chosen by :func:`commlib.init_dist`; the default adds
-                ``backend=``:attr:`torch_backend`.
+                ``backend=``:attr:`torch_backend` unless ``backend`` is given
+                (``init_dist(serve_torch=True)`` gives ``"commlib-NAME"``: the
+                world a torch backend commlib serves over this plugin).
 
         Returns:
             Nothing; the default group exists afterwards.
@@ -528,7 +530,8 @@ class Backend:
             >>> backend = commlib.plugins.resolve_backend("gloo")
             >>> backend.init_process_group(init_method="env://")  # torchrun  # doctest: +SKIP
         """
-        dist.init_process_group(backend=self.torch_backend, **kwargs)
+        kwargs.setdefault("backend", self.torch_backend)
+        dist.init_process_group(**kwargs)
 
     def new_group(
         self,

@@ -63,6 +63,7 @@ from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
 from commlib.serialization import Serializer
+from commlib.torch_backend import engine_group
 from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]
@@ -191,13 +192,15 @@ class Communicator:
             raise ValueError("a process group was given but torch.distributed is not initialised")
         if self._distributed and group is None:
             group = dist.group.WORLD
+        # the whole job: the world's group, or what shrink made of it (grow replaces the world)
+        self._whole_job = not self._distributed or group is dist.group.WORLD
+        # a group commlib serves to torch (commlib.torch_backend): its plugin's own group
+        group = engine_group(group)
         self.group: Group = group
         self.is_member = not (self._distributed and group is dist.GroupMember.NON_GROUP_MEMBER)
         # the group's world ranks as new_group made it, for a non-member (torch cannot say)
         self._outside_view: list[int] | None = None
         self._exited = False
-        # the whole job: the world's group, or what shrink made of it (grow replaces the world)
-        self._whole_job = not self._distributed or group is dist.group.WORLD
 
         if backend is not None:
             # an instance, a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commlib import _communicators, _newcomers, plugins
+from commlib import _communicators, _newcomers, plugins, torch_backend
 from commlib._launched import launched_world_size, warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout
 from commlib._world import world
@@ -96,6 +96,8 @@ def init_dist(
     backend: str | Backend | None = None,
     init_backend: str = "torch",
     timeout: datetime.timedelta | float | None = None,
+    *,
+    serve_torch: bool = False,
     **kwargs: Any,
 ) -> None:
     """Initialise torch.distributed from a launcher's environment.
@@ -118,7 +120,11 @@ def init_dist(
     (an accelerator's; under ``mpiexec`` with mpi4py installed, ``mpi``; else
     gloo). The plugin selects the device from ``LOCAL_RANK``
     before the group starts. ``init_backend`` is mmengine's: only ``"torch"``
-    (torch.distributed itself) is supported.
+    (torch.distributed itself) is supported. ``serve_torch=True`` makes the
+    world's torch group one commlib serves (torch backend ``commlib-NAME``,
+    :mod:`commlib.torch_backend`): torch's own collectives, DDP's and FSDP's
+    included, then go through the same communicator as commlib's calls, with
+    its checks, timeout and recorder.
 
     Examples:
         >>> # torchrun --nproc-per-node 2 train.py
@@ -142,6 +148,10 @@ def init_dist(
             "`commlib run`): it joins the running ranks with commlib.join(), not init_dist()"
         )
     plugin = _plugin(backend)
+    if serve_torch:
+        if plugin.torch_backend is None:
+            raise ValueError(f"serve_torch: backend {plugin.name!r} drives no torch engine")
+        kwargs["backend"] = torch_backend.commlib_name(plugin.name)
     if isinstance(timeout, (int, float)):
         timeout = datetime.timedelta(seconds=timeout)
     if timeout is not None:
@@ -204,8 +214,12 @@ def _start(plugin: Backend, launched: list[str | None], kwargs: dict[str, Any]) 
     world.started(plugin)
     world.teardown_at_exit()
     # the plugin that started the world serves it, even if another one drives
-    # the same torch backend
-    _communicators.set_default(Communicator(backend=plugin))
+    # the same torch backend; a world commlib serves to torch has its communicator
+    served = dist.group.WORLD
+    if torch_backend.is_served(served):
+        _communicators.set_default(torch_backend.communicator_of(served))
+    else:
+        _communicators.set_default(Communicator(backend=plugin))
 
 
 NEWCOMER_ENV = "COMMLIB_NEWCOMER"

@@ -97,8 +97,8 @@ def register(
     ``init_process_group()`` without a backend keeps choosing torch's own.
 
     Examples:
-        >>> register("echo-example", lambda options, backend_options: None)
-        >>> "echo-example" in dist.Backend.backend_list
+        >>> register("commlib-gloo", lambda options, backend_options: None)  # known: kept
+        >>> "commlib-gloo" in dist.Backend.backend_list
         True
     """
     if name.upper() in dist.Backend._plugins:

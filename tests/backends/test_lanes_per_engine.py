@@ -161,11 +161,13 @@ def test_a_simulated_accelerator_takes_its_lanes(kind):
     _assert_the_default_s_lanes(report)
 
 
-# -- the minimal plugin's results through its lanes, 2 gloo ranks -------------------------
+# -- results through the lanes, 2 ranks: the minimal plugin on gloo, the simulated kinds ----
 
 
-def _minimal_on_lanes(_: commlib.Communicator) -> tuple[dict[str, list[float]], list[str]]:
-    comm = commlib.Communicator(backend=Minimal(), strict=False)
+def _on_lanes(world_comm: commlib.Communicator, minimal: bool) -> tuple[dict, list[str]]:
+    # unchecked (the lanes' condition); the simulated engines would check by default
+    backend = Minimal() if minimal else world_comm.backend
+    comm = commlib.Communicator(backend=backend, strict=False)
     me, world = comm.rank, comm.world_size
     got = {}
     for round_ in range(2):  # the first learns, the second takes the lane
@@ -182,8 +184,8 @@ def _minimal_on_lanes(_: commlib.Communicator) -> tuple[dict[str, list[float]], 
     return got, sorted(k[0] for k, lane in comm._engine.lanes.items() if lane is not None)
 
 
-def test_the_minimal_plugin_s_results_through_its_lanes(world2):
-    for got, lanes in world2.run(_minimal_on_lanes):
+def _assert_results(outcomes: list[tuple[dict, list[str]]]) -> None:
+    for got, lanes in outcomes:
         for round_ in range(2):
             assert got[f"all_reduce {round_}"] == [1.0 + round_] * 3
             assert got[f"broadcast {round_}"] == [10.0 + round_] * 3
@@ -195,3 +197,16 @@ def test_the_minimal_plugin_s_results_through_its_lanes(world2):
             ]
             assert got[f"all_gather {round_}"] == [[0.0], [1.0]]
         assert {"all_reduce", "broadcast", "all_gather_into_tensor"} <= set(lanes)
+
+
+def test_the_minimal_plugin_s_results_through_its_lanes(world2):
+    _assert_results(world2.run(_on_lanes, True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["nccl", "hccl", "cncl"])
+def test_a_simulated_accelerator_s_results_through_its_lanes(kind):
+    from commlib.testing import World, simulated
+
+    with World(2, backend=kind, setup=simulated.setup(kind, devices=2), timeout=60) as world:
+        _assert_results(world.run(_on_lanes, False))

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from commlib import (
-    _catalog,
     _finite,
     _guard,
     _nested,
@@ -38,6 +37,7 @@ from commlib import (
     plugins,
 )
 from commlib import _validation as check
+from commlib._collective import collective
 from commlib._engine import Engine
 from commlib._guard import (
     Checks,
@@ -59,7 +59,6 @@ from commlib.errors import (
     RemoteArgumentError,
 )
 from commlib.handle import Handle, ResultHandle
-from commlib.observe.dispatch import observed
 from commlib.p2p import P2POp, p2p_kind
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
 from commlib.serialization import Serializer
@@ -68,51 +67,7 @@ from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
 _Data = TypeVar("_Data")
-
-
-# a communicator's engine (None for a non-member), read by the observing wrapper
-# on every call: a C-level getter, not a Python function
-_engine_of: Callable[[Communicator], Engine | None] = operator.attrgetter("_engine")
-
-
-def _collective(name: str) -> Callable[[_Method], _Method]:
-    """A public collective: observers and ``torch.profiler`` see it (:mod:`commlib.observe`).
-
-    Its facts are its row in :mod:`commlib._catalog`. A group-wide one also
-    refuses on every rank: see :func:`_refused_everywhere`.
-    """
-    row = _catalog.ROWS[name]
-    return observed(
-        name,
-        _engine_of,
-        payload=row.payload,
-        peer=row.peer,
-        op=row.op,
-        uniform=row.uniform,
-        refuse=None if row.first_round is None else _refused_everywhere(name),
-    )
-
-
-def _refused_everywhere(name: str) -> Callable[[Any, Engine, ValueError | TypeError, Any], None]:
-    """What collective ``name`` does with an argument error raised before its first engine call.
-
-    A mistake only this rank made (an op, a root out of range, a timeout it
-    alone passes badly) would raise here alone while the other ranks wait in
-    the collective, and this rank's next call would pair with theirs: results
-    silently mixed, or a hang. So the refusal joins the collective's first
-    round (:meth:`commlib._guard.Guard.refuse`), which raises on every rank.
-    The observing wrapper calls it (:func:`commlib.observe.dispatch.observed`),
-    from a plain ``try``: nothing to pay per call when nothing is raised.
-    """
-
-    def refuse(
-        comm: Communicator, engine: Engine, exc: ValueError | TypeError, kwargs: Any
-    ) -> None:
-        comm._guard.refuse(engine, name, exc, kwargs.get("timeout"))
-
-    return refuse
 
 
 class Communicator:
@@ -483,7 +438,7 @@ class Communicator:
         child._outside_view = list(world_ranks)
         return child
 
-    @_collective("split")
+    @collective("split")
     def split(
         self, color: int | None, key: int | None = None, *, timeout: Timeout = None
     ) -> Communicator | None:
@@ -554,7 +509,7 @@ class Communicator:
             return list(ranks)
         return None if known is None else [known[r] for r in ranks]
 
-    @_collective("shrink")
+    @collective("shrink")
     def shrink(
         self, exclude: Sequence[int] | None = None, timeout: Timeout = None
     ) -> Communicator:
@@ -606,7 +561,7 @@ class Communicator:
         shrunk._whole_job = self._whole_job
         return shrunk
 
-    @_collective("grow")
+    @collective("grow")
     def grow(
         self,
         count: int | None = None,
@@ -731,7 +686,7 @@ class Communicator:
                 raise
             self._guard.refuse(self._member(what), what, exc)
 
-    @_collective("ensure_same")
+    @collective("ensure_same")
     def ensure_same(self, what: str, description: str) -> None:
         """Raise the same error on every rank unless all ranks pass the same ``description``.
 
@@ -750,7 +705,7 @@ class Communicator:
         if self._distributed:
             _guard.agree(engine, what, description, self._serializer, self._slot_size)
 
-    @_collective("all_gather_shapes")
+    @collective("all_gather_shapes")
     def all_gather_shapes(
         self, tensor: torch.Tensor, *, timeout: Timeout = None
     ) -> list[list[int]]:
@@ -773,7 +728,7 @@ class Communicator:
         )
         return [list(s) for s in shapes]  # one list per rank, the caller's to change
 
-    @_collective("all_gather_cat")
+    @collective("all_gather_cat")
     def all_gather_cat(self, data: _Data, dim: int = 0, *, timeout: Timeout = None) -> _Data:
         """Every rank's ``data`` concatenated along ``dim``, leaf by leaf, in rank order.
 
@@ -835,7 +790,7 @@ class Communicator:
         async_op: bool = ...,
         timeout: Timeout = ...,
     ) -> _Data: ...
-    @_collective("all_reduce")
+    @collective("all_reduce")
     def all_reduce(
         self,
         tensor: Any,
@@ -915,7 +870,7 @@ class Communicator:
     def all_gather(
         self, tensor: _Data, *, timeout: Timeout = ..., adapt_empty: bool = ...
     ) -> list[_Data]: ...
-    @_collective("all_gather")
+    @collective("all_gather")
     def all_gather(
         self, tensor: Any, *, timeout: Timeout = None, adapt_empty: bool = False
     ) -> list[Any]:
@@ -1002,7 +957,7 @@ class Communicator:
             return out
         return [tensor if r == me else t.to(tensor.device) for r, t in enumerate(out)]
 
-    @_collective("all_gather_into_tensor")
+    @collective("all_gather_into_tensor")
     def all_gather_into_tensor(
         self,
         output: torch.Tensor,
@@ -1061,7 +1016,7 @@ class Communicator:
             value=[output],
         )
 
-    @_collective("gather")
+    @collective("gather")
     def gather(
         self, tensor: torch.Tensor, dst: int = 0, *, timeout: Timeout = None
     ) -> list[torch.Tensor]:
@@ -1137,7 +1092,7 @@ class Communicator:
     def broadcast(
         self, tensor: _Data, src: int = ..., *, async_op: bool = ..., timeout: Timeout = ...
     ) -> _Data: ...
-    @_collective("broadcast")
+    @collective("broadcast")
     def broadcast(
         self,
         tensor: Any,
@@ -1196,7 +1151,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("reduce_scatter")
+    @collective("reduce_scatter")
     def reduce_scatter(
         self,
         output: torch.Tensor,
@@ -1320,7 +1275,7 @@ class Communicator:
             value=[output],
         )
 
-    @_collective("barrier")
+    @collective("barrier")
     def barrier(self, *, async_op: bool = False, timeout: Timeout = None) -> Handle | None:
         """Block until every rank of the group has arrived (at most ``timeout``).
 
@@ -1352,7 +1307,7 @@ class Communicator:
             value=[],
         )
 
-    @_collective("reduce")
+    @collective("reduce")
     def reduce(
         self,
         tensor: torch.Tensor,
@@ -1420,7 +1375,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("scatter")
+    @collective("scatter")
     def scatter(
         self,
         tensor: torch.Tensor,
@@ -1492,7 +1447,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("all_to_all")
+    @collective("all_to_all")
     def all_to_all(
         self,
         output_tensor_list: Sequence[torch.Tensor],
@@ -1571,7 +1526,7 @@ class Communicator:
             value=list(output_tensor_list),
         )
 
-    @_collective("all_to_all_single")
+    @collective("all_to_all_single")
     def all_to_all_single(
         self,
         output: torch.Tensor,
@@ -1676,7 +1631,7 @@ class Communicator:
         )
 
     # -- point to point -------------------------------------------------------------
-    @_collective("send")
+    @collective("send")
     def send(
         self,
         tensor: torch.Tensor,
@@ -1731,7 +1686,7 @@ class Communicator:
         async_op: bool = ...,
         timeout: Timeout = ...,
     ) -> int | Handle: ...
-    @_collective("recv")
+    @collective("recv")
     def recv(
         self,
         tensor: torch.Tensor,
@@ -1754,7 +1709,7 @@ class Communicator:
         handle = self._p2p("recv", tensor, src, tag, async_op, timeout)
         return src if handle is None else handle
 
-    @_collective("isend")
+    @collective("isend")
     def isend(
         self, tensor: torch.Tensor, dst: int, *, tag: int = 0, timeout: Timeout = None
     ) -> Handle:
@@ -1769,7 +1724,7 @@ class Communicator:
         assert handle is not None
         return handle
 
-    @_collective("irecv")
+    @collective("irecv")
     def irecv(
         self, tensor: torch.Tensor, src: int, *, tag: int = 0, timeout: Timeout = None
     ) -> Handle:
@@ -1816,7 +1771,7 @@ class Communicator:
             value=[tensor],
         )
 
-    @_collective("batch_isend_irecv")
+    @collective("batch_isend_irecv")
     def batch_isend_irecv(
         self, p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None
     ) -> list[Handle]:
@@ -1913,7 +1868,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any]]: ...
-    @_collective("all_gather_object")
+    @collective("all_gather_object")
     def all_gather_object(
         self,
         obj: Any,
@@ -1972,7 +1927,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any] | None] | None: ...
-    @_collective("gather_object")
+    @collective("gather_object")
     def gather_object(
         self,
         obj: Any,
@@ -1996,7 +1951,7 @@ class Communicator:
         steps = _objects.gather_object_steps(engine, obj, dst, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
-    @_collective("broadcast_object_list")
+    @collective("broadcast_object_list")
     def broadcast_object_list(
         self,
         object_list: list[Any],
@@ -2060,7 +2015,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> Any: ...
-    @_collective("broadcast_object")
+    @collective("broadcast_object")
     def broadcast_object(
         self,
         obj: Any = None,
@@ -2087,7 +2042,7 @@ class Communicator:
         )
         return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
 
-    @_collective("scatter_object_list")
+    @collective("scatter_object_list")
     def scatter_object_list(
         self,
         output_list: list[Any],
@@ -2126,7 +2081,7 @@ class Communicator:
         )
         return self._run_objects(engine, steps, timeout, async_op)
 
-    @_collective("send_object_list")
+    @collective("send_object_list")
     def send_object_list(
         self,
         object_list: list[Any],
@@ -2184,7 +2139,7 @@ class Communicator:
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> int | ResultHandle[int]: ...
-    @_collective("recv_object_list")
+    @collective("recv_object_list")
     def recv_object_list(
         self,
         object_list: list[Any],

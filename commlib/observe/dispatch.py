@@ -32,7 +32,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.autograd.profiler as _profiler
@@ -335,7 +335,7 @@ class _Collective:
     """One wrapped Communicator method: its name and where its facts are.
 
     ``fn`` is the method; ``guarded`` the same with argument errors handed to
-    ``refuse`` (:func:`_refusing`), for the calls that do not go through
+    ``refuse`` (:func:`commlib._collective.refusing`), for the calls that do not go through
     :meth:`call`'s own ``try``.
     """
 
@@ -426,8 +426,9 @@ class _Collective:
                 and not isinstance(exc, CommError)
                 and engine.seq == before
             ):
-                # _refusing's steps: an argument error before the first engine call
-                # joins the collective's first round (which starts the event)
+                # commlib._collective.refusing's steps: an argument error before the
+                # first engine call joins the collective's first round (which starts
+                # the event)
                 try:
                     refuse(comm, engine, exc, kwargs)
                 except BaseException as refused:
@@ -611,107 +612,25 @@ _new_span = _Span.__new__
 _perf_counter = time.perf_counter
 
 
-def observed(
+def observing(
     name: str,
-    engine_of: Callable[[Any], Engine | None],
-    *,
-    payload: str | None = None,
-    peer: str | None = None,
-    op: str | None = None,
-    uniform: bool = False,
-    refuse: Refuse | None = None,
-) -> Callable[[F], F]:
-    """Make a Communicator method a collective observers and the profiler see.
+    fn: Callable[..., Any],
+    payload: str | None,
+    peer: str | None,
+    op: str | None,
+    uniform: bool,
+    guarded: Callable[..., Any] | None,
+    refuse: Refuse | None,
+) -> Any:
+    """A collective's observed call: ``.call(observers, engine, comm, args, kwargs)``.
 
-    Args:
-        name: the collective's name in events and profiles.
-        engine_of: the communicator's engine (``None`` for a non-member).
-        payload: the argument whose tensors (or object) the event describes.
-        peer: the argument naming the root or peer (``"src"``, ``"dst"``).
-        op: the argument naming the reduce op.
-        uniform: whether every rank must pass the same shapes and dtypes.
-        refuse: called as ``refuse(comm, engine, exc, kwargs)`` with a
-            ``ValueError`` or ``TypeError`` (not a commlib error) the method
-            raised before its first engine call; it raises what the caller
-            gets instead. In the same wrapper, so that a call pays for one
-            layer of wrapping, not two.
-
-    Examples:
-        >>> from commlib.observe.dispatch import observed
-        >>> class Comm:
-        ...     _engine = None
-        ...     @observed("all_reduce", lambda c: c._engine, payload="tensor", op="op")
-        ...     def all_reduce(self, tensor, op="sum"):
-        ...         return tensor
-        >>> Comm().all_reduce(torch.ones(1))
-        tensor([1.])
+    For the frame every public collective runs in (:mod:`commlib._collective`):
+    ``fn`` is the method, ``payload`` / ``peer`` / ``op`` the arguments its
+    event describes, ``guarded`` the method with its argument errors handed to
+    ``refuse``.
     """
-
-    def decorate(fn: F) -> F:
-        guarded = None if refuse is None else _refusing(fn, engine_of, refuse)
-        collective = _Collective(name, fn, payload, peer, op, uniform, guarded, refuse)
-
-        if refuse is None:
-
-            @functools.wraps(fn)
-            def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
-                found = registrations.cache
-                if found is None:
-                    found = current()
-                if not found.any and not _profiler._is_profiler_enabled:
-                    return fn(comm, *args, **kwargs)
-                return collective.call(found, engine_of(comm), comm, args, kwargs)
-
-        else:
-            refusing = refuse
-
-            @functools.wraps(fn)
-            def wrapper(comm: Any, *args: Any, **kwargs: Any) -> Any:
-                found = registrations.cache
-                if found is None:
-                    found = current()
-                if found.any or _profiler._is_profiler_enabled:
-                    return collective.call(found, engine_of(comm), comm, args, kwargs)
-                # _refusing's steps, inline: nothing to pay until something is raised
-                engine = engine_of(comm)
-                if engine is None:
-                    return fn(comm, *args, **kwargs)
-                before = engine.seq
-                try:
-                    return fn(comm, *args, **kwargs)
-                except (ValueError, TypeError) as exc:
-                    if isinstance(exc, CommError) or engine.seq != before:
-                        raise  # agreed already, or raised after the first round
-                    refusing(comm, engine, exc, kwargs)
-                    raise  # refuse raises; this is in case it did not
-
-        wrapper.__commlib_collective__ = name  # type: ignore[attr-defined]
-        return cast(F, wrapper)
-
-    return decorate
+    return _Collective(name, fn, payload, peer, op, uniform, guarded, refuse)
 
 
 #: what :func:`observed` calls with an argument error raised before anything was sent
 Refuse = Callable[[Any, "Engine", "ValueError | TypeError", Mapping[str, Any]], None]
-
-
-def _refusing(
-    fn: Callable[..., Any], engine_of: Callable[[Any], Engine | None], refuse: Refuse
-) -> Callable[..., Any]:
-    """``fn``, whose argument errors before its first engine call go to ``refuse``."""
-
-    @functools.wraps(fn)
-    def call(comm: Any, *args: Any, **kwargs: Any) -> Any:
-        engine = engine_of(comm)
-        if engine is None:
-            return fn(comm, *args, **kwargs)
-        before = engine.seq
-        try:
-            return fn(comm, *args, **kwargs)
-        except (ValueError, TypeError) as exc:
-            if isinstance(exc, CommError) or engine.seq != before:
-                raise
-            refuse(comm, engine, exc, kwargs)
-            raise
-
-    return call

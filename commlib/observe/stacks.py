@@ -35,7 +35,8 @@ _LIBRARIES = tuple(
     }
 )
 _kinds: dict[str, str] = {}
-_DISPATCH = os.path.join("observe", "dispatch.py")  # the observed collectives' wrapper
+# the frame every collective runs in, and its observed call
+_FRAMES = ("_collective.py", os.path.join("observe", "dispatch.py"))
 _OWN_THREADS = ("commlib-trace",)  # the flight recorder's threads (commlib.observe.alarm)
 
 
@@ -112,8 +113,9 @@ def capture(reason: str = "") -> dict[str, Any]:
 def where(threads: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Where the main thread is: its innermost frame of the program, and whether in a collective.
 
-    In a collective: inside a ``Communicator`` collective's observed call
-    (``commlib/observe/dispatch.py`` on the stack), not merely in commlib code.
+    In a collective: inside a ``Communicator`` collective's frame
+    (``commlib/_collective.py`` or ``commlib/observe/dispatch.py`` on the
+    stack), not merely in commlib code.
 
     Examples:
         >>> now = where(capture()["threads"])
@@ -130,7 +132,7 @@ def where(threads: list[dict[str, Any]]) -> dict[str, Any] | None:
         "at": f"{os.path.basename(file)}:{line} ({function})",
         "code": code,
         "in_collective": any(
-            len(f) > 4 and f[4] == "commlib" and str(f[0]).endswith(_DISPATCH) for f in frames
+            len(f) > 4 and f[4] == "commlib" and str(f[0]).endswith(_FRAMES) for f in frames
         ),
     }
 

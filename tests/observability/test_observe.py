@@ -691,12 +691,12 @@ def test_every_communicator_method_that_reaches_the_engine_is_observed():
             isinstance(n, ast.Attribute) and n.attr == "_member" for n in ast.walk(fn)
         )
         decorated = any(
-            isinstance(d, ast.Call) and getattr(d.func, "id", "") == "_collective"
+            isinstance(d, ast.Call) and getattr(d.func, "id", "") == "collective"
             for d in fn.decorator_list
         )
         if calls_member and not decorated:
             missing.append(fn.name)
-    assert not missing, f"collectives observers would not see (add @_collective): {missing}"
+    assert not missing, f"collectives observers would not see (add @collective): {missing}"
     assert commlib.Communicator.all_reduce.__commlib_collective__ == "all_reduce"
 
 

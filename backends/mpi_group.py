@@ -233,19 +233,27 @@ def _op_name(op: Any) -> str:
     raise ValueError(f"the mpi4py process group cannot reduce with {op}")
 
 
-class _TorchWork(dist._Work):
-    """An :class:`MPIWork` as torch's ``Work`` (what DDP and ``dist.*`` calls wait on)."""
+class _TorchWork(dist.Work):
+    """An :class:`MPIWork` as torch's ``Work`` (what DDP and ``dist.*`` calls wait on).
+
+    Its timeout is ``limit``: torch 2.14 makes ``Work.timeout`` a read-only
+    property (``_torch_facts.WORK_TIMEOUT_READ_ONLY``), which a subclass cannot assign.
+    """
 
     def __init__(
         self, work: MPIWork | None, result: list[torch.Tensor], timeout: datetime.timedelta
     ):
         super().__init__()
-        self.work, self.tensors, self.timeout = work, result, timeout
+        self.work, self.tensors, self.limit = work, result, timeout
+
+    @property
+    def timeout(self) -> datetime.timedelta:  # torch 2.14's Work.timeout, read-only there too
+        return self.limit
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if self.work is not None:
             # torch passes 0 for "the group's timeout"
-            self.work.wait(timeout or self.timeout)
+            self.work.wait(timeout or self.limit)
         return True
 
     def is_completed(self) -> bool:

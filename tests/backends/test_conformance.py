@@ -17,6 +17,7 @@ from commlib.testing.conformance import (
     KitPool,
     run_conformance,
 )
+from tests.torch_build import nccl_reason
 
 # slow: the whole kit at world sizes 1 to 3, on its own ranks
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ def test_unavailable_backend_is_skipped_with_its_reason():
     with Kit("nccl") as kit:
         result = kit.run("barrier", 2)
     assert result.status == "skipped"
-    assert "cannot run here: torch was built without NCCL" in result.detail
+    assert f"cannot run here: {nccl_reason()}" in result.detail
 
 
 # -- the kit notices broken backends --------------------------------------------------

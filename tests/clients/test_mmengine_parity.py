@@ -30,6 +30,7 @@ from commlib.data_device import resolve_device
 from commlib.errors import BackendUnavailableError, RemoteError
 from commlib.testing import World, simulated
 from tests.conftest import get_world
+from tests.torch_build import nccl_reason
 
 # -- the names and signatures: mmengine 0.10.7's mmengine/dist/__init__.py ---------------
 MMENGINE_DIST_ALL = [
@@ -367,7 +368,7 @@ def test_collect_results(world, tmp_path):
         assert got["fresh left"] is False  # a given tmpdir left empty is removed
         assert got["kept left"] == ["user.txt"]  # user files (and their directory) stay
         # as mmengine: the device only picks the object path; a warning names what is missing
-        for device, missing in (("npu", "torch_npu is not installed"), ("cuda", "without NCCL")):
+        for device, missing in (("npu", "torch_npu is not installed"), ("cuda", nccl_reason())):
             collected, warned = got[device]
             assert collected == expect
             assert len(warned) == 1 and missing in warned[0] and "'gloo' backend" in warned[0]
@@ -442,9 +443,9 @@ def test_cast_data_device():
 @pytest.mark.parametrize(
     ("device", "reason"),
     [
-        ("cuda", "nccl: torch was built without NCCL"),
-        ("cuda:1", "nccl: torch was built without NCCL"),
-        (torch.device("cuda", 0), "nccl: torch was built without NCCL"),
+        ("cuda", f"nccl: {nccl_reason()}"),
+        ("cuda:1", f"nccl: {nccl_reason()}"),
+        (torch.device("cuda", 0), f"nccl: {nccl_reason()}"),
         ("npu", "hccl: torch_npu is not installed"),
         ("mlu", "cncl: torch_mlu is not installed"),
         ("gpu", "none is available here"),

@@ -37,10 +37,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlib._torch_facts import built_accelerator, register_device_module
 from commlib.backend import Backend
 from commlib.plugins import register_backend, resolve_backend
 from commlib.testing.simulated.devices import (
     SimulatedDevices,
+    hide_accelerator,
     patch_accelerator,
     patch_module,
     vendor_package,
@@ -82,7 +84,8 @@ def install(
             own ``set_device`` call would.
         accelerator_api: for ``nccl``, also make ``torch.accelerator`` serve
             CUDA (npu and mlu always go through it, as with the real
-            packages on a torch that has it).
+            packages on a torch that has it). Without it ``torch.accelerator``
+            serves no device, on a CUDA build too (as on the CPU build).
 
     Returns:
         The device state, for assertions (``history`` of ``set_device`` calls).
@@ -105,12 +108,17 @@ def install(
         stand_in_for_nccl()
         if accelerator_api:
             patch_accelerator(state, whole=True)
+        elif built_accelerator() is not None:
+            # a CUDA build: its torch.accelerator would reach the CUDA driver
+            hide_accelerator()
     else:
         # what `import torch_npu` / `import torch_mlu` does to torch
         pkg = vendor_package(real.vendor_package, real.vendor_attr, state)
         torch.utils.rename_privateuse1_backend(real.device_type)
-        torch._register_device_module(real.device_type, getattr(pkg, real.vendor_attr))
-        patch_accelerator(state, whole=False)
+        register_device_module(real.device_type, getattr(pkg, real.vendor_attr))
+        # torch's CPU build now serves the renamed device through torch.accelerator, as
+        # with the real package; a CUDA build still serves CUDA there, so answer for it
+        patch_accelerator(state, whole=built_accelerator() != real.device_type)
         register_vendor_engine(kind, real.device_type)
     assert dist.is_backend_available(kind)
     register_backend(simulated_plugin(real), replace=True)

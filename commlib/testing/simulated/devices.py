@@ -139,3 +139,22 @@ def patch_accelerator(devices: SimulatedDevices, whole: bool) -> None:
         accel.current_accelerator = lambda check_available=False: kind
         accel.is_available = devices.is_available
         accel.device_count = devices.device_count
+
+
+def hide_accelerator() -> None:
+    """Make ``torch.accelerator`` serve no device, as on torch's CPU build.
+
+    A CUDA build's ``torch.accelerator`` serves CUDA whether or not a GPU is
+    there, and its device calls reach the CUDA driver: a simulation that does
+    not simulate ``torch.accelerator`` hides it instead, so it runs the same on
+    every build.
+
+    Examples:
+        >>> hide_accelerator()                  # for good  # doctest: +SKIP
+        >>> torch.accelerator.current_accelerator() is None  # doctest: +SKIP
+        True
+    """
+    accel = torch.accelerator
+    accel.current_accelerator = lambda check_available=False: None
+    accel.is_available = lambda: False
+    accel.device_count = lambda: 0

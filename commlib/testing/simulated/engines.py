@@ -18,7 +18,8 @@ import datetime
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
+
+from commlib._torch_facts import registered_backends, stand_in_nccl
 
 try:
     from torch.distributed import ProcessGroupGloo
@@ -73,7 +74,7 @@ def register_vendor_engine(name: str, device_type: str) -> None:
         >>> dist.get_default_backend_for_device("npu")   # doctest: +SKIP
         'hccl'
     """
-    if name.upper() not in dist.Backend._plugins:
+    if name.upper() not in registered_backends():
         dist.Backend.register_backend(name, gloo_engine, devices=[device_type, "cpu"])
     setattr(dist, f"is_{name}_available", lambda: True)
 
@@ -86,6 +87,5 @@ def stand_in_for_nccl() -> None:
         >>> dist.is_nccl_available()                # doctest: +SKIP
         True
     """
-    c10d._NCCL_AVAILABLE = True
-    c10d.ProcessGroupNCCL = SimulatedProcessGroupNCCL  # type: ignore[misc,assignment]
+    stand_in_nccl(SimulatedProcessGroupNCCL)
     dist.Backend.backend_capability["nccl"] = ["cuda", "cpu"]

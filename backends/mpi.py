@@ -202,7 +202,15 @@ class MPICalls(EngineGaps):
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, group: Group, async_op: bool = False
     ) -> Work | None:
-        request = self.comm_of(group).Iallgather(self._raw(tensor), self._raw(output))
+        comm = self.comm_of(group)
+        start, nbytes = output.data_ptr(), tensor.numel() * tensor.element_size()
+        if start <= tensor.data_ptr() < start + output.numel() * output.element_size():
+            # MPI refuses aliased buffers; FSDP gathers from the output's own slot
+            if tensor.data_ptr() == start + comm.Get_rank() * nbytes and tensor.is_contiguous():
+                request = comm.Iallgather(self._mpi().in_place, self._raw(output))
+                return finish(MPIWork([request], keep=output), async_op)
+            tensor = tensor.clone()
+        request = comm.Iallgather(self._raw(tensor), self._raw(output))
         return finish(MPIWork([request], keep=(output, tensor)), async_op)
 
     def all_gather(

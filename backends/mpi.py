@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from commlib.backend import DirectCall
 from commlib.hookspecs import hookimpl
 from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib_backends import mpi_group
@@ -182,6 +183,30 @@ class MPICalls(EngineGaps):
 
     def torch_reduce_op(self, op: EngineOp) -> Any:
         return self._mpi().ops[op]
+
+    def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
+        """The check's round as MPI's own allgather of the slot; the rest through the methods.
+
+        The argument check cannot come off on MPI (a size mismatch corrupts
+        memory), so its round is one ``Iallgather`` of the slot's first row,
+        issued by the engine past :meth:`all_gather_slots` and
+        :meth:`all_gather_into_tensor` (their layers cost more than MPI's
+        small allgather itself). The slot's buffers live as long as the
+        engine: their MPI buffers are made once.
+
+        Examples:
+            >>> lane = plugin.direct_call("all_gather_slots", group, slot_bytes=4096)
+            ... # doctest: +SKIP
+        """
+        if collective != "all_gather_slots" or key.get("apart", False):
+            return super().direct_call(collective, group, **key)
+        if type(self).all_gather_slots is not EngineGaps.all_gather_slots or (
+            type(self).all_gather_into_tensor is not MPICalls.all_gather_into_tensor
+        ):
+            return None  # a subclass gathers its own way: its method is called
+        if self.world_size(group) == 1:
+            return DirectCall(None, None)
+        return DirectCall(_SlotGather(self.comm_of(group), self._mpi()), None)
 
     # -- collectives -------------------------------------------------------------------
     def all_reduce(
@@ -381,6 +406,34 @@ class MPICalls(EngineGaps):
             for r in requests
         ]
         return finish(MPIWork(posted, keep=[r.tensor for r in requests]), async_op)
+
+
+class _SlotGather:
+    """``Iallgather`` of one slot row into every rank's rows, as a direct call.
+
+    Called as ``gather(output, row, options)`` (:class:`~commlib.backend.DirectCall`);
+    the buffers MPI gets for the protocol's kept tensors are made once each.
+    """
+
+    __slots__ = ("buffers", "comm", "names")
+
+    def __init__(self, comm: Any, names: _Names):
+        self.comm = comm
+        self.names = names
+        self.buffers: dict[tuple[int, int], Any] = {}
+
+    def _buffer(self, tensor: torch.Tensor) -> Any:
+        key = (tensor.data_ptr(), tensor.numel())
+        found = self.buffers.get(key)
+        if found is None:
+            if len(self.buffers) >= 16:
+                self.buffers.clear()  # slots of other sizes: a few at most
+            found = self.buffers[key] = [self.names.address(key[0], key[1]), self.names.byte]
+        return found
+
+    def __call__(self, output: torch.Tensor, row: torch.Tensor, options: Any) -> MPIWork:
+        request = self.comm.Iallgather(self._buffer(row), self._buffer(output))
+        return MPIWork([request], keep=(output, row))
 
 
 def _bytes(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

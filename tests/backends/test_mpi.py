@@ -171,6 +171,62 @@ def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption():
     assert all("ranks passed different arguments" in e and "(5,)" in e for e in errors), errors
 
 
+def _checked_rounds(comm) -> list[str]:
+    """The check's round is MPI's own allgather of the slot (a lane), before small and
+    large collectives alike; every mismatch is still caught alike."""
+    world, rank = comm.world_size, comm.rank
+    wrong = []
+    # in the slot, past it until learnt, and past what a slot learns (1 MiB a rank)
+    for n in (8, 2048, 300_000):
+        for _ in range(3):  # the slot learns from the first call
+            x = torch.full((n,), float(rank + 1))
+            comm.all_reduce(x)
+            if x[0] != world * (world + 1) / 2 or x[-1] != x[0]:
+                wrong.append(f"all_reduce {n}: {x[0]}")
+            y = torch.full((n,), float(rank))
+            comm.broadcast(y, src=world - 1)
+            if y[0] != world - 1 or y[-1] != world - 1:
+                wrong.append(f"broadcast {n}: {y[0]}")
+            z = torch.full((n,), float(rank + 1))
+            comm.reduce(z, dst=0)
+            if rank == 0 and z[-1] != world * (world + 1) / 2:
+                wrong.append(f"reduce {n}: {z[-1]}")
+            out = torch.empty(world * n)
+            comm.all_gather_into_tensor(out, torch.full((n,), float(rank)))
+            if out.view(world, n)[:, -1].tolist() != [float(r) for r in range(world)]:
+                wrong.append(f"all_gather_into_tensor {n}")
+            parts = comm.gather(torch.full((n,), float(rank)), dst=0)
+            if rank == 0 and [float(p[-1]) for p in parts] != list(map(float, range(world))):
+                wrong.append(f"gather {n}")
+            mine = torch.empty(max(n // world, 1))
+            comm.reduce_scatter(mine, torch.ones(mine.numel() * world))
+            if mine[-1] != world:
+                wrong.append(f"reduce_scatter {n}: {mine[-1]}")
+    if world > 1:
+        lanes = [v for k, v in comm._engine.lanes.items() if k[0] == "all_gather_slots"]
+        if not any(v is not None and v.call is not None for v in lanes):
+            wrong.append(f"the check's round took no lane: {lanes}")
+        for name, call in (
+            ("all_reduce", lambda: comm.all_reduce(torch.ones(8 + rank))),
+            ("broadcast", lambda: comm.broadcast(torch.ones(8), src=rank)),
+            ("reduce", lambda: comm.reduce(torch.ones(8), dst=rank)),
+        ):
+            try:
+                call()
+                wrong.append(f"{name}: no error")
+            except ValueError as exc:
+                if "ranks passed different arguments" not in str(exc):
+                    wrong.append(f"{name}: {exc}")
+    return wrong
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_the_check_round_is_mpis_allgather_and_mismatches_are_still_caught(size):
+    assert _kit().call(size, _checked_rounds) == [[]] * size
+
+
 def _timeout_then_shrink(comm) -> tuple[str, float, list[float], list[float]]:
     """Rank 2 stays out of a subgroup's all_reduce; 0 and 1 time out, then shrink past it."""
     trio = comm.new_group([0, 1, 2])

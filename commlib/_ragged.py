@@ -9,7 +9,10 @@ A dtype or ndim that differs across ranks raises the same error everywhere.
 The slot's room for data is learnt (:mod:`commlib._rooms`, shared with the
 argument check): a loop gathering tensors of steady shapes completes each call
 in one round from its second call on; the byte count of every round is still
-the same on every rank, so no engine ever sees ranks disagree on a size.
+the same on every rank, so no engine ever sees ranks disagree on a size. A
+gather, whose data only ``dst`` keeps, teaches it only up to
+``_rooms.PAD_UP_TO`` (as a broadcast does the check's): a larger slot would
+send every rank's data to every rank.
 
 What a kind of call sends (its header) and how its gathered data is viewed
 are made once per kind and kept with the engine's slot, and the sent rows
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _lanes
-from commlib._rooms import HEADER, Rooms, learn_cap
+from commlib._rooms import HEADER, Rooms, learn_cap, need_of
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
@@ -226,10 +229,11 @@ def exchange(
                 return shapes, None, tensor.dtype
             # a steady call teaches the slot nothing (Rooms.learn would only reset
             # counters that are reset): no call for it
+            need = nbytes if dst is None else need_of(nbytes, everyone_needs_all=False)
             if rooms is not None and (
-                rooms.smaller or not nbytes <= rooms.learnt <= 2 * nbytes or nbytes > slots.cap
+                rooms.smaller or not need <= rooms.learnt <= 2 * need or need > slots.cap
             ):
-                rooms.learn(nbytes, world)
+                rooms.learn(need, world)
             if layout.areas is None:  # too large for the slot: the caller's second round
                 return shapes, None, tensor.dtype
             every = gathered.view(tensor.dtype).as_strided(
@@ -272,7 +276,9 @@ def _settle(
     if shapes_only:
         return shapes, None, dtype
     if rooms is not None:
-        rooms.learn(max(h[3] for h in heads), engine.world_size)
+        # a gather's data only dst keeps: it teaches the slot what a broadcast does
+        largest = max(h[3] for h in heads)
+        rooms.learn(largest if dst is None else need_of(largest, False), engine.world_size)
     if any(h[3] > room for h in heads):
         return shapes, None, dtype
     world = engine.world_size

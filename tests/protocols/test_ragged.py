@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from commlib import Communicator
+from commlib._rooms import SHRINK_AFTER, rooms_of
 from commlib.errors import RemoteArgumentError
 
 
@@ -203,6 +204,32 @@ def test_a_large_learnt_slot_is_gathered_directly(world2):
         assert got == [[[float(q)] * 3 for q in range(2)]] * 3
         assert rounds == [2, 1, 1] and lane
         assert timed == [1.0, 1.0]
+
+
+def _on_gather_sizes(comm: Communicator):
+    # a gather's data only dst keeps: the slot learns it up to _rooms.PAD_UP_TO alone
+    r = comm.rank
+    out = {}
+    for label, n in (("64K", 16_000), ("600K", 150_000)):
+        for _ in range(SHRINK_AFTER):  # back to the communicator's slot
+            comm.gather(torch.ones(1), 0)
+        rounds, got = [], []
+        for _ in range(3):
+            before = comm._engine.seq
+            parts = comm.gather(torch.full((n,), float(r)), 0)
+            rounds.append(comm._engine.seq - before)
+            got.append([float(t[-1]) for t in parts])
+        out[label] = (rounds, got, rooms_of(comm._engine).learnt)
+    return out
+
+
+def test_a_gather_teaches_the_slot_only_what_a_broadcast_does(world2):
+    for r, got in enumerate(world2.run(_on_gather_sizes)):
+        want = [[0.0, 1.0]] * 3 if r == 0 else [[]] * 3
+        rounds, parts, learnt = got["64K"]
+        assert parts == want and rounds == [2, 1, 1] and learnt >= 64_000
+        rounds, parts, learnt = got["600K"]
+        assert parts == want and rounds == [2, 2, 2] and learnt < 1024
 
 
 # -- one process, torch's fake process group: which calls take the direct call ----------

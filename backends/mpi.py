@@ -199,7 +199,9 @@ class MPICalls(EngineGaps):
             ... # doctest: +SKIP
         """
         if collective != "all_gather_slots" or key.get("apart", False):
-            return super().direct_call(collective, group, **key)
+            # the methods are mpi4py's calls already; a torch ProcessGroup call (the
+            # base's lanes) would hand MPI's ops to torch
+            return None
         if type(self).all_gather_slots is not EngineGaps.all_gather_slots or (
             type(self).all_gather_into_tensor is not MPICalls.all_gather_into_tensor
         ):

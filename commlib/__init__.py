@@ -20,6 +20,7 @@ from commlib.errors import (
     DeserializationError,
     NonFiniteError,
     NotInGroupError,
+    RankLostError,
     RemoteArgumentError,
     RemoteError,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "P2POp",
     "Payload",
     "PickleSerializer",
+    "RankLostError",
     "RefusedClassError",
     "RefusedRemoteClassError",
     "RemoteArgumentError",

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from commlib import _catalog, _failure_notes, _newcomers, _survivors, _waiting
 from commlib._error_map import MapErrors
 from commlib._health import health_of
+from commlib._torch_groups import release_group
 from commlib.backend import Backend, DirectCall
 from commlib.errors import CommError
 from commlib.handle import Handle
@@ -164,7 +165,8 @@ class Engine:
 
         A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
         the other ranks are; any other engine failure a
-        :class:`~commlib.errors.CommError`. commlib's own errors pass through.
+        :class:`~commlib.errors.RankLostError` (a peer is gone).
+        commlib's own errors pass through.
 
         The failure also breaks the group: later calls raise
         :class:`~commlib.errors.CommBrokenError` before anything is sent.
@@ -175,7 +177,7 @@ class Engine:
             ...     raise RuntimeError("connection reset by peer")
             Traceback (most recent call last):
             ...
-            commlib.errors.CommError: all_reduce failed on rank 0: connection reset by peer
+            commlib.errors.RankLostError: all_reduce failed on rank 0: connection reset by peer
             >>> scratch.health.broken
             'all_reduce #7: all_reduce failed on rank 0: connection reset by peer'
         """
@@ -722,7 +724,11 @@ class Engine:
         to leave out. Ranks that do not arrive within ``timeout`` are left
         out; by default as long as a survivor may still be inside a call of
         this group (the engine's limit, and the time to name missing ranks).
-        This group is broken afterwards, whatever it was before.
+        This group is broken afterwards, and let go
+        (:func:`~commlib._torch_groups.release_group`). When every rank
+        arrived, none excluded any and the group broke on none of them,
+        nothing is made: every rank raises the same ``ValueError``
+        (:func:`~commlib._survivors.nothing_lost`).
 
         Examples:
             >>> group, kept = engine.shrink([0, 1, 2, 3], {3})  # doctest: +SKIP
@@ -737,7 +743,10 @@ class Engine:
         attempt = self.health.shrinks
         self.health.shrinks += 1
         name = f"{getattr(self.group, 'group_name', '') or 'world'}.shrunk{attempt}"
-        keep = _survivors.agree(name, self.rank, world_ranks, exclude, timeout)
+        broken = self.health.broken is not None
+        keep, broken = _survivors.agree(name, self.rank, world_ranks, exclude, timeout, broken)
+        if not broken and len(keep) == len(world_ranks):
+            raise ValueError(_survivors.nothing_lost(len(keep)))
         try:
             group = self.plugin.shrink_group(self.group, keep, name, timeout)
         except (RuntimeError, NotImplementedError) as exc:
@@ -746,6 +755,8 @@ class Engine:
                 f"{keep} on rank {self.rank}: {exc}"
             ) from exc
         self.health.mark_broken(f"shrunk into a group of ranks {keep}")
+        # a job that recovers many times holds one group's sockets and threads, not many
+        release_group(self.group)
         return group, keep
 
     def grow(

@@ -3,8 +3,11 @@
 :meth:`commlib._engine.Engine.map_errors` hands every engine failure here
 (:class:`MapErrors`). A timeout becomes :class:`~commlib.errors.CommTimeoutError`
 naming the ranks that did not arrive (:mod:`commlib._failure_notes`); any
-other failure a :class:`~commlib.errors.CommError` naming the rank at fault
-where it can be told; either breaks the group (:mod:`commlib._health`).
+other failure a :class:`~commlib.errors.RankLostError` naming the rank at
+fault where it can be told (a peer is gone: the one failure a checked call
+meets; a failed store call stays a plain :class:`~commlib.errors.CommError`,
+:func:`error_type`); either breaks the group (:mod:`commlib._health`), and
+:meth:`~commlib.Communicator.shrink` is what recovers from both.
 
 Read only on the failure path. torch 2.13 raises its ``DistError`` family
 (all of them ``RuntimeError``) from its stores and some of its engines, and
@@ -20,9 +23,9 @@ Measured with torch 2.13, gloo, 127.0.0.1:
 what happened                 what torch raises               commlib raises
 ============================  ==============================  =================
 gloo collective timed out     ``RuntimeError`` "Timed out"    CommTimeoutError
-peer process died             ``RuntimeError`` "closed by"    CommError
+peer process died             ``RuntimeError`` "closed by"    RankLostError
 store key wait timed out      ``DistStoreError``              CommTimeoutError
-store host died               ``DistNetworkError``            CommError
+store host died               ``DistNetworkError``            RankLostError
 ============================  ==============================  =================
 """
 
@@ -36,7 +39,7 @@ import torch.distributed as dist
 
 from commlib import _failure_notes, _survivors, _waiting
 from commlib._world import default_store, store_failed
-from commlib.errors import CommError, CommTimeoutError
+from commlib.errors import CommError, CommTimeoutError, RankLostError
 
 #: what a failure is to commlib: ``None`` passes through unchanged
 Kind = Literal["timeout", "store", "network", "engine"]
@@ -112,7 +115,11 @@ class MapErrors:
             return
         waited = time.monotonic() - self.started
         late = is_timeout(self.engine, exc, kind, waited, self.limit)
-        raise translate(self.engine, self.what, self.seq, self.limit, exc, late) from exc
+        error = translate(self.engine, self.what, self.seq, self.limit, exc, late)
+        if isinstance(error, CommTimeoutError):
+            # the engine's own timeout errors (torch chains two) say nothing the message does not
+            raise error from None
+        raise error from exc
 
 
 def is_timeout(
@@ -162,7 +169,7 @@ def translate(
                 f"another rank gave up on it first: {text}"
             )
         else:
-            error = CommError(
+            error = RankLostError(
                 f"{what} failed on rank {engine.rank}: another rank failed first: {text}"
             )
     elif timed_out:
@@ -181,7 +188,8 @@ def translate(
         )
     else:
         _failure_notes.record(engine.group, engine.rank, seq, what, "failed")
-        error = CommError(f"{what} failed on rank {engine.rank}: {_describe(engine, exc)}")
+        lost = error_type(exc)
+        error = lost(f"{what} failed on rank {engine.rank}: {_describe(engine, exc)}")
     # the group's state is unknown now: a later call must not pair with this one
     if engine.health.mark_broken(f"{what} #{seq}: {error}"):
         timed_out = isinstance(error, CommTimeoutError)
@@ -256,3 +264,19 @@ def rank_label(engine: Any, rank: int) -> str:
     except Exception:  # a group torch cannot describe any more: the group rank alone
         return f"rank {rank}"
     return f"rank {rank} (world rank {world})"
+
+
+def error_type(exc: BaseException) -> type[CommError]:
+    """The commlib error for ``exc``, an engine failure under a call that is not a timeout.
+
+    A failed store call is a :class:`~commlib.errors.CommError`; any other
+    failure under a collective means a rank of the group is gone (the store's
+    host is a rank too, with ``env://``): :class:`~commlib.errors.RankLostError`.
+
+    Examples:
+        >>> error_type(RuntimeError("Connection closed by peer")).__name__
+        'RankLostError'
+        >>> error_type(torch.distributed.DistStoreError("Broken pipe")).__name__
+        'CommError'
+    """
+    return CommError if kind_of(exc) == "store" else RankLostError

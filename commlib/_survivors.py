@@ -28,6 +28,7 @@ from commlib import _world
 from commlib.errors import CommError
 
 _POLL = 0.01  # seconds between looks at the store while waiting for the others
+_BROKEN = "broken:"  # leads a rank's announcement (and the decision) when its group broke
 
 
 def store() -> Any:
@@ -168,24 +169,44 @@ def _store_gone(why: str) -> str:
     )
 
 
+def nothing_lost(size: int) -> str:
+    """Why shrink made no group: every rank of ``size`` arrived and the group is not broken.
+
+    Examples:
+        >>> nothing_lost(2).startswith("shrink: no rank was lost")
+        True
+    """
+    return (
+        f"shrink: no rank was lost and the group is not broken (all {size} ranks called "
+        "shrink, none excluded, no call failed), so no new group was made and this "
+        "communicator is still usable. shrink recovers from a rank that died or left "
+        "(commlib.RankLostError) or a collective that timed out (commlib.CommTimeoutError); "
+        "the error handled before this call was neither: catch only those two around "
+        "shrink, and fix what the other error says"
+    )
+
+
 def agree(
     name: str,
     rank: int,
     world_ranks: Sequence[int],
     exclude: Collection[int],
     timeout: datetime.timedelta,
-) -> list[int]:
-    """The ranks of the group that go on (group ranks, in order), the same on every caller.
+    broken: bool = True,
+) -> tuple[list[int], bool]:
+    """The ranks of the group that go on (group ranks, in order), and whether the group broke.
 
-    ``name`` names this attempt (the same on every survivor, new each time);
-    ``world_ranks`` are the group's members' world ranks, in group order;
-    ``exclude`` are group ranks this rank wants left out. Raises
+    Both the same on every caller. ``name`` names this attempt (the same on
+    every survivor, new each time); ``world_ranks`` are the group's members'
+    world ranks, in group order; ``exclude`` are group ranks this rank wants
+    left out; ``broken``: whether the group broke on this rank. The second
+    answer is whether it broke on any rank of the decision. Raises
     :class:`~commlib.errors.CommError` when the store cannot be reached or
     when this rank itself was left out.
 
     Examples:
         >>> agree("0.shrunk0", 1, [0, 1, 2, 3], {3}, timedelta(seconds=60))  # doctest: +SKIP
-        [0, 1, 2]
+        ([0, 1, 2], True)
     """
     kv = store()
     if kv is None:
@@ -199,7 +220,8 @@ def agree(
     deadline = time.monotonic() + timeout.total_seconds()
     seen: dict[int, str] = {}
     try:
-        kv.set(f"{prefix}/here/{rank}", ",".join(map(str, sorted(exclude))))
+        mine = ",".join(map(str, sorted(exclude)))
+        kv.set(f"{prefix}/here/{rank}", f"{_BROKEN if broken else ''}{mine}")
         while not kv.check([decision]):
             here = [r for r in range(size) if kv.check([f"{prefix}/here/{r}"])]
             awaited = [
@@ -210,12 +232,16 @@ def agree(
             if awaited and time.monotonic() < deadline:
                 time.sleep(_POLL)
                 continue
-            left_out = set(exclude)
+            left_out, any_broken = set(exclude), False
             for r in here:
-                left_out.update(_ranks(kv.get(f"{prefix}/here/{r}").decode()))
+                said = kv.get(f"{prefix}/here/{r}").decode()
+                any_broken |= said.startswith(_BROKEN)
+                left_out.update(_ranks(said.removeprefix(_BROKEN)))
             keep = [r for r in here if r not in left_out]
-            kv.compare_set(decision, "", ",".join(map(str, keep)))
-        keep = _ranks(kv.get(decision).decode())
+            flag = _BROKEN if any_broken else ""
+            kv.compare_set(decision, "", flag + ",".join(map(str, keep)))
+        said = kv.get(decision).decode()
+        keep, any_broken = _ranks(said.removeprefix(_BROKEN)), said.startswith(_BROKEN)
     except CommError:
         raise
     except Exception as exc:  # the store is gone: its host died (rank 0 with env://)
@@ -226,4 +252,4 @@ def agree(
             f"shrink: rank {rank} was left out of the new group (ranks going on: {keep}): it "
             "arrived after the others' timeout or another rank excluded it"
         )
-    return keep
+    return keep, any_broken

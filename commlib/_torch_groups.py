@@ -9,7 +9,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from commlib.types import Group
 
-__all__ = ["DESTROYED", "dist_ready", "is_destroyed", "torch_backend_name"]
+__all__ = ["DESTROYED", "dist_ready", "is_destroyed", "release_group", "torch_backend_name"]
 
 
 def dist_ready() -> bool:
@@ -49,3 +49,24 @@ def torch_backend_name(group: Group) -> str:
         'gloo'
     """
     return str(dist.get_backend(group if group is not dist.GroupMember.WORLD else None))
+
+
+def release_group(group: Any) -> None:
+    """Let go of ``group``'s engine resources (threads, sockets): a group shrink or grow replaced.
+
+    ``destroy_process_group(group)`` for a group torch knows, other than the
+    world's (destroying the world would end every group, the new one too; a
+    grow lets go of the old world as a whole). Never raises: a broken group
+    that fails to shut down is dropped all the same.
+
+    Examples:
+        >>> release_group(None)
+    """
+    if not dist_ready() or group is None or is_destroyed(group):
+        return
+    if group is dist.GroupMember.NON_GROUP_MEMBER or group is dist.GroupMember.WORLD:
+        return
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # a broken engine may fail to shut down; torch forgets the group anyway
+        pass

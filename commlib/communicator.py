@@ -33,6 +33,7 @@ from commlib import (
     _scatter_objects,
     _split,
     _steps,
+    _survivors,
     _world,
     plugins,
 )
@@ -515,9 +516,11 @@ class Communicator:
     ) -> Communicator:
         """A communicator over the ranks of this group still alive, renumbered in order.
 
-        After a failure (a rank died, a collective timed out) this communicator
-        is broken; every surviving rank calls ``shrink`` and gets a new one
-        over a new process group, without any process restarting. Ranks named
+        After a failure (a rank died: :class:`~commlib.RankLostError`, a
+        collective timed out: :class:`~commlib.CommTimeoutError`) this
+        communicator is broken; every surviving rank calls ``shrink`` and gets
+        a new one over a new process group, without any process restarting;
+        the old group's engine resources are let go. Ranks named
         in ``exclude`` (ranks of this group) and ranks that do not call
         ``shrink`` within ``timeout`` are left out; by default it is as long
         as another survivor may still be inside a call on this communicator
@@ -525,6 +528,9 @@ class Communicator:
         known at once; one elsewhere only by not arriving. The new
         ranks follow the old order: survivors 0, 2, 3 of four become 0, 1, 2.
         Settings (backend, serializer, timeout, slot size, checks) carry over.
+        When no rank was lost (every one called ``shrink``, none excluded)
+        and the group broke on none of them, no group is made: every rank
+        raises the same ``ValueError``, and this communicator stays usable.
 
         The ranks meet in the rendezvous store, so the store's host must be
         alive: torchrun's agent, or rank 0's process with ``env://``.
@@ -532,7 +538,7 @@ class Communicator:
         Examples:
             >>> try:  # doctest: +SKIP
             ...     comm.all_reduce(x)
-            ... except commlib.CommError:
+            ... except (commlib.RankLostError, commlib.CommTimeoutError):
             ...     comm = comm.shrink(timeout=60)
             >>> comm.world_size  # doctest: +SKIP
             3
@@ -546,6 +552,8 @@ class Communicator:
                 f"rank {engine.rank} excludes itself: an excluded rank does not call shrink"
             )
         if not self._distributed:
+            if engine.health.broken is None:  # a world of one: nothing can have been lost
+                raise ValueError(_survivors.nothing_lost(1))
             return Communicator(
                 backend=self.plugin, serializer=self._serializer, timeout=self.timeout
             )

@@ -3,6 +3,21 @@
 User mistakes are plain ``ValueError`` / ``TypeError`` raised before anything is
 sent. Everything that goes wrong *between* ranks is a :class:`CommError`, so a
 caller can catch the whole family with one ``except``.
+
+What recovers an error is in its type. :meth:`~commlib.Communicator.shrink`
+serves the failures that break the group: :class:`RankLostError` (a rank died,
+left or lost its connection), :class:`CommTimeoutError` (a rank did not take
+part in time) and :class:`CommBrokenError` (a later call on a group one of them
+broke). The others (:class:`RemoteArgumentError`, :class:`RemoteError`,
+:class:`NonFiniteError`, :class:`NotInGroupError`, ...) leave the group usable
+and every rank alive: the program's arguments or data are what must change,
+and shrink refuses (``ValueError``) when no rank was lost.
+
+Examples:
+    >>> try:  # doctest: +SKIP
+    ...     comm.all_reduce(loss)
+    ... except (commlib.RankLostError, commlib.CommTimeoutError):
+    ...     comm = comm.shrink()    # the ranks still alive go on
 """
 
 from __future__ import annotations
@@ -125,7 +140,30 @@ class NonFiniteError(RemoteError, ValueError):
 
 
 class CommTimeoutError(CommError, TimeoutError):
-    """A collective did not complete within the communicator's timeout."""
+    """A collective did not complete within the communicator's timeout.
+
+    The group is broken afterwards (a late peer's message would pair with the
+    next call): the ranks still alive call :meth:`~commlib.Communicator.shrink`.
+    """
+
+
+class RankLostError(CommError):
+    """A rank of the group died, left or lost its connection; the group is broken.
+
+    The engine failed under a collective because a peer is gone (its process
+    ended, its connection closed) or failed first; the message names the rank
+    where it can be told. The ranks still alive recover with
+    :meth:`~commlib.Communicator.shrink` (this and :class:`CommTimeoutError`
+    are the failures it serves); the other ``CommError`` s are not fixed by it.
+
+    Examples:
+        >>> issubclass(RankLostError, CommError)
+        True
+        >>> try:  # doctest: +SKIP
+        ...     comm.all_reduce(loss)
+        ... except (RankLostError, CommTimeoutError):
+        ...     comm = comm.shrink()
+    """
 
 
 class CommBrokenError(CommError):
@@ -140,7 +178,7 @@ class CommBrokenError(CommError):
     Examples:
         >>> try:  # doctest: +SKIP
         ...     comm.all_reduce(x)
-        ... except CommBrokenError:
+        ... except (RankLostError, CommTimeoutError, CommBrokenError):
         ...     comm = comm.shrink()
     """
 

@@ -112,7 +112,7 @@ def shrink(
     Examples:
         >>> try:  # doctest: +SKIP
         ...     all_reduce(loss)
-        ... except CommError:
+        ... except (RankLostError, CommTimeoutError):
         ...     shrink(timeout=60)
         >>> get_world_size()  # doctest: +SKIP
         3

@@ -205,4 +205,4 @@ def test_a_rank_dying_mid_schedule_is_an_error_not_a_hang(which):
         world.kill()
     survivors = outcomes[:2] if which != "gather" else outcomes[:1]
     for o in survivors:
-        assert o.ok and o.value in ("CommError", "CommTimeoutError"), (o.value, o.traceback)
+        assert o.ok and o.value in ("RankLostError", "CommTimeoutError"), (o.value, o.traceback)

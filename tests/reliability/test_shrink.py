@@ -110,7 +110,7 @@ def _report(name: str, outcomes) -> None:
 
 def _check_step(step: dict, new_rank: int, world_size: int) -> None:
     """One survivor's kill-and-shrink step: the error, the broken communicator, its new place."""
-    assert step["error"] in ("CommError", "CommTimeoutError")
+    assert step["error"] in ("RankLostError", "CommTimeoutError")
     assert "comm.shrink()" in step["broken"]
     assert (step["new_rank"], step["world_size"]) == (new_rank, world_size)
 
@@ -220,5 +220,10 @@ def test_shrink_checks_its_arguments_first():
         comm.shrink(exclude=[1])
     with pytest.raises(ValueError, match="excludes itself"):
         comm.shrink(exclude=[0])
+    # nothing can be lost from a world of one: no new communicator, this one still usable
+    with pytest.raises(ValueError, match="no rank was lost and the group is not broken"):
+        comm.shrink()
+    comm.all_reduce(torch.ones(1))
+    comm._engine.health.mark_broken("a timeout, say")
     again = comm.shrink()
-    assert (again.rank, again.world_size) == (0, 1)
+    assert (again.rank, again.world_size) == (0, 1) and again is not comm

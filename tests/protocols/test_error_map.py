@@ -20,7 +20,13 @@ import torch.distributed as dist
 from commlib import _error_map
 from commlib._engine import Engine
 from commlib.backend import Backend
-from commlib.errors import CommBrokenError, CommError, CommTimeoutError, DeserializationError
+from commlib.errors import (
+    CommBrokenError,
+    CommError,
+    CommTimeoutError,
+    DeserializationError,
+    RankLostError,
+)
 from commlib_backends import gloo as gloo_module
 from commlib_backends.gloo import GlooBackend
 
@@ -60,20 +66,20 @@ def _raised(plugin: Backend, exc: BaseException) -> BaseException:
 
 # exception -> the commlib error class it becomes (exactly that class)
 ENGINE_ERRORS = [
-    (dist.DistError("unknown c10d failure"), CommError),
-    (dist.DistBackendError("NCCL error: unhandled system error"), CommError),
+    (dist.DistError("unknown c10d failure"), RankLostError),
+    (dist.DistBackendError("NCCL error: unhandled system error"), RankLostError),
     (
         dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed."),
-        CommError,
+        RankLostError,
     ),
-    (dist.DistNetworkError("Broken pipe"), CommError),
+    (dist.DistNetworkError("Broken pipe"), RankLostError),
     (dist.DistStoreError("wait timeout after 1000ms, keys: /nokey"), CommTimeoutError),
     (dist.DistStoreError("key not found"), CommError),
     (dist.QueueEmptyError("queue is empty"), CommError),
     (TimeoutError(), CommTimeoutError),
-    (ConnectionResetError("reset"), CommError),
-    (ConnectionRefusedError("refused"), CommError),
-    (RuntimeError("Connection reset by peer"), CommError),
+    (ConnectionResetError("reset"), RankLostError),
+    (ConnectionRefusedError("refused"), RankLostError),
+    (RuntimeError("Connection reset by peer"), RankLostError),
     (RuntimeError("operation timed out after 5000ms"), CommTimeoutError),
 ]
 
@@ -84,7 +90,10 @@ ENGINE_ERRORS = [
 def test_each_engine_exception_becomes_its_commlib_error(exc, expected):
     raised = _raised(_OneRank(), exc)
     assert type(raised) is expected, raised
-    assert raised.__cause__ is exc  # torch's own error stays attached
+    if expected is CommTimeoutError:  # the message says it all: torch's chain is noise
+        assert raised.__cause__ is None and raised.__suppress_context__
+    else:
+        assert raised.__cause__ is exc  # torch's own error stays attached
 
 
 # not engine failures: they reach the caller as they are
@@ -154,10 +163,10 @@ GLOO_TEXTS = [
         CommTimeoutError,
     ),
     ("Application timeout caused pair closure", CommTimeoutError),
-    (CLOSED, CommError),
+    (CLOSED, RankLostError),
     (
         "[../gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:40765: Connection reset",
-        CommError,
+        RankLostError,
     ),
 ]
 

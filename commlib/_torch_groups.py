@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch.distributed as dist
@@ -52,12 +53,15 @@ def torch_backend_name(group: Group) -> str:
 
 
 def release_group(group: Any) -> None:
-    """Let go of ``group``'s engine resources (threads, sockets): a group shrink or grow replaced.
+    """Let go of ``group``'s engine resources (threads, sockets): a group shrink replaced.
 
     ``destroy_process_group(group)`` for a group torch knows, other than the
     world's (destroying the world would end every group, the new one too; a
-    grow lets go of the old world as a whole). Never raises: a broken group
-    that fails to shut down is dropped all the same.
+    grow lets go of the old world as a whole). The sockets close when the last
+    reference to the group goes: a communicator is a reference cycle (its
+    lanes hold it), so the groups of communicators already dropped are
+    collected here too (a failure path: the collection's cost is no call's).
+    Never raises: a broken group that fails to shut down is dropped all the same.
 
     Examples:
         >>> release_group(None)
@@ -70,3 +74,4 @@ def release_group(group: Any) -> None:
         dist.destroy_process_group(group)
     except Exception:  # a broken engine may fail to shut down; torch forgets the group anyway
         pass
+    gc.collect()

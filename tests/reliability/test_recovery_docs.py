@@ -159,5 +159,7 @@ def _many_shrinks(comm, count: int) -> tuple[int, int, int]:
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="counts /proc/self/fd")
 def test_a_job_that_recovers_many_times_holds_one_groups_descriptors(world3):
     for before, after_one, after in world3.run(_many_shrinks, 40, timeout=240):
-        # each gloo group of 3 holds sockets to its peers; 40 groups kept would hold 40 sets
-        assert after <= max(before, after_one) + 4, (before, after_one, after)
+        # each gloo group of 3 holds sockets to its peers (6 descriptors); 40 groups kept
+        # would hold 40 sets: after one shrink and after 40 the same (the group in use,
+        # and the one it replaced while the caller still holds it)
+        assert after <= after_one + 2, (before, after_one, after)

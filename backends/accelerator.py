@@ -66,14 +66,12 @@ class DeviceRuntime:
     def current_index(self) -> int:
         """Index of the current device."""
         if self.via_accelerator:
-            accel = torch.accelerator
-            get = getattr(accel, "current_device_index", None) or accel.current_device_idx
-            return int(get())
+            return int(torch.accelerator.current_device_index())
         return int(self.vendor.current_device())
 
     def synchronize(self, index: int) -> None:
         """Wait for the work queued on device ``index``."""
-        if self.via_accelerator and hasattr(torch.accelerator, "synchronize"):
+        if self.via_accelerator:
             torch.accelerator.synchronize(index)
         else:
             self.vendor.synchronize(index)
@@ -81,9 +79,7 @@ class DeviceRuntime:
     def set_index(self, index: int) -> None:
         """Make device ``index`` current."""
         if self.via_accelerator:
-            accel = torch.accelerator
-            set_ = getattr(accel, "set_device_index", None) or accel.set_device_idx
-            set_(index)
+            torch.accelerator.set_device_index(index)
         else:
             self.vendor.set_device(index)
 
@@ -94,9 +90,7 @@ class DeviceRuntime:
 
 def _accelerator_serves(device_type: str) -> bool:
     """Whether ``torch.accelerator`` exists here and is ``device_type``'s runtime."""
-    accel = getattr(torch, "accelerator", None)
-    if accel is None:
-        return False
+    accel = torch.accelerator
     try:
         current = accel.current_accelerator()
         return current is not None and current.type == device_type and accel.is_available()

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from commlib import _torch_facts as torch_facts
 from commlib._torch_lanes import ALL_GATHER_SINGLE as _ALL_GATHER_SINGLE
 from commlib._torch_lanes import ALL_TO_ALL_SINGLE as _ALL_TO_ALL_SINGLE
 from commlib._torch_lanes import COALESCING as _coalescing
@@ -36,7 +37,7 @@ from commlib._torch_lanes import build_options as _build
 from commlib.backend import Backend, DirectCall, WorkList
 from commlib.types import EngineOp, Group, Work
 
-_torchcomms = getattr(c10d, "_use_torchcomms_enabled", None)
+_torchcomms = torch_facts.torchcomms_mode()
 
 
 # Parameter turns __torch_function__ off: torch.distributed calls the group directly too

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
 from commlib.hookspecs import hookimpl
 from commlib_backends.direct_calls import DirectCalls
 from commlib_backends.engine_gaps import STANDARD_DTYPES, EngineGaps
@@ -209,7 +210,7 @@ def _sockaddr_pattern(host: str, port: int) -> re.Pattern[bytes] | None:
 
 def _group_store(group: Any) -> Any:
     """The store ``group``'s ranks connected through (torch's private table of groups)."""
-    return dist.distributed_c10d._world.pg_map[group][1]
+    return torch_facts.group_map()[group][1]
 
 
 def _address_keys(store: Any, size: int) -> list[tuple[str, int]]:

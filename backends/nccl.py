@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
 from commlib.hookspecs import hookimpl
 from commlib_backends.accelerator import AcceleratorBackend
 from commlib_backends.engine_gaps import STANDARD_DTYPES
@@ -73,13 +74,14 @@ class NcclBackend(AcceleratorBackend):
             >>> commlib.plugins.resolve_backend("nccl").can_shrink(None)  # no group here
             False
         """
-        if getattr(dist, "shrink_group", None) is None or group is None:
+        if not torch_facts.SHRINK_GROUP or group is None:
             return False
         try:
             version = tuple(torch.cuda.nccl.version())
             if not _SHRINK_FROM <= version < _SHRINK_HANGS_FROM:
                 return False
-            return bool(group._get_backend(torch.device(self.device_type)).supports_shrinking)
+            engine = torch_facts.group_backend(group, torch.device(self.device_type))
+            return bool(engine.supports_shrinking)
         except Exception:  # no NCCL here, no NCCL part in this group, or an older torch
             return False
 

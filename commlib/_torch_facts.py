@@ -66,6 +66,7 @@ __all__ = [
     "VERSION",
     "WORK_TIMEOUT_READ_ONLY",
     "TorchInternalMissing",
+    "all_gather_single",
     "build",
     "built_accelerator",
     "c10d_world",
@@ -76,10 +77,14 @@ __all__ = [
     "group_map",
     "nccl_engine",
     "new_process_group_helper",
+    "reduce_scatter_single",
     "register_device_module",
     "registered_backends",
+    "set_timeout",
     "stand_in_nccl",
     "supported",
+    "torchcomms_installed",
+    "torchcomms_mode",
 ]
 
 #: the oldest torch commlib supports: gloo's list ``all_to_all``, ``new_group(sort_ranks=)``
@@ -126,7 +131,8 @@ _DIST = dist.is_available()
 
 #: ``torch.distributed.set_timeout(timeout, group)``, public from 2.14 (before it, the
 #: group's own ``ProcessGroup.set_timeout``)
-SET_TIMEOUT: bool = _DIST and hasattr(dist, "set_timeout")
+_public_set_timeout: Callable[..., None] | None = getattr(dist, "set_timeout", None)
+SET_TIMEOUT: bool = _DIST and _public_set_timeout is not None
 
 #: ``ProcessGroup.register_pre_hook`` / ``register_post_hook`` / ``register_abort_hook``
 #: (2.14): torch calls them around every collective of any backend
@@ -163,6 +169,35 @@ SHRINK_GROUP: bool = _DIST and hasattr(dist, "shrink_group")
 #: it must call ``Backend.register_backend(name, ...)`` (else RuntimeError). torch's own
 #: gloo, nccl, nccl2, nccl-legacy, mpi, ucc and xccl register this way in 2.14.
 BACKEND_ENTRY_POINTS: bool = _DIST and hasattr(dist.Backend, "_ensure_backend_registered")
+
+
+def _flat(new: str, old: str) -> Callable[..., Any] | None:
+    if not _DIST:
+        return None
+    return getattr(dist, new, None) or getattr(dist, old)
+
+
+#: ``all_gather_single`` where torch has it (2.13 renamed it and warns on every call of
+#: the old name), ``all_gather_into_tensor`` before
+all_gather_single: Callable[..., Any] = _flat("all_gather_single", "all_gather_into_tensor")  # type: ignore[assignment]
+#: ``reduce_scatter_single``, or ``reduce_scatter_tensor`` before 2.13
+reduce_scatter_single: Callable[..., Any] = _flat("reduce_scatter_single", "reduce_scatter_tensor")  # type: ignore[assignment]
+
+
+def set_timeout(group: Any, timeout: Any) -> None:
+    """Give ``group``'s operations issued from now on ``timeout``.
+
+    torch 2.14's public ``torch.distributed.set_timeout(timeout, group)`` (it
+    also reaches every backend of a multi-device group); the group's own
+    ``ProcessGroup.set_timeout`` before it.
+
+    Examples:
+        >>> set_timeout(group, datetime.timedelta(seconds=30))  # doctest: +SKIP
+    """
+    if _public_set_timeout is not None:
+        _public_set_timeout(timeout, group)
+    else:
+        group.set_timeout(timeout)
 
 
 def supported() -> bool:
@@ -295,13 +330,36 @@ def group_map() -> MutableMapping[Any, Any]:
 def coalescing_groups() -> Any:
     """The groups with an open ``_coalescing_manager`` (``_world.pg_coalesce_state``).
 
+    ``None`` on a torch without it: no group is ever coalescing there.
+
     Examples:
         >>> group in coalescing_groups()   # inside torch's coalescing manager  # doctest: +SKIP
         True
     """
-    return _private(
-        c10d_world(), "pg_coalesce_state", "_world.pg_coalesce_state", "open coalescing"
-    )
+    return getattr(getattr(_c10d(), "_world", None), "pg_coalesce_state", None)
+
+
+def torchcomms_installed() -> bool:
+    """Whether torchcomms is installed (``distributed_c10d._TORCHCOMM_AVAILABLE``).
+
+    Its mode may then be switched on at any time (no collective is decided once).
+
+    Examples:
+        >>> isinstance(torchcomms_installed(), bool)
+        True
+    """
+    return bool(getattr(_c10d(), "_TORCHCOMM_AVAILABLE", False))
+
+
+def torchcomms_mode() -> Callable[[], bool] | None:
+    """torch's "is torchcomms' mode on" (``_use_torchcomms_enabled``), ``None`` without it.
+
+    Examples:
+        >>> mode = torchcomms_mode()
+        >>> mode is None or mode() in (True, False)
+        True
+    """
+    return getattr(_c10d(), "_use_torchcomms_enabled", None)
 
 
 def default_store() -> Any:

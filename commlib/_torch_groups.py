@@ -6,8 +6,8 @@ import gc
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
+from commlib import _torch_facts as torch_facts
 from commlib.types import Group
 
 __all__ = ["DESTROYED", "dist_ready", "is_destroyed", "release_group", "torch_backend_name"]
@@ -38,8 +38,10 @@ def is_destroyed(group: Any) -> bool:
     """
     if group is None or not dist_ready() or group is dist.GroupMember.NON_GROUP_MEMBER:
         return False
-    known = getattr(getattr(c10d, "_world", None), "pg_map", None)  # torch's registry
-    return known is not None and group not in known
+    try:
+        return group not in torch_facts.group_map()  # torch's registry
+    except AttributeError:  # a torch without it: nothing known is destroyed
+        return False
 
 
 def torch_backend_name(group: Group) -> str:

@@ -44,16 +44,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from commlib import _torch_facts as torch_facts
+
 if TYPE_CHECKING:
     from commlib.backend import Backend, DirectCall
     from commlib.types import Group
 
 #: torch's open coalescing managers, keyed by group (``None`` on a torch without them)
-COALESCING = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
+COALESCING = torch_facts.coalescing_groups()
 #: whether torchcomms' mode may be switched on: then no call is decided once
-TORCHCOMMS_INSTALLED = bool(getattr(c10d, "_TORCHCOMM_AVAILABLE", False))
+TORCHCOMMS_INSTALLED = torch_facts.torchcomms_installed()
 #: whether the options carry ``asyncOp`` (torch >= 2.7)
-HAS_ASYNC_OP = hasattr(c10d.BroadcastOptions(), "asyncOp")
+HAS_ASYNC_OP = torch_facts.OPTIONS_ASYNC_OP
 
 
 def _method(*names: str) -> str | None:

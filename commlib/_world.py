@@ -24,6 +24,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
+
 
 class World:
     """commlib's state in this process; the one instance is :data:`world`.
@@ -215,7 +217,7 @@ def default_store() -> Any:
         if dist.is_available() and dist.is_initialized():
             if dist.group.WORLD in world.stores_lost:
                 return None
-            return dist.distributed_c10d._get_default_store()
+            return torch_facts.default_store()
     except Exception:
         pass
     return None

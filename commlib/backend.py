@@ -51,14 +51,14 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import torch
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
 from commlib._torch_lanes import process_group_lane
 from commlib.serialization import Serializer, default_serializer
 from commlib.types import EngineOp, Group, P2PRequest, Work
 
-# torch 2.13 renamed the flat collectives and warns on every call of the old
-# names; the old names are what older torch has.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.13 renamed the flat collectives and warns on every call of the old names
+_all_gather_single = torch_facts.all_gather_single
+_reduce_scatter_single = torch_facts.reduce_scatter_single
 
 _TORCH_OPS = {
     "sum": "SUM",
@@ -1136,7 +1136,7 @@ class Backend:
         if group is None:
             return
         try:
-            group.set_timeout(timeout)
+            torch_facts.set_timeout(group, timeout)  # torch 2.14's public one where it has it
         except (RuntimeError, AttributeError, NotImplementedError):
             pass  # the engine has no per-group timeout; its own stays in force
 
@@ -1203,11 +1203,11 @@ class Backend:
         world_ranks = dist.get_process_group_ranks(group)
         members = [world_ranks[r] for r in keep]
         try:
-            build = c10d._new_process_group_helper
-            world = c10d._world
-            store = c10d._get_default_store()
+            build = torch_facts.new_process_group_helper()
+            world = torch_facts.c10d_world()
+            store = torch_facts.default_store()
             group_name: Any = getattr(c10d, "GroupName", str)(name)
-        except AttributeError as exc:  # private torch API; say so instead of guessing
+        except AttributeError as exc:  # a private torch name gone: say so instead of guessing
             raise NotImplementedError(
                 f"backend {self.name!r} cannot shrink a group with this torch "
                 f"({torch.__version__}): {exc}"

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import commlib
+from commlib import _torch_facts as torch_facts
 from commlib.bench.dispatch_cases import is_dispatch_token
 from commlib.communicator import Communicator
 
@@ -35,10 +36,8 @@ IMPLS = ("commlib", "torch")
 SIDES = ("commlib", "unchecked", "torch")
 
 # torch 2.13 renamed the flat collectives and warns on every call of the old names
-_torch_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_torch_reduce_scatter_single = (
-    getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-)
+_torch_all_gather_single = torch_facts.all_gather_single
+_torch_reduce_scatter_single = torch_facts.reduce_scatter_single
 
 PARAM_TENSORS = 128  # "many small tensors": about a small model's parameter count
 _SMALL_OBJECT = {"step": 1000, "loss": 0.25, "lr": 1e-4, "tag": "train"}

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
 from commlib.communicator import Communicator
 
 #: the kind's name in ``--ops``, and the suffix of its case names
@@ -41,8 +42,8 @@ LABELS = {
 TARGETS = {"unchecked": 1.0, "observer": 1.3, "recorder": 1.5}
 
 # torch 2.13 renamed the flat collectives and warns on every call of the old names
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_single = torch_facts.all_gather_single
+_reduce_scatter_single = torch_facts.reduce_scatter_single
 
 Calls = dict[str, Callable[[], Any]]
 

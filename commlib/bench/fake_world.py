@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
 from commlib.backend import Backend
 from commlib.communicator import Communicator
 
@@ -64,8 +65,8 @@ def dispatch_plugin(base: Backend) -> Backend:
 
 def _init_fake_group(world_size: int) -> None:
     try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-    except ImportError as exc:  # a torch built without its testing package
+        FakeStore = torch_facts.fake_store()
+    except (ImportError, AttributeError) as exc:  # no testing package, or it moved
         raise RuntimeError(
             f"this torch has no fake process group (torch.testing._internal.distributed."
             f"fake_pg): {exc}"

@@ -36,6 +36,7 @@ from typing import Any, get_args
 import torch
 import torch.distributed as dist
 
+from commlib import _torch_facts as torch_facts
 from commlib import ranks as rank_args
 from commlib.communicator import Communicator
 from commlib.functional import (
@@ -423,7 +424,7 @@ class CommlibCollective:
             return self
         if not is_distributed():
             CommlibCollective.manages_default_group = False
-        elif member and len(dist.distributed_c10d._pg_map) == 1:
+        elif member and len(torch_facts.group_map()) == 1:
             self.destroy_group(get_communicator())
             CommlibCollective.manages_default_group = False
         return self
@@ -502,7 +503,7 @@ class CommlibCollective:
         if not isinstance(group, Communicator):
             raise TypeError(f"destroy_group takes a commlib Communicator, got {type(group)}")
         pg = group.group
-        if not is_distributed() or pg not in dist.distributed_c10d._pg_map:
+        if not is_distributed() or pg not in torch_facts.group_map():
             return
         if pg is dist.group.WORLD:
             # the cached communicators hold the world's groups: drop them first

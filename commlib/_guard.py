@@ -419,8 +419,13 @@ class Guard:
         """
         if what not in self.checked:
             return None
-        if completes and data is not None and what not in self.completed_by_check:
-            data = None  # the backend's own collective computes the result
+        if completes and data is not None:
+            if what not in self.completed_by_check:
+                data = None  # the backend's own collective computes the result
+            else:
+                most = engine.plugin.completed_by_check_bytes
+                if most is not None and data.nbytes > most:
+                    data = None  # ... and moves this much data with fewer copies
         return exchange(
             engine,
             what,

@@ -262,7 +262,11 @@ class Backend:
       data anyway) instead of calling this backend's method, one round
       instead of two. A subclass that overrides one of these methods drops it
       from the set, unless it sets ``completed_by_check`` itself: an
-      overridden collective is always called.
+      overridden collective is always called;
+    * ``completed_by_check_bytes``: up to how many bytes of a rank's data
+      complete in the check's round (``None``: as many as the slot learns):
+      for an engine whose own collective moves larger data with fewer
+      copies than the round and the local step after it (MPI's shared memory).
 
     Examples:
         >>> class LoggingGloo(Backend):
@@ -313,6 +317,10 @@ class Backend:
     completed_by_check: ClassVar[frozenset[str]] = frozenset()
     """Collectives whose small results the argument check may compute from its own round; a
     subclass overriding one drops it, so its method is called.
+    """
+    completed_by_check_bytes: ClassVar[int | None] = None
+    """Up to how many bytes of a rank's data ``completed_by_check`` holds; ``None``: as many as
+    the check's slot learns.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -172,8 +172,8 @@ def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption():
 
 
 def _checked_rounds(comm) -> list[str]:
-    """The check's round is MPI's own allgather of the slot (a lane), before small and
-    large collectives alike; every mismatch is still caught alike."""
+    """The check's round is MPI's own allgather of the slot (a lane); small results complete
+    from it, larger ones take MPI's collective after it; every mismatch is still caught alike."""
     world, rank = comm.world_size, comm.rank
     wrong = []
     # in the slot, past it until learnt, and past what a slot learns (1 MiB a rank)
@@ -203,6 +203,17 @@ def _checked_rounds(comm) -> list[str]:
             if mine[-1] != world:
                 wrong.append(f"reduce_scatter {n}: {mine[-1]}")
     if world > 1:
+        # up to completed_by_check_bytes the result comes from the check's round alone
+        comm.all_reduce(torch.ones(1024))  # 4 KiB: the slot learns it
+        for name, call, most in (
+            ("all_reduce 4K", lambda: comm.all_reduce(torch.ones(1024)), 1),
+            ("broadcast 16 B", lambda: comm.broadcast(torch.ones(4), src=0), 1),
+            ("all_reduce 8K", lambda: comm.all_reduce(torch.ones(2048)), 2),
+        ):
+            before = comm._engine.seq
+            call()
+            if comm._engine.seq - before != most:
+                wrong.append(f"{name}: {comm._engine.seq - before} rounds")
         lanes = [v for k, v in comm._engine.lanes.items() if k[0] == "all_gather_slots"]
         if not any(v is not None and v.call is not None for v in lanes):
             wrong.append(f"the check's round took no lane: {lanes}")
@@ -223,7 +234,7 @@ def _checked_rounds(comm) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("size", WORLD_SIZES)
-def test_the_check_round_is_mpis_allgather_and_mismatches_are_still_caught(size):
+def test_the_check_round_is_mpis_allgather_small_results_ride_and_mismatches_are_caught(size):
     assert _kit().call(size, _checked_rounds) == [[]] * size
 
 

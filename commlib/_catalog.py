@@ -116,6 +116,7 @@ _ROWS = (
         peer="dst",
         uniform=True,
     ),
+    Collective("gather_into_tensor", _C, payload="tensor", peer="dst", uniform=True),
     Collective("broadcast", _C, busbw=_ONE, payload="tensor", peer="src", uniform=True),
     Collective(
         "reduce_scatter",

@@ -287,3 +287,25 @@ def reduce_scatter_input(output: torch.Tensor, input: Any, world_size: int) -> t
     if flat.dtype != output.dtype:
         raise TypeError(f"input dtype {flat.dtype} differs from output dtype {output.dtype}")
     return flat
+
+
+def gathered_output(output: Any, like: torch.Tensor, world_size: int, what: str) -> torch.Tensor:
+    """``output`` if it holds ``world_size`` x ``like``'s elements, in ``like``'s dtype.
+
+    Examples:
+        >>> gathered_output(torch.zeros(4), torch.ones(2), 2, "gather_into_tensor").shape
+        torch.Size([4])
+        >>> gathered_output(torch.zeros(3), torch.ones(2), 2, "gather_into_tensor")
+        Traceback (most recent call last):
+        ...
+        ValueError: gather_into_tensor: the output has 3 elements; it needs world_size (2) x 2
+    """
+    out = tensor(output, "output")
+    if out.numel() != like.numel() * world_size:
+        raise ValueError(
+            f"{what}: the output has {out.numel()} elements; it needs world_size "
+            f"({world_size}) x {like.numel()}"
+        )
+    if out.dtype != like.dtype:
+        raise TypeError(f"{what}: output dtype {out.dtype} differs from tensor dtype {like.dtype}")
+    return out

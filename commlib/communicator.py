@@ -1087,6 +1087,49 @@ class Communicator:
             return []
         return [t[tuple(slice(0, d) for d in s)].to(tensor.device) for t, s in zip(out, shapes)]
 
+    @collective("gather_into_tensor")
+    def gather_into_tensor(
+        self,
+        tensor: torch.Tensor,
+        gather_tensor: torch.Tensor | None = None,
+        dst: int = 0,
+        *,
+        timeout: Timeout = None,
+    ) -> None:
+        """Every rank's ``tensor`` into one tensor on ``dst``, rank after rank (torch 2.14's).
+
+        ``gather_tensor`` holds world_size x ``tensor``'s elements (flat, or
+        stacked as ``(world_size, *tensor.shape)``) and is needed on ``dst``
+        alone; the other ranks may pass ``None``. Every rank passes the same
+        shape and dtype. Composed on the engine's ``gather``, so it serves on
+        every torch commlib supports (2.13 has no such call).
+
+        Examples:
+            >>> out = torch.zeros(2 * comm.world_size)
+            >>> comm.gather_into_tensor(torch.tensor([1.0, 2.0]), out)
+            >>> out                            # 2 ranks, on rank 0: tensor([1., 2., 1., 2.])
+            tensor([1., 2.])
+        """
+        engine = self._member("gather_into_tensor")
+        check.tensor(tensor, "tensor")
+        world = engine.world_size
+        check.rank_in_range(dst, world, "dst")
+        output = None
+        if engine.rank == dst:  # the others wait for dst: a mistake here reaches them
+            output = check.gathered_output(gather_tensor, tensor, world, "gather_into_tensor")
+        self._guard.check(
+            engine,
+            "gather_into_tensor",
+            lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
+            timeout=timeout,
+        )
+        work_t = engine.to_device(tensor)
+        out_t = None if output is None else engine.to_device(output)
+        rows = None if out_t is None else list(out_t.view(world, *work_t.shape).unbind(0))
+        engine.gather(work_t, rows, dst, timeout=as_timedelta(timeout))
+        if output is not None and out_t is not None:
+            copy_back(out_t, output, world)
+
     @overload
     def broadcast(
         self,

@@ -529,6 +529,31 @@ def gather(
         return comm.gather(data, root)
 
 
+def gather_into_tensor(
+    tensor: torch.Tensor,
+    gather_tensor: torch.Tensor | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    *,
+    group_dst: int | None = None,
+) -> None:
+    """Every rank's ``tensor`` into ``gather_tensor`` on ``dst``, rank after rank (torch 2.14's).
+
+    ``dst`` is a world rank when ``group`` is a torch ProcessGroup (as torch),
+    ``group_dst`` a rank within it; by default the group's first rank.
+
+    Examples:
+        >>> out = torch.zeros(get_world_size())
+        >>> gather_into_tensor(torch.tensor([1.0]), out)   # 2 ranks: tensor([1., 1.]) on rank 0
+        >>> out
+        tensor([1.])
+    """
+    comm = _collective_comm(group)
+    root = _root(comm, "gather_into_tensor", "dst", dst, group_dst, group)
+    with rank_args.world_ranks_in_errors(comm):
+        comm.gather_into_tensor(tensor, gather_tensor, root)
+
+
 def broadcast(
     data: Any,
     src: int | None = None,

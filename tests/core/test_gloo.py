@@ -214,6 +214,36 @@ def test_flat_collectives(world):
         assert bb == [0.0]
 
 
+def _on_gather_into_tensor(comm):
+    r, n = comm.rank, comm.world_size
+    flat = torch.full((2 * n,), -1.0) if r == n - 1 else None
+    dist.gather_into_tensor(torch.tensor([r, r + 0.5]), flat, dst=n - 1)
+    stacked = torch.zeros(n, 2, dtype=torch.int64)  # passed on every rank: written on dst
+    comm.gather_into_tensor(torch.tensor([r, -r]), stacked, 0)
+    return None if flat is None else flat.tolist(), stacked.tolist()
+
+
+def test_gather_into_tensor(world):
+    # added by following docs/architecture.md's recipe: torch 2.14's call, on 2.13 too
+    n = world.size
+    for r, (flat, stacked) in enumerate(world.run(_on_gather_into_tensor)):
+        assert flat == ([v for i in range(n) for v in (i, i + 0.5)] if r == n - 1 else None)
+        assert stacked == ([[i, -i] for i in range(n)] if r == 0 else [[0, 0]] * n)
+
+
+def _on_gather_into_tensor_bad_output(comm):
+    out = torch.zeros(comm.world_size + 1) if comm.rank == 0 else None
+    comm.gather_into_tensor(torch.ones(1), out, 0)
+
+
+def test_gather_into_tensor_refuses_a_wrong_output_on_every_rank(multi_world):
+    # only dst reads its output: its mistake joins the first round, so no rank hangs
+    outcomes = multi_world.outcomes(_on_gather_into_tensor_bad_output)
+    assert all(isinstance(o.error, (ValueError, RemoteArgumentError)) for o in outcomes)
+    assert "needs world_size" in str(outcomes[0].error)
+    assert all(isinstance(o.error, RemoteArgumentError) for o in outcomes[1:])
+
+
 def _on_objects(comm, big):
     r, n = comm.rank, comm.world_size
     payload = {

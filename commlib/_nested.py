@@ -199,6 +199,11 @@ def _reduced_leaves(
     return name, found, work, kinds
 
 
+#: what src sends first when its structure holds tensors: the skeleton (``None`` where a
+#: tensor is), each tensor's dtype, shape and device kind, and its other values
+_PLAN = "commlib.broadcast: src's structure holds tensors"
+
+
 def broadcast(
     comm: Any, data: Any, src: int, timeout: Any = None, *, async_op: bool = False
 ) -> Any:
@@ -206,41 +211,83 @@ def broadcast(
 
     Leaves that are not tensors (numbers, strings, anything picklable) are
     ``src``'s on every rank, in the result; the others may pass anything there.
-    A value or structure without tensors is ``src``'s object, whatever the
-    others pass (``None``, as ignite's ``safe_mode``).
+    A rank other than ``src`` that passes no tensor (``None``, as ignite's
+    ``safe_mode``) gets ``src``'s value, its tensors too (new tensors, on
+    the communicator's device, or the CPU where ``src``'s are); a rank that
+    passes tensors has them written in place, and its structure, dtypes and
+    shapes must be ``src``'s (or every rank raises the same
+    :class:`~commlib.errors.RemoteArgumentError` naming the path).
+
+    The first round is ``src``'s object (:meth:`Communicator.broadcast_object`):
+    its value when it holds no tensor, else the plan of its structure.
 
     Examples:
         >>> broadcast(comm, {"step": 3, "w": torch.ones(2)}, 0)
         {'step': 3, 'w': tensor([1., 1.])}
     """
     found = _trees.leaves(data)
-    if not async_op and not any(isinstance(v, torch.Tensor) for _, v in found):
-        # no tensor to write in place: src's object (the others may pass None, as ignite's)
-        return comm.broadcast_object(data, src, timeout=timeout)  # it refuses a bad src itself
     tensors = [i for i, (_, v) in enumerate(found) if isinstance(v, torch.Tensor)]
-    try:
-        if async_op:
-            raise TypeError(_NO_ASYNC.format("broadcast", type(data).__name__))
-        check.rank_in_range(src, comm.world_size, "src")
+    if async_op:
+        _refuse_agreed(
+            comm, "broadcast", TypeError(_NO_ASYNC.format("broadcast", type(data).__name__))
+        )
+    check.rank_in_range(src, comm.world_size, "src")
+    if comm.world_size == 1:
         for i in tensors:
             check.tensor(found[i][1], _trees.show_path(found[i][0]))
-    except (ValueError, TypeError) as exc:
-        _refuse_agreed(comm, "broadcast", exc)
+        return _trees.rebuild(data, [v for _, v in found])
+    first: Any = data
+    if comm.rank == src and tensors:
+        try:
+            for i in tensors:
+                check.tensor(found[i][1], _trees.show_path(found[i][0]))
+        except (ValueError, TypeError) as exc:
+            refused = (_PLAN, "refused", f"{type(exc).__name__}: {exc}")
+            comm.broadcast_object(refused, src, timeout=timeout)
+            raise
+        skeleton = _trees.rebuild(
+            data, [None if i in tensors else v for i, (_, v) in enumerate(found)]
+        )
+        specs = {
+            i: (str(found[i][1].dtype), list(found[i][1].shape), found[i][1].device.type)
+            for i in tensors
+        }
+        first = (_PLAN, skeleton, specs)
+    try:  # src's value, or its plan: the others cannot tell which yet (they may pass None)
+        got = comm.broadcast_object(first if comm.rank == src else None, src, timeout=timeout)
+    except RemoteArgumentError as exc:
+        raise tensor_meets_no_tensor(exc, src) from None
+    if not (isinstance(got, tuple) and len(got) == 3 and got[0] == _PLAN):
+        return got  # no tensor at src: its object, whatever this rank passed
+    if got[1] == "refused":  # (src raised its own error above)
+        raise RemoteArgumentError("broadcast", {src: got[2]}, refused=True)
+    skeleton, specs = got[1], {int(i): spec for i, spec in got[2].items()}
+    if comm.rank != src and not tensors:
+        # this rank takes src's value: new tensors where src has them
+        data = _trees.rebuild(
+            skeleton,
+            [
+                _fresh(comm, *specs[i]) if i in specs else v
+                for i, (_, v) in enumerate(_trees.leaves(skeleton))
+            ],
+        )
+        found = _trees.leaves(data)
+        tensors = sorted(specs)
+    elif comm.rank != src:
+        try:
+            for i in tensors:
+                check.tensor(found[i][1], _trees.show_path(found[i][0]))
+        except (ValueError, TypeError) as exc:
+            _refuse_agreed(comm, "broadcast", exc)
     kinds = [
         _trees.leaf_spec(v) if isinstance(v, torch.Tensor) else ("value", "", ()) for _, v in found
     ]
     _agree(comm, "broadcast", [*_described(data, kinds), src])
-    results: list[Any] = [v for _, v in found]
-    others = [i for i in range(len(found)) if i not in set(tensors)]
-    if others and comm.world_size > 1:
-        values = comm.broadcast_object([found[i][1] for i in others], src, timeout=timeout)
-        for i, value in zip(others, values):
-            results[i] = value
+    values = _trees.leaves(skeleton)
+    results: list[Any] = [v if i in specs else values[i][1] for i, (_, v) in enumerate(found)]
     work = [found[i][1] for i in tensors]
     for indices in _buckets(work).values():
         parts = [work[i] for i in indices]
-        if comm.world_size == 1:
-            break
         flat = torch.cat([comm.plugin.to_device(t).reshape(-1) for t in parts])
         comm.broadcast(flat, src, timeout=timeout)
         if comm.rank == src:
@@ -251,6 +298,55 @@ def broadcast(
             write(t, flat[pos : pos + n].view(t.shape).to(t.device))
             pos += n
     return _trees.rebuild(data, results)
+
+
+def tensor_meets_no_tensor(exc: RemoteArgumentError, src: int) -> RemoteArgumentError:
+    """``exc`` as every rank words it when ``src`` broadcasts a tensor and some rank passes none.
+
+    The plain tensor broadcast (src's first round is the argument check) met
+    a rank whose broadcast took the object path (``None``, or a value): both
+    sides see the other's round, and each says so in the same words. Any
+    other error comes back unchanged.
+
+    Examples:
+        >>> seen = RemoteArgumentError(
+        ...     "broadcast", {0: "a checked tensor collective", 1: "another collective"},
+        ...     "ranks called different collectives")
+        >>> print(tensor_meets_no_tensor(seen, 0))  # doctest: +ELLIPSIS
+        broadcast: rank 0 (src) passes a tensor, written in place on every rank, and ...
+    """
+    said = exc.failures
+    if exc.summary == "ranks called different collectives":  # src's side: the check's round
+        if said.get(src) != "a checked tensor collective":
+            return exc
+        tensor_ranks = [r for r, w in said.items() if w == "a checked tensor collective"]
+    elif said.get(src) == "collective=another collective" and all(
+        w in ("collective=another collective", "collective=broadcast_object_list")
+        for w in said.values()
+    ):  # the side of the ranks without a tensor: the object round
+        tensor_ranks = [r for r, w in said.items() if w == "collective=another collective"]
+    else:
+        return exc
+    others = [r for r in said if r not in tensor_ranks]
+    who = ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
+    text = (
+        f"rank {src} (src) passes a tensor, written in place on every rank, and {who} "
+        f"{'passes' if len(others) == 1 else 'pass'} no tensor (None, or a value): every "
+        "rank passes a tensor of src's shape and dtype as `tensor`; for src's tensor where "
+        "a rank has none, use comm.broadcast_object(t if comm.rank == src else None, src), "
+        "or broadcast a structure holding it ({'t': t} on src, None elsewhere)"
+    )
+    failures = {r: "a tensor" if r in tensor_ranks else "no tensor" for r in said}
+    error = RemoteArgumentError("broadcast", failures, text)
+    error.args = (f"broadcast: {text}",)
+    return error
+
+
+def _fresh(comm: Any, dtype: str, shape: list[int], device_type: str) -> torch.Tensor:
+    """An empty tensor like src's: on the CPU where src's is, else on the communicator's device."""
+    device = torch.device("cpu") if device_type == "cpu" else comm.device
+    kind = getattr(torch, dtype.removeprefix("torch."))
+    return torch.empty(shape, dtype=kind, device=device)
 
 
 def _gathered_specs(

@@ -1159,8 +1159,11 @@ class Communicator:
         structure: its tensors (same structure, dtypes and shapes on every
         rank, or the same :class:`~commlib.errors.RemoteArgumentError`
         everywhere naming the path) are written in place, and the structure
-        is returned with ``src``'s other values. ``async_op`` takes a tensor
-        only.
+        is returned with ``src``'s other values; a rank that passes ``None``
+        (no tensor) gets ``src``'s value, new tensors included. A plain tensor
+        must be passed on every rank (a rank passing ``None`` makes every
+        rank raise the same ``RemoteArgumentError`` saying what to use).
+        ``async_op`` takes a tensor only.
 
         Examples:
             >>> x = torch.tensor([comm.rank])
@@ -1180,15 +1183,18 @@ class Communicator:
         world = engine.world_size
         guard = self._guard
         if "broadcast" in guard.checked:
-            parts = guard.check(
-                engine,
-                "broadcast",
-                lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
-                work_t,
-                timeout,
-                # only src's data is read: the others send their slot's header alone
-                write=None if engine.rank == src else write_nothing,
-            )
+            try:
+                parts = guard.check(
+                    engine,
+                    "broadcast",
+                    lambda: f"src={src}, {tensor.dtype}, {tuple(tensor.shape)}",
+                    work_t,
+                    timeout,
+                    # only src's data is read: the others send their slot's header alone
+                    write=None if engine.rank == src else write_nothing,
+                )
+            except RemoteArgumentError as exc:  # a rank passed None: say so, as it does
+                raise _nested.tensor_meets_no_tensor(exc, src) from None
             if parts is not None:
                 if engine.rank != src:
                     host_copy(work_t, parts[src])

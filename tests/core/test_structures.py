@@ -192,6 +192,49 @@ def test_mismatches_raise_the_same_error_everywhere_naming_the_path(multi_world)
     assert got["after"] == n
 
 
+def _on_broadcast_of_none(comm):
+    """src holds tensors, the others pass None: src's value; a plain tensor: one clear error."""
+    r, src = comm.rank, comm.world_size - 1
+    state = {
+        "w": torch.arange(3.0) * (r + 1),
+        "step": 7,
+        "buf": [torch.ones(2, dtype=torch.int64)],
+    }
+    got = comm.broadcast(state if r == src else None, src)
+    # a rank passing its own tensors gets them written in place, the others src's
+    mine = {"w": torch.zeros(3), "step": None, "buf": [torch.zeros(2, dtype=torch.int64)]}
+    written = comm.broadcast(state if r == src else mine, src)
+    out = {
+        "structure": (got["w"].tolist(), got["step"], got["buf"][0].tolist()),
+        "in place": (
+            written["w"].tolist(),
+            written["step"],
+            r == src
+            or (written["w"] is mine["w"] and mine["w"].tolist() == written["w"].tolist()),
+        ),
+        "plain tensor": _caught(lambda: comm.broadcast(torch.ones(2) if r == src else None, src)),
+        "plain value": comm.broadcast(4.5 if r == src else None, src),
+    }
+    out["after"] = comm.all_reduce({"k": torch.ones(1)})["k"].item()
+    return out
+
+
+def test_broadcast_of_tensors_where_the_others_pass_none(multi_world):
+    n = multi_world.size
+    results = multi_world.run(_on_broadcast_of_none)
+    src_w = [float(i * n) for i in range(3)]
+    for got in results:
+        assert got["structure"] == (src_w, 7, [1, 1])
+        assert got["in place"] == (src_w, 7, True)
+        assert got["plain value"] == 4.5 and got["after"] == n
+        # the same readable error on every rank, naming the argument and what to use
+        assert got["plain tensor"] == results[0]["plain tensor"]
+        kind, _, text = got["plain tensor"]
+        assert kind == "remote" and "another collective" not in text, text
+        assert f"rank {n - 1} (src) passes a tensor" in text and "no tensor" in text
+        assert "broadcast_object" in text and "`tensor`" in text
+
+
 def test_single_process_structures():
     comm = Communicator()
     x = torch.ones(2)

@@ -26,9 +26,13 @@ What torch's function does besides that call, and what the lane does about it
 * a complex tensor travels as its real pairs: no lane for complex dtypes;
 * an FP8 broadcast on CUDA travels as bytes: no lane serves FP8 on an
   accelerator (their ``wire_dtypes`` leave it out, so ``EngineGaps`` offers none);
-* the device and stream: the function picks neither, the ProcessGroup's
-  backend uses the tensor's device and that device's current stream, as for
-  the lane; the engine serves a lane only tensors on the plugin's device;
+* the device and stream: the function picks neither; it tells the
+  ProcessGroup whether the call is blocking (``asyncOp``), and a blocking
+  call on NCCL (torch >= 2.7) runs on the tensor's device's current stream
+  (an async one on NCCL's own stream, joined back by ``wait``). A lane
+  serves blocking calls only, with ``asyncOp=False`` as torch's function
+  passes for them, so NCCL runs it where ``dist.all_reduce(t)`` would; the
+  engine serves a lane only tensors on the plugin's device;
   ``barrier`` is the exception (torch guesses a device from the rank on an
   accelerator): its lane is offered on CPU engines only;
 * torchcomms, where installed, may take a call over at any time: no lanes;
@@ -66,6 +70,11 @@ def _method(*names: str) -> str | None:
 ALL_GATHER_SINGLE = _method("all_gather_single", "_allgather_base")
 ALL_TO_ALL_SINGLE = _method("all_to_all_single", "alltoall_base")
 REDUCE_SCATTER_SINGLE = _method("reduce_scatter_single", "_reduce_scatter_base")
+
+# a lane serves blocking calls only (Engine.direct): its options say so, as torch's
+# function's do for async_op=False; ProcessGroupNCCL (torch >= 2.7) then runs the
+# collective on the caller's current stream, with no stream join and no tensor stash
+_BLOCKING = False
 
 # the torch.distributed function the base Backend's method calls, per collective
 # (the first this torch has)
@@ -105,7 +114,7 @@ def build_options(kind: Any, async_op: bool, **fields: Any) -> Any:
     """An options object of ``kind`` with ``fields`` set (and ``asyncOp``, where torch has it).
 
     Examples:
-        >>> build_options(c10d.BroadcastOptions, True, rootRank=1).rootRank
+        >>> build_options(c10d.BroadcastOptions, _BLOCKING, rootRank=1).rootRank
         1
     """
     opts = kind()
@@ -161,34 +170,34 @@ def process_group_lane(
             fields["rootRank"] = key["dst"]
         kind = c10d.AllreduceOptions if collective == "all_reduce" else c10d.ReduceOptions
         call = None if alone else (pg.allreduce if collective == "all_reduce" else pg.reduce)
-        return DirectCall(call, build_options(kind, True, **fields), unless_in=COALESCING)
+        return DirectCall(call, build_options(kind, _BLOCKING, **fields), unless_in=COALESCING)
     if collective == "broadcast":
-        opts = build_options(c10d.BroadcastOptions, True, rootRank=key["src"], rootTensor=0)
+        opts = build_options(c10d.BroadcastOptions, _BLOCKING, rootRank=key["src"], rootTensor=0)
         return DirectCall(None if alone else pg.broadcast, opts, unless_in=COALESCING)
     if collective == "barrier":
         # torch's own barrier on a CPU engine (on an accelerator torch picks a device)
         if type(plugin).barrier is not Backend.barrier or plugin.device_type != "cpu":
             return None
-        opts = build_options(c10d.BarrierOptions, True, device=torch.device("cpu"))
+        opts = build_options(c10d.BarrierOptions, _BLOCKING, device=torch.device("cpu"))
         return DirectCall(None if alone else pg.barrier, opts, unless_in=COALESCING)
     if alone:
         return None  # a copy: the plugin's method
     if collective == "scatter":
-        opts = build_options(c10d.ScatterOptions, True, rootRank=key["src"])
+        opts = build_options(c10d.ScatterOptions, _BLOCKING, rootRank=key["src"])
         return DirectCall(pg.scatter, opts, unless_in=COALESCING)
     if collective in ("send", "recv"):
         return DirectCall(getattr(pg, collective), None, unless_in=COALESCING)
     if collective == "all_gather_into_tensor" and ALL_GATHER_SINGLE:
-        opts = build_options(c10d.AllgatherOptions, True)
+        opts = build_options(c10d.AllgatherOptions, _BLOCKING)
         return DirectCall(getattr(pg, ALL_GATHER_SINGLE), opts, unless_in=COALESCING)
     if collective == "reduce_scatter" and REDUCE_SCATTER_SINGLE:
         reduce_op = plugin.torch_reduce_op(key["op"])
-        opts = build_options(c10d.ReduceScatterOptions, True, reduceOp=reduce_op)
+        opts = build_options(c10d.ReduceScatterOptions, _BLOCKING, reduceOp=reduce_op)
         return DirectCall(getattr(pg, REDUCE_SCATTER_SINGLE), opts, unless_in=COALESCING)
     if collective == "all_to_all":
-        opts = build_options(c10d.AllToAllOptions, True)
+        opts = build_options(c10d.AllToAllOptions, _BLOCKING)
         return DirectCall(pg.alltoall, opts, unless_in=COALESCING)
     if collective == "all_to_all_single" and ALL_TO_ALL_SINGLE:
-        opts = build_options(c10d.AllToAllOptions, True)
+        opts = build_options(c10d.AllToAllOptions, _BLOCKING)
         return DirectCall(getattr(pg, ALL_TO_ALL_SINGLE), opts, unless_in=COALESCING)
     return None

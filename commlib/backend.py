@@ -98,7 +98,9 @@ class DirectCall(NamedTuple):
 
     What :meth:`Backend.direct_call` returns. ``call`` is the engine's own
     method, bound (a ``ProcessGroup`` method for a torch.distributed engine),
-    called as torch calls that method, with ``options`` last: for
+    called as torch calls that method for a blocking call (the engine issues
+    lanes for blocking calls only: options built with ``asyncOp=False``, as
+    torch's functions build them), with ``options`` last: for
     ``all_reduce`` ``call([tensor], options)``, ``broadcast`` and ``reduce``
     the same, ``all_gather_into_tensor`` ``call(output, tensor, options)``,
     ``reduce_scatter`` ``call(output, input, options)``,

@@ -210,3 +210,18 @@ def test_a_simulated_accelerator_s_results_through_its_lanes(kind):
 
     with World(2, backend=kind, setup=simulated.setup(kind, devices=2), timeout=60) as world:
         _assert_results(world.run(_on_lanes, False))
+
+
+def test_a_lane_is_issued_as_torch_s_blocking_call(free_dist):
+    # torch's function builds its options with asyncOp=async_op; a lane serves blocking
+    # calls only, so NCCL runs it on the current stream as it runs dist.all_reduce(t)
+    from commlib import _torch_facts as facts
+
+    if not facts.OPTIONS_ASYNC_OP:
+        pytest.skip("this torch's options carry no asyncOp")
+    with fake_world(8, dispatch_plugin(Minimal())) as comm:
+        for call in list(_calls(comm).values())[:3]:
+            call()
+        lanes = [lane for lane in comm._engine.lanes.values() if lane is not None]
+        assert len(lanes) == 3
+        assert all(lane.options.asyncOp is False for lane in lanes)

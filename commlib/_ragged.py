@@ -105,7 +105,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Slots:
     """One engine's sent slot (:class:`SentSlot`) and the layouts of the calls seen."""
 
-    __slots__ = ("apart", "cap", "first", "header", "layouts", "sent", "world")
+    __slots__ = ("apart", "cap", "first", "header", "layouts", "sent", "spare", "world")
 
     def __init__(self, engine: Engine, size: int):
         copies = copies_of(engine.world_size, size, engine.on_cpu)
@@ -122,6 +122,14 @@ class _Slots:
         self.world = engine.world_size
         #: the most a slot learns to carry per rank (Rooms)
         self.cap = learn_cap(engine.world_size)
+        #: a small host landing buffer (bytes, tensor) no result refers to, for the
+        #: next round: a call whose results are views of its buffer keeps it instead
+        self.spare: tuple[bytearray, torch.Tensor] | None = None
+
+    def give_back(self, gathered: torch.Tensor, raw: Any) -> None:
+        """Keep ``gathered`` (over ``raw``) for the next round: nothing refers to it now."""
+        if isinstance(raw, bytearray):
+            self.spare = (raw, gathered)
 
     def layout(self, tensor: torch.Tensor, status: int, dst: int | None) -> _Layout:
         """The layout of a call sending ``tensor`` with ``status`` (and ``dst``)."""
@@ -226,6 +234,7 @@ def exchange(
         if layout.status != TOO_MANY_DIMS and (nbytes or shapes_only):
             shapes = [list(tensor.shape)] * world
             if shapes_only:
+                slots.give_back(gathered, raw)
                 return shapes, None, tensor.dtype
             # a steady call teaches the slot nothing (Rooms.learn would only reset
             # counters that are reset): no call for it
@@ -235,12 +244,14 @@ def exchange(
             ):
                 rooms.learn(need, world)
             if layout.areas is None:  # too large for the slot: the caller's second round
+                slots.give_back(gathered, raw)
                 return shapes, None, tensor.dtype
             every = gathered.view(tensor.dtype).as_strided(
                 layout.sizes, layout.strides, layout.offset
             )
             if layout.compact:
                 every = every.clone()  # one op: the results no longer hold the slots
+                slots.give_back(gathered, raw)
             return shapes, list(every.unbind(0)), tensor.dtype
     heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
     return _settle(
@@ -378,8 +389,13 @@ def _round(
     if engine.on_cpu:
         raw = None
         if world * size <= _ZEROED_UP_TO:
-            raw = bytearray(world * size)  # small: the cheapest buffer to read headers from
-            gathered = torch.frombuffer(raw, dtype=torch.uint8)
+            spare = slots.spare
+            if spare is not None:  # the last round's, no result refers to it: every
+                raw, gathered = spare  # byte is written again
+                slots.spare = None
+            else:  # small: the cheapest buffer to read headers from
+                raw = bytearray(world * size)
+                gathered = torch.frombuffer(raw, dtype=torch.uint8)
         else:
             # not zeroed: the round fills every byte, and zeroing megabytes costs
             gathered = torch.empty(world * size, dtype=torch.uint8)

@@ -232,6 +232,29 @@ def test_a_gather_teaches_the_slot_only_what_a_broadcast_does(world2):
         assert parts == want and rounds == [2, 2, 2] and learnt < 1024
 
 
+def _on_kept_results(comm: Communicator):
+    # results kept from call to call: the round's landing buffer is reused only where
+    # no result refers to it (compact copies, shapes alone), never under a kept view
+    r = comm.rank
+    kept = []
+    for step in range(4):
+        for n in (4, 600, 0):  # a copy of the slot; a view of it (2.4 KB of 4 KB); empty
+            kept.append(comm.all_gather(torch.full((n,), float(10 * step + r))))
+            kept.append(comm.gather(torch.full((n,), float(10 * step + r)), 0))
+    return [[[*t.tolist()[:1], t.numel()] for t in parts] for parts in kept]
+
+
+def test_results_kept_across_calls_keep_their_values(world):
+    n = world.size
+    for r, got in enumerate(world.run(_on_kept_results)):
+        want = []
+        for step in range(4):
+            for size in (4, 600, 0):
+                every = [[*([10.0 * step + q] if size else []), size] for q in range(n)]
+                want += [every, every if r == 0 else []]
+        assert got == want
+
+
 # -- one process, torch's fake process group: which calls take the direct call ----------
 
 

@@ -1,10 +1,13 @@
-"""Where a collective was called from: the first frame outside commlib.
+"""Where a collective was called from: the first frame outside commlib (and torch).
 
 A walk up ``sys._getframe()`` from inside the collective, made only when an
 observer asks (the flight recorder does; a third-party observer sets
 ``commlib_call_sites = True``, or calls :func:`call_site` from its start hook).
 Each code object is judged once (inside commlib's package or its built-in
-backends, or not), so a walk costs a dictionary look-up per frame.
+backends, or not), so a walk costs a dictionary look-up per frame. torch's
+own frames are passed over too: a collective torch issues on a group commlib
+serves (DDP's gradient bucket, in autograd's backward) was called by the
+program's line that called torch (``loss.backward()``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import os
 import sys
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
+
+import torch
 
 # commlib's own directory, and the built-in backends' (backends/ in a checkout,
 # commlib_backends/ when installed): frames there are commlib's, not the caller's
@@ -24,6 +29,8 @@ _ROOTS = tuple(
 # ... except `commlib bench`: a program written against commlib, as a user's is; its
 # calls' sites are its own lines (else each call would walk up to the console script)
 _CLIENTS = (os.path.join(_COMMLIB, "bench") + os.sep,)
+# torch's package: its frames call collectives on the program's behalf (commlib.torch_backend)
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _inside: dict[CodeType, bool] = {}
 # the function's qualified name (Class.method) where Python has it (3.11 on)
 _NAME = "co_qualname" if sys.version_info >= (3, 11) else "co_name"
@@ -128,7 +135,8 @@ _BY_ID_KEPT = 4096
 def _judged(code: CodeType) -> tuple[CodeType, dict[int, CallSite] | None]:
     if len(_by_id) >= _BY_ID_KEPT:
         _by_id.clear()
-    found = _by_id[id(code)] = (code, None if is_commlib(code) else {})
+    passed_over = is_commlib(code) or code.co_filename.startswith(_TORCH)
+    found = _by_id[id(code)] = (code, None if passed_over else {})
     return found
 
 

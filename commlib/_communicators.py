@@ -80,3 +80,53 @@ def local_communicator() -> Communicator | None:
         return None
     comm: Communicator | None = world.local_communicator
     return comm
+
+
+def init_local_group(
+    node_rank: int, num_gpus_per_node: int, world_comm: Communicator | None
+) -> None:
+    """:func:`commlib.init_local_group` on ``world_comm`` (``None``: not distributed)."""
+    for name, value, least in (
+        ("node_rank", node_rank, 0),
+        ("num_gpus_per_node", num_gpus_per_node, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"init_local_group: {name} must be an int, got {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"init_local_group: {name} must be at least {least}, got {value}")
+    if world_comm is None:
+        return
+    if local_communicator() is not None:
+        raise RuntimeError("init_local_group was already called in this world")
+    claims = world_comm.all_gather_object((node_rank, num_gpus_per_node))
+    wrong = {
+        r: f"node_rank={n}, num_gpus_per_node={g}"
+        for r, (n, g) in enumerate(claims)
+        if g != num_gpus_per_node or r // g != n
+    }
+    if wrong:  # the same answer on every rank: all ranks saw every claim
+        per_rank = "; ".join(f"rank {r}: {w}" for r, w in wrong.items())
+        raise ValueError(
+            "init_local_group: every rank must pass the same num_gpus_per_node and the "
+            f"node_rank that holds it (rank // num_gpus_per_node); got {per_rank}"
+        )
+    size, per_node = world_comm.world_size, num_gpus_per_node
+    mine = None
+    for first in range(0, size, per_node):
+        node = world_comm.new_group(range(first, min(first + per_node, size)))
+        if node.is_member:
+            mine = node
+    if mine is None:  # every rank is in one machine's group, so this cannot happen
+        raise RuntimeError("init_local_group: this rank is in no machine's group")
+    remember_local(mine)
+
+
+def local_group() -> Any:
+    """The torch group of this machine's ranks, made by :func:`init_local_group`."""
+    comm = local_communicator()
+    if comm is None:
+        raise RuntimeError(
+            "the local process group is not created: call "
+            "init_local_group(node_rank, num_gpus_per_node) first"
+        )
+    return comm.group

@@ -22,8 +22,9 @@ communicator's collectives share and nothing else:
 * the group's health (:mod:`commlib._health`): the first engine failure marks
   the group broken, and every later call raises
   :class:`~commlib.errors.CommBrokenError` before anything is sent;
-* :meth:`Engine.shrink`: the surviving ranks agree on who goes on
-  (:mod:`commlib._survivors`) and the plugin builds their new group.
+* shrink and grow live in :mod:`commlib._membership`: the surviving ranks
+  agree on who goes on (:mod:`commlib._survivors`) and the plugin builds
+  their new group.
 
 Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
 :mod:`commlib._guard`) pass the plugin's bound methods::
@@ -35,18 +36,16 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from commlib import _catalog, _failure_notes, _newcomers, _survivors, _waiting
+from commlib import _catalog, _survivors, _waiting
 from commlib._error_map import MapErrors
 from commlib._health import health_of
-from commlib._torch_groups import release_group
 from commlib.backend import Backend, DirectCall
-from commlib.errors import CommError
 from commlib.handle import Handle
 from commlib.types import EngineOp, Group, P2PRequest, Work
 
@@ -711,91 +710,3 @@ class Engine:
         )
 
     # -- recovery --------------------------------------------------------------------
-    def shrink(
-        self,
-        world_ranks: Sequence[int],
-        exclude: Collection[int],
-        timeout: datetime.timedelta | None = None,
-    ) -> tuple[Any, list[int]]:
-        """The surviving ranks' new group, and which of this group's ranks it holds.
-
-        Every surviving rank calls it; ``world_ranks`` are the group's
-        members' world ranks in group order, ``exclude`` ranks of this group
-        to leave out. Ranks that do not arrive within ``timeout`` are left
-        out; by default as long as a survivor may still be inside a call of
-        this group (the engine's limit, and the time to name missing ranks).
-        This group is broken afterwards, and let go
-        (:func:`~commlib._torch_groups.release_group`). When every rank
-        arrived, none excluded any and the group broke on none of them,
-        nothing is made: every rank raises the same ``ValueError``
-        (:func:`~commlib._survivors.nothing_lost`).
-
-        Examples:
-            >>> group, kept = engine.shrink([0, 1, 2, 3], {3})  # doctest: +SKIP
-            >>> kept  # doctest: +SKIP
-            [0, 1, 2]
-        """
-        if timeout is None:
-            grace = datetime.timedelta(seconds=_failure_notes.GRACE)
-            timeout = engine_limit(self.timeout) + grace
-        if self.on_call is not None:
-            self.on_call("shrink")
-        attempt = self.health.shrinks
-        self.health.shrinks += 1
-        name = f"{getattr(self.group, 'group_name', '') or 'world'}.shrunk{attempt}"
-        broken = self.health.broken is not None
-        keep, broken = _survivors.agree(name, self.rank, world_ranks, exclude, timeout, broken)
-        if not broken and len(keep) == len(world_ranks):
-            raise ValueError(_survivors.nothing_lost(len(keep)))
-        try:
-            group = self.plugin.shrink_group(self.group, keep, name, timeout)
-        except (RuntimeError, NotImplementedError) as exc:
-            raise CommError(
-                f"shrink: backend {self.plugin.name!r} could not build the group of ranks "
-                f"{keep} on rank {self.rank}: {exc}"
-            ) from exc
-        self.health.mark_broken(f"shrunk into a group of ranks {keep}")
-        # a job that recovers many times holds one group's sockets and threads, not many
-        release_group(self.group)
-        return group, keep
-
-    def grow(
-        self,
-        world_ranks: Sequence[int],
-        count: int | None,
-        wait: datetime.timedelta,
-        timeout: datetime.timedelta,
-    ) -> int | None:
-        """Take the newcomers that asked to join into a new world; this rank's rank there.
-
-        Every member calls it (``world_ranks``: the group's, in order); ``None``
-        (and nothing changed) when no newcomer
-        asked within ``wait`` (``count``: how many to wait for, at most). Else
-        this process's world is replaced by the grown one (every group of the
-        old world is destroyed; this one is broken) and the new world formed
-        within ``timeout``, or without the processes that failed
-        (:func:`commlib._newcomers.form`).
-
-        Examples:
-            >>> engine.grow([0, 1], 1, timedelta(30), timedelta(60))  # doctest: +SKIP
-            0
-        """
-        if self.on_call is not None:
-            self.on_call("grow")
-        address = _newcomers.store_address()
-        kv = _newcomers.client(address, timeout)
-        try:
-            decided = _newcomers.decide(
-                kv, world_ranks, count, wait, self.plugin, timeout, self.timeout
-            )
-        except Exception as exc:  # the store's host died (rank 0 with env://)
-            raise CommError(f"grow: the job's store failed: {type(exc).__name__}: {exc}") from exc
-        if decided is None:
-            return None
-        name, tickets = decided
-        _newcomers.note_members(kv, name, _survivors.records(world_ranks))
-        self.health.mark_broken(f"grown into world {name} with {len(tickets)} newcomer(s)")
-        size = self.world_size + len(tickets)
-        seconds = timeout.total_seconds(), self.timeout.total_seconds()
-        place = _newcomers.Place(name, self.rank, size, self.plugin.name, *seconds)
-        return _newcomers.form(self.plugin, kv, place, timeout)

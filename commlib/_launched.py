@@ -66,3 +66,21 @@ def _caller_level() -> int:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def launcher_local(variable: str, alone: int, distributed: bool) -> int:
+    """What the launcher says of this machine's ranks; a guess would be wrong silently.
+
+    Under ``mp.spawn`` or a hand-made ``init_process_group`` nothing says how
+    many ranks share the machine: as mmengine, that is an error naming the ways out.
+    """
+    if not distributed:
+        return alone
+    value = os.environ.get(variable)
+    if value is None:
+        raise RuntimeError(
+            f"{variable} is not set (no launcher such as torchrun said it) and the local "
+            "process group is not created: call init_local_group(node_rank, "
+            f"num_gpus_per_node) first, or set {variable}"
+        )
+    return int(value)

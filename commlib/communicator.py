@@ -25,6 +25,7 @@ import torch.distributed as dist
 from commlib import (
     _finite,
     _guard,
+    _membership,
     _nested,
     _objects,
     _p2p_objects,
@@ -375,13 +376,7 @@ class Communicator:
             )
         if not self._distributed:
             self.plugin.new_group(ranks, limit)
-            return Communicator(
-                backend=self.plugin,
-                serializer=self._serializer,
-                timeout=limit,
-                slot_size=self._slot_size,
-                strict=self._strict,
-            )
+            return self._derive(None, limit)
         # torch's new_group waits in the store for every world rank with the same
         # list, without a bound: ranks that differ (or a non-member that cannot
         # translate, or a rank that refused its own list) are an error on every rank
@@ -395,19 +390,10 @@ class Communicator:
             raise refused
         if world_ranks is None:
             raise NotInGroupError(f"new_group({described})")
-        group = self.plugin.new_group(world_ranks, limit)
-        child = Communicator(
-            group,
-            backend=self.plugin,
-            serializer=self._serializer,
-            timeout=limit,
-            slot_size=self._slot_size,
-            strict=self._strict,
-        )
         # a non-member of it can still divide it: its ranks in the group's order,
         # ascending world ranks as torch numbers them
-        child._outside_view = sorted(world_ranks)
-        return child
+        group = self.plugin.new_group(world_ranks, limit)
+        return self._derive(group, limit, outside_view=sorted(world_ranks))
 
     def _new_group_of_members(self, ranks: Sequence[int], timeout: Timeout) -> Communicator:
         """``new_group`` that only the members call (no round over the others)."""
@@ -425,18 +411,32 @@ class Communicator:
         self, world_ranks: list[int], limit: datetime.timedelta, *, keep_order: bool = False
     ) -> Communicator:
         """A communicator over ``world_ranks``, made by its members only, with these settings."""
-        settings: dict[str, Any] = {
-            "backend": self.plugin,
-            "serializer": self._serializer,
-            "timeout": limit,
-            "slot_size": self._slot_size,
-            "strict": self._strict,
-        }
         if not self._distributed:
-            return Communicator(**settings)
+            return self._derive(None, limit)
         group = self.plugin.new_group(world_ranks, limit, members_only=True, keep_order=keep_order)
-        child = Communicator(group, **settings)
-        child._outside_view = list(world_ranks)
+        return self._derive(group, limit, outside_view=list(world_ranks))
+
+    def _derive(
+        self,
+        group: Group,
+        timeout: datetime.timedelta | None = None,
+        *,
+        outside_view: list[int] | None = None,
+        whole_job: bool | None = None,
+    ) -> Communicator:
+        """The one way a communicator is made from this one: over ``group``, with its settings.
+
+        Every setting carries over (:class:`commlib._membership.Settings`);
+        ``timeout`` is the child's own where the call that makes it names one.
+        """
+        settings = _membership.Settings.of(self)
+        if timeout is not None:
+            settings = settings.replace(timeout=timeout)
+        child = Communicator(group, **settings.keywords())
+        if outside_view is not None:
+            child._outside_view = outside_view
+        if whole_job is not None:
+            child._whole_job = whole_job
         return child
 
     @collective("split")
@@ -474,12 +474,7 @@ class Communicator:
             refused, mine, limit = exc, (None, 0), self.timeout
         said: Any = ("refused", f"{type(refused).__name__}: {refused}") if refused else mine
         table = self.all_gather_object(said, timeout=timeout) if self.world_size > 1 else [said]
-        refusals = {r: t[1] for r, t in enumerate(table) if t[0] == "refused"}
-        if refusals:
-            if refused is not None and len(refusals) == len(table):
-                if len(set(refusals.values())) == 1:
-                    raise refused  # every rank made the same mistake: its own error
-            raise RemoteArgumentError("split", refusals, refused=True)
+        _membership.split_refusals(table, refused)
         known = self.ranks
         order = _split.members(table, mine[0])
         if not order:
@@ -497,18 +492,9 @@ class Communicator:
 
         A non-member checks them against the group new_group told it of.
         """
-        if not ranks:
-            raise ValueError("new_group needs at least one rank")
         known = self.ranks if self.is_member and self._distributed else self._outside_view
-        if self.is_member or known is not None:
-            size = self.world_size if self.is_member else len(known or ())
-            for r in ranks:
-                check.rank_in_range(r, size, "rank")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"new_group got duplicate ranks: {ranks}")
-        if not self._distributed:
-            return list(ranks)
-        return None if known is None else [known[r] for r in ranks]
+        size = self.world_size if self.is_member else None if known is None else len(known)
+        return _membership.world_ranks_of(ranks, size, known, self._distributed)
 
     @collective("shrink")
     def shrink(
@@ -544,30 +530,13 @@ class Communicator:
             3
         """
         engine = self._member("shrink")
-        excluded = list(exclude or [])
-        for r in excluded:
-            check.rank_in_range(r, engine.world_size, "exclude")
-        if engine.rank in excluded:
-            raise ValueError(
-                f"rank {engine.rank} excludes itself: an excluded rank does not call shrink"
-            )
+        excluded = _membership.shrink_excluded(exclude, engine.world_size, engine.rank)
         if not self._distributed:
             if engine.health.broken is None:  # a world of one: nothing can have been lost
                 raise ValueError(_survivors.nothing_lost(1))
-            return Communicator(
-                backend=self.plugin, serializer=self._serializer, timeout=self.timeout
-            )
-        group, _ = engine.shrink(self.ranks, set(excluded), as_timedelta(timeout))
-        shrunk = Communicator(
-            group,
-            backend=self.plugin,
-            serializer=self._serializer,
-            timeout=self.timeout,
-            slot_size=self._slot_size,
-            strict=self._strict,
-        )
-        shrunk._whole_job = self._whole_job
-        return shrunk
+            return self._derive(None)
+        group, _ = _membership.shrink(engine, self.ranks, set(excluded), as_timedelta(timeout))
+        return self._derive(group, whole_job=self._whole_job)
 
     @collective("grow")
     def grow(
@@ -605,37 +574,14 @@ class Communicator:
             4
         """
         engine = self._member("grow")
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
-            raise TypeError(f"count must be an int or None, got {type(count).__name__}")
-        if count is not None and count < 1:
-            raise ValueError(f"count must be at least 1, got {count}")
+        refused = _membership.grow_refusal(count, self._distributed, self._whole_job, self.plugin)
+        if refused is not None:
+            raise refused
         waiting = (as_timedelta(wait) if wait else None) or datetime.timedelta(0)
-        if not self._distributed:
-            raise ValueError(
-                "grow needs a distributed job (started with `commlib run`, torchrun or "
-                "init_dist): a single process has no store for newcomers to ask in"
-            )
-        if not self._whole_job:
-            raise ValueError(
-                "grow: this communicator is a subgroup; the whole job grows (the world's "
-                "communicator, or what shrink made of it)"
-            )
-        if self.plugin.own_rendezvous:
-            raise ValueError(
-                f"grow: backend {self.plugin.name!r} finds its ranks itself (its launcher's "
-                "processes): it cannot take in a newcomer"
-            )
         limit = as_timedelta(timeout) or self.timeout
-        if engine.grow(self.ranks, count, waiting, limit) is None:
+        if _membership.grow(engine, self.ranks, count, waiting, limit) is None:
             return self
-        grown = Communicator(
-            backend=self.plugin,
-            serializer=self._serializer,
-            timeout=self.timeout,
-            slot_size=self._slot_size,
-            strict=self._strict,
-        )
-        return grown
+        return self._derive(None)  # the new world
 
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:

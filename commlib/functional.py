@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
-import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -25,15 +23,15 @@ import torch.distributed as dist
 import commlib.data_device as data_device
 import commlib.ranks as rank_args
 from commlib import _communicators, helpers, results
-from commlib._launched import warn_if_launched_without_init
+from commlib._launched import launcher_local, warn_if_launched_without_init
 from commlib._torch_groups import dist_ready
 from commlib._world import world
 from commlib.communicator import Communicator, Handle, ResultHandle
-from commlib.errors import BackendUnavailableError
 from commlib.p2p import P2POp
+from commlib.results import collect_results as collect_through
+from commlib.types import Timeout
 
 F = TypeVar("F", bound=Callable[..., Any])
-Timeout = datetime.timedelta | float | None
 
 
 def get_communicator(group: Any = None) -> Communicator:
@@ -160,40 +158,9 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
         >>> get_local_rank(), get_local_size()                    # doctest: +SKIP
         (1, 4)
     """
-    for name, value, least in (
-        ("node_rank", node_rank, 0),
-        ("num_gpus_per_node", num_gpus_per_node, 1),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"init_local_group: {name} must be an int, got {type(value).__name__}")
-        if value < least:
-            raise ValueError(f"init_local_group: {name} must be at least {least}, got {value}")
-    if not is_distributed():
-        return
-    world_comm = get_communicator()
-    if _communicators.local_communicator() is not None:
-        raise RuntimeError("init_local_group was already called in this world")
-    claims = world_comm.all_gather_object((node_rank, num_gpus_per_node))
-    wrong = {
-        r: f"node_rank={n}, num_gpus_per_node={g}"
-        for r, (n, g) in enumerate(claims)
-        if g != num_gpus_per_node or r // g != n
-    }
-    if wrong:  # the same answer on every rank: all ranks saw every claim
-        per_rank = "; ".join(f"rank {r}: {w}" for r, w in wrong.items())
-        raise ValueError(
-            "init_local_group: every rank must pass the same num_gpus_per_node and the "
-            f"node_rank that holds it (rank // num_gpus_per_node); got {per_rank}"
-        )
-    size, per_node = world_comm.world_size, num_gpus_per_node
-    mine = None
-    for first in range(0, size, per_node):
-        node = world_comm.new_group(range(first, min(first + per_node, size)))
-        if node.is_member:
-            mine = node
-    if mine is None:  # every rank is in one machine's group, so this cannot happen
-        raise RuntimeError("init_local_group: this rank is in no machine's group")
-    _communicators.remember_local(mine)
+    _communicators.init_local_group(
+        node_rank, num_gpus_per_node, get_communicator() if is_distributed() else None
+    )
 
 
 def get_local_group() -> Any:
@@ -206,15 +173,7 @@ def get_local_group() -> Any:
         >>> init_local_group(node_rank=0, num_gpus_per_node=2)
         >>> all_reduce(torch.ones(2), group=get_local_group())   # this machine's ranks
     """
-    if not is_distributed():
-        return None
-    comm = _communicators.local_communicator()
-    if comm is None:
-        raise RuntimeError(
-            "the local process group is not created: call "
-            "init_local_group(node_rank, num_gpus_per_node) first"
-        )
-    return comm.group
+    return _communicators.local_group() if is_distributed() else None
 
 
 # -- who am I -------------------------------------------------------------------
@@ -249,7 +208,7 @@ def get_local_rank() -> int:
         0
     """
     local = _communicators.local_communicator()
-    return local.rank if local is not None else _launcher_local("LOCAL_RANK", 0)
+    return local.rank if local is not None else launcher_local("LOCAL_RANK", 0, is_distributed())
 
 
 def get_local_size() -> int:
@@ -263,25 +222,11 @@ def get_local_size() -> int:
         1
     """
     local = _communicators.local_communicator()
-    return local.world_size if local is not None else _launcher_local("LOCAL_WORLD_SIZE", 1)
-
-
-def _launcher_local(variable: str, alone: int) -> int:
-    """What the launcher says of this machine's ranks; a guess would be wrong silently.
-
-    Under ``mp.spawn`` or a hand-made ``init_process_group`` nothing says how
-    many ranks share the machine: as mmengine, that is an error naming the ways out.
-    """
-    if not is_distributed():
-        return alone
-    value = os.environ.get(variable)
-    if value is None:
-        raise RuntimeError(
-            f"{variable} is not set (no launcher such as torchrun said it) and the local "
-            "process group is not created: call init_local_group(node_rank, "
-            f"num_gpus_per_node) first, or set {variable}"
-        )
-    return int(value)
+    return (
+        local.world_size
+        if local is not None
+        else launcher_local("LOCAL_WORLD_SIZE", 1, is_distributed())
+    )
 
 
 def get_dist_info(group: Any = None) -> tuple[int, int]:
@@ -488,27 +433,6 @@ def all_gather_into_tensor(
     return _collective_comm(group).all_gather_into_tensor(output, data, async_op=async_op)
 
 
-def _root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
-    """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks.
-
-    A root only this rank got wrong fails every rank of a collective at once
-    (:meth:`Communicator.refusing`), as the communicator's own methods do; the
-    error names world ranks as the other ranks' does.
-    """
-    if in_group is None and (group is None or isinstance(group, Communicator)):
-        # the usual call: a rank within the group, or none (the group's first): known
-        # good without the checks below, which cost more than a small collective's call
-        size = comm.world_size
-        if rank is None and size > 0:
-            return 0
-        if type(rank) is int and 0 <= rank < size:
-            return rank
-    with rank_args.world_ranks_in_errors(comm), comm.refusing(call):
-        return rank_args.group_rank(
-            comm, call, name, rank, in_group, world_ranks=rank_args.is_torch_group(group)
-        )
-
-
 def gather(
     data: torch.Tensor, dst: int | None = None, group: Any = None, *, group_dst: int | None = None
 ) -> list[torch.Tensor]:
@@ -524,7 +448,7 @@ def gather(
         >>> gather(torch.ones(1), dst=2, group=pg)   # lands on world rank 2  # doctest: +SKIP
     """
     comm = _collective_comm(group)
-    root = _root(comm, "gather", "dst", dst, group_dst, group)
+    root = rank_args.root(comm, "gather", "dst", dst, group_dst, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.gather(data, root)
 
@@ -549,7 +473,7 @@ def gather_into_tensor(
         tensor([1.])
     """
     comm = _collective_comm(group)
-    root = _root(comm, "gather_into_tensor", "dst", dst, group_dst, group)
+    root = rank_args.root(comm, "gather_into_tensor", "dst", dst, group_dst, group)
     with rank_args.world_ranks_in_errors(comm):
         comm.gather_into_tensor(tensor, gather_tensor, root)
 
@@ -580,7 +504,7 @@ def broadcast(
         >>> broadcast(data, src=2, group=pg)     # world rank 2's data  # doctest: +SKIP
     """
     comm = _collective_comm(group)
-    root = _root(comm, "broadcast", "src", src, group_src, group)
+    root = rank_args.root(comm, "broadcast", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.broadcast(data, root, async_op=async_op)
 
@@ -623,7 +547,7 @@ def reduce(
         tensor([1., 2.])
     """
     comm = _collective_comm(group)
-    root = _root(comm, "reduce", "dst", dst, group_dst, group)
+    root = rank_args.root(comm, "reduce", "dst", dst, group_dst, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.reduce(tensor, root, op, async_op=async_op, timeout=timeout)
 
@@ -650,7 +574,7 @@ def scatter(
         tensor([1., 1.])
     """
     comm = _collective_comm(group)
-    root = _root(comm, "scatter", "src", src, group_src, group)
+    root = rank_args.root(comm, "scatter", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.scatter(tensor, scatter_list, root, async_op=async_op, timeout=timeout)
 
@@ -705,13 +629,6 @@ def all_to_all_single(
 
 
 # -- point to point --------------------------------------------------------------
-def _peer(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
-    """The group rank of a send's ``dst`` / a receive's ``src``; one of the two is required."""
-    if rank is None and in_group is None:
-        raise ValueError(f"{call} needs {name} (or group_{name}): the rank to exchange with")
-    return _root(comm, call, name, rank, in_group, group)
-
-
 def send(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -731,7 +648,7 @@ def send(
         ...     send(torch.arange(3.0), dst=1)
     """
     comm = _collective_comm(group)
-    peer = _peer(comm, "send", "dst", dst, group_dst, group)
+    peer = rank_args.peer(comm, "send", "dst", dst, group_dst, group)
     comm.send(tensor, peer, tag=tag, timeout=timeout)
 
 
@@ -756,7 +673,7 @@ def recv(
         ...     sender = recv(x, src=0)      # 0
     """
     comm = _collective_comm(group)
-    peer = _peer(comm, "recv", "src", src, group_src, group)
+    peer = rank_args.peer(comm, "recv", "src", src, group_src, group)
     comm.recv(tensor, peer, tag=tag, timeout=timeout)
     return comm.ranks[peer] if rank_args.is_torch_group(group) else peer
 
@@ -777,7 +694,7 @@ def isend(
         ...     isend(torch.ones(2), dst=1).wait()
     """
     comm = _collective_comm(group)
-    peer = _peer(comm, "isend", "dst", dst, group_dst, group)
+    peer = rank_args.peer(comm, "isend", "dst", dst, group_dst, group)
     return comm.isend(tensor, peer, tag=tag, timeout=timeout)
 
 
@@ -798,7 +715,7 @@ def irecv(
         ...     irecv(x, src=0).wait()
     """
     comm = _collective_comm(group)
-    peer = _peer(comm, "irecv", "src", src, group_src, group)
+    peer = rank_args.peer(comm, "irecv", "src", src, group_src, group)
     return comm.irecv(tensor, peer, tag=tag, timeout=timeout)
 
 
@@ -833,7 +750,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None) 
         world_peer, group_peer = op.peer, getattr(op, "group_peer", None)
         if isinstance(op, dist.P2POp) and group_peer is not None:
             world_peer = None  # torch's P2POp fills both, one from the other
-        peer = _peer(comm, "batch_isend_irecv", "peer", world_peer, group_peer, group)
+        peer = rank_args.peer(comm, "batch_isend_irecv", "peer", world_peer, group_peer, group)
         ops.append(P2POp(op.op, op.tensor, peer, tag=op.tag))
     return comm.batch_isend_irecv(ops, timeout=timeout)
 
@@ -876,7 +793,7 @@ def gather_object(
         [0]
     """
     comm = _collective_comm(group)
-    root = _root(comm, "gather_object", "dst", dst, group_dst, group)
+    root = rank_args.root(comm, "gather_object", "dst", dst, group_dst, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.gather_object(data, root, timeout=timeout, async_op=async_op)
 
@@ -902,7 +819,7 @@ def broadcast_object_list(
         ['foo', 12, {1: 2}]
     """
     comm = _collective_comm(group)
-    root = _root(comm, "broadcast_object_list", "src", src, group_src, group)
+    root = rank_args.root(comm, "broadcast_object_list", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.broadcast_object_list(data, root, timeout=timeout, async_op=async_op)
 
@@ -927,7 +844,7 @@ def broadcast_object(
         {'lr': 0.1}
     """
     comm = _collective_comm(group)
-    root = _root(comm, "broadcast_object", "src", src, group_src, group)
+    root = rank_args.root(comm, "broadcast_object", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.broadcast_object(data, root, timeout=timeout, async_op=async_op)
 
@@ -956,7 +873,7 @@ def scatter_object_list(
         [{'shard': 0}]
     """
     comm = _collective_comm(group)
-    root = _root(comm, "scatter_object_list", "src", src, group_src, group)
+    root = rank_args.root(comm, "scatter_object_list", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
         return comm.scatter_object_list(
             scatter_object_output_list,
@@ -986,7 +903,7 @@ def send_object_list(
         ...     send_object_list([{"step": 3}], dst=1)
     """
     comm = _collective_comm(group)
-    peer = _peer(comm, "send_object_list", "dst", dst, group_dst, group)
+    peer = rank_args.peer(comm, "send_object_list", "dst", dst, group_dst, group)
     return comm.send_object_list(object_list, peer, timeout=timeout, async_op=async_op)
 
 
@@ -1011,36 +928,13 @@ def recv_object_list(
         ...     sender = recv_object_list(box, src=0)   # 0; box: [{'step': 3}]
     """
     comm = _collective_comm(group)
-    peer = _peer(comm, "recv_object_list", "src", src, group_src, group)
+    peer = rank_args.peer(comm, "recv_object_list", "src", src, group_src, group)
     sender = comm.ranks[peer] if rank_args.is_torch_group(group) else peer
     if async_op:
         handle = comm.recv_object_list(object_list, peer, timeout=timeout, async_op=True)
-        return handle if sender == peer else _Sender(handle, sender)
+        return handle if sender == peer else rank_args.SenderHandle(handle, sender)
     comm.recv_object_list(object_list, peer, timeout=timeout)
     return sender
-
-
-class _Sender:
-    """An async ``recv_object_list``'s handle whose ``wait()`` names the sender by world rank."""
-
-    def __init__(self, handle: ResultHandle[int], rank: int):
-        self._handle, self._rank = handle, rank
-
-    def wait(self, timeout: Timeout = None) -> int:
-        self._handle.wait(timeout)
-        return self._rank
-
-    def complete(self, timeout: Timeout = None) -> None:
-        self._handle.complete(timeout)
-
-    def is_completed(self) -> bool:
-        return self._handle.is_completed()
-
-    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
-        self._handle.add_done_callback(callback)
-
-    def __repr__(self) -> str:
-        return repr(self._handle)
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -1128,32 +1022,7 @@ def collect_results(
         [0]
         >>> collect_results(part, size=1, device="npu")   # HCCL users  # doctest: +SKIP
     """
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a str such as 'cpu' or 'gpu', got {device!r}")
-    if device == "cpu":
-        return collect_results_cpu(results, size, tmpdir, group=group)
-    if device != data_device.ACCELERATOR_ALIAS:
-        kind = device.partition(":")[0]
-        if kind not in data_device.accelerator_types():
-            accepted = ["cpu", data_device.ACCELERATOR_ALIAS, *data_device.accelerator_types()]
-            raise ValueError(
-                f"device must be one of {', '.join(map(repr, accepted))} (the device types "
-                f"registered backends serve), got {device!r}"
-            )
-        try:
-            data_device.resolve_device(device)
-        except BackendUnavailableError as exc:
-            # mmengine's device picks the object path; the group's backend carries it
-            comm = _collective_comm(group)
-            warnings.warn(
-                f"collect_results(device={device!r}): {exc}; collecting through the "
-                f"group's {comm.backend!r} backend on {comm.device} instead",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    if tmpdir is not None:
-        raise ValueError(f"tmpdir is only used with device='cpu', not device={device!r}")
-    return collect_results_gpu(results, size, group=group)
+    return collect_through(_collective_comm(group), results, size, device, tmpdir)
 
 
 def collect_results_cpu(

@@ -17,12 +17,15 @@ one was meant.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch.distributed as dist
 
 from commlib.communicator import Communicator
 from commlib.errors import NotInGroupError, RemoteError
+from commlib.handle import ResultHandle
+from commlib.types import Timeout
 
 
 def is_torch_group(group: Any) -> bool:
@@ -171,3 +174,56 @@ class world_ranks_in_errors:
         except Exception:  # a subclass with another constructor keeps its own message
             return False
         raise annotated from err
+
+
+# -- the module-level functions' roots and peers ---------------------------------------
+def root(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
+    """The group rank ``src``/``dst`` (or ``group_src``/``group_dst``) names; see commlib.ranks.
+
+    A root only this rank got wrong fails every rank of a collective at once
+    (:meth:`Communicator.refusing`), as the communicator's own methods do; the
+    error names world ranks as the other ranks' does.
+    """
+    if in_group is None and (group is None or isinstance(group, Communicator)):
+        # the usual call: a rank within the group, or none (the group's first): known
+        # good without the checks below, which cost more than a small collective's call
+        size = comm.world_size
+        if rank is None and size > 0:
+            return 0
+        if type(rank) is int and 0 <= rank < size:
+            return rank
+    with world_ranks_in_errors(comm), comm.refusing(call):
+        return group_rank(comm, call, name, rank, in_group, world_ranks=is_torch_group(group))
+
+
+def peer(comm: Communicator, call: str, name: str, rank: Any, in_group: Any, group: Any) -> int:
+    """The group rank of a send's ``dst`` / a receive's ``src``; one of the two is required."""
+    if rank is None and in_group is None:
+        raise ValueError(f"{call} needs {name} (or group_{name}): the rank to exchange with")
+    return root(comm, call, name, rank, in_group, group)
+
+
+class SenderHandle:
+    """An async ``recv_object_list``'s handle whose ``wait()`` names the sender by world rank.
+
+    (torch names the sender of a receive on a torch group by its world rank.)
+    """
+
+    def __init__(self, handle: ResultHandle[int], rank: int):
+        self._handle, self._rank = handle, rank
+
+    def wait(self, timeout: Timeout = None) -> int:
+        self._handle.wait(timeout)
+        return self._rank
+
+    def complete(self, timeout: Timeout = None) -> None:
+        self._handle.complete(timeout)
+
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        self._handle.add_done_callback(callback)
+
+    def __repr__(self) -> str:
+        return repr(self._handle)

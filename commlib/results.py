@@ -12,10 +12,12 @@ import os
 import pickle
 import shutil
 import tempfile
+import warnings
 from typing import Any
 
+from commlib import data_device
 from commlib.communicator import Communicator
-from commlib.errors import RemoteError
+from commlib.errors import BackendUnavailableError, RemoteError
 
 _MISSING = object()
 
@@ -161,3 +163,34 @@ def _remove_if_empty(directory: str) -> None:
         os.rmdir(directory)
     except OSError:
         pass
+
+
+def collect_results(
+    comm: Communicator, results: list, size: int, device: str, tmpdir: str | None
+) -> list | None:
+    """:func:`commlib.collect_results` on ``comm``: the path ``device`` picks, files or objects."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str such as 'cpu' or 'gpu', got {device!r}")
+    if device == "cpu":
+        return collect_results_cpu(comm, results, size, tmpdir)
+    if device != data_device.ACCELERATOR_ALIAS:
+        kind = device.partition(":")[0]
+        if kind not in data_device.accelerator_types():
+            accepted = ["cpu", data_device.ACCELERATOR_ALIAS, *data_device.accelerator_types()]
+            raise ValueError(
+                f"device must be one of {', '.join(map(repr, accepted))} (the device types "
+                f"registered backends serve), got {device!r}"
+            )
+        try:
+            data_device.resolve_device(device)
+        except BackendUnavailableError as exc:
+            # mmengine's device picks the object path; the group's backend carries it
+            warnings.warn(
+                f"collect_results(device={device!r}): {exc}; collecting through the "
+                f"group's {comm.backend!r} backend on {comm.device} instead",
+                RuntimeWarning,
+                stacklevel=3,  # the program's call of commlib.collect_results
+            )
+    if tmpdir is not None:
+        raise ValueError(f"tmpdir is only used with device='cpu', not device={device!r}")
+    return collect_results_gpu(comm, results, size)

@@ -1,0 +1,256 @@
+"""Group membership: what a child communicator inherits, and the checks of group changes.
+
+``new_group``, ``split``, ``shrink`` and ``grow`` each make a communicator
+from another one. What the child keeps of its parent is one record,
+:class:`Settings` (torchcomms' options record): the backend, the serializer,
+the timeout, the first rounds' slot size, the argument check's strictness and
+``check_finite``. The communicator derives every child from it in one place
+(``Communicator._derive``), so a setting added later reaches every child.
+
+The argument checks the group changes share live here too, as functions of
+plain values: every rank computes the same answer from the same table.
+
+Examples:
+    >>> settings = Settings.of(comm)
+    >>> settings.slot_size, settings.strict
+    (4096, None)
+    >>> settings.replace(timeout=datetime.timedelta(seconds=5)).timeout
+    datetime.timedelta(seconds=5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+from commlib import _failure_notes, _newcomers, _survivors
+from commlib import _validation as check
+from commlib._engine import Engine, engine_limit
+from commlib._torch_groups import release_group
+from commlib.errors import CommError, RemoteArgumentError
+
+if TYPE_CHECKING:
+    from commlib.backend import Backend
+    from commlib.serialization import Serializer
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a child communicator inherits from its parent (``Communicator``'s keywords)."""
+
+    backend: Backend
+    serializer: Serializer
+    timeout: datetime.timedelta
+    slot_size: int
+    strict: bool | None
+    check_finite: bool
+
+    @classmethod
+    def of(cls, comm: Any) -> Settings:
+        """The settings ``comm`` runs with now (its public attributes)."""
+        return cls(
+            comm.plugin,
+            comm.serializer,
+            comm.timeout,
+            comm.slot_size,
+            comm.strict,
+            comm.check_finite,
+        )
+
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with ``changes`` (a child's own timeout, say)."""
+        return dataclasses.replace(self, **changes)
+
+    def keywords(self) -> dict[str, Any]:
+        """The settings as ``Communicator``'s keyword arguments."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+def world_ranks_of(
+    ranks: list[int], size: int | None, known: list[int] | None, distributed: bool
+) -> list[int] | None:
+    """``ranks`` of a group as world ranks, checked; ``None`` where they are unknown here.
+
+    ``size`` is the group's size where this process knows it (a member, or a
+    non-member told its ranks: ``known``), else ``None``.
+
+    Examples:
+        >>> world_ranks_of([1, 0], 2, [4, 6], distributed=True)
+        [6, 4]
+        >>> world_ranks_of([0, 0], 2, [4, 6], distributed=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: new_group got duplicate ranks: [0, 0]
+    """
+    if not ranks:
+        raise ValueError("new_group needs at least one rank")
+    if size is not None:
+        for r in ranks:
+            check.rank_in_range(r, size, "rank")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group got duplicate ranks: {ranks}")
+    if not distributed:
+        return list(ranks)
+    return None if known is None else [known[r] for r in ranks]
+
+
+def split_refusals(table: list[Any], refused: Exception | None) -> None:
+    """Raise on every rank alike when a rank's ``split`` arguments were refused.
+
+    ``table`` holds every rank's ``(color, key)``, or ``("refused", text)``;
+    ``refused`` is this rank's own error. Every rank made the same mistake:
+    its own error; otherwise a :class:`~commlib.errors.RemoteArgumentError`.
+
+    Examples:
+        >>> split_refusals([(0, 0), (1, 1)], None)
+    """
+    refusals = {r: t[1] for r, t in enumerate(table) if t[0] == "refused"}
+    if not refusals:
+        return
+    if refused is not None and len(refusals) == len(table) and len(set(refusals.values())) == 1:
+        raise refused  # every rank made the same mistake: its own error
+    raise RemoteArgumentError("split", refusals, refused=True)
+
+
+def shrink_excluded(exclude: Sequence[int] | None, world_size: int, rank: int) -> list[int]:
+    """The ranks ``shrink`` leaves out by name, checked.
+
+    Examples:
+        >>> shrink_excluded([2], 4, 0)
+        [2]
+        >>> shrink_excluded([0], 4, 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: rank 0 excludes itself: an excluded rank does not call shrink
+    """
+    excluded = list(exclude or [])
+    for r in excluded:
+        check.rank_in_range(r, world_size, "exclude")
+    if rank in excluded:
+        raise ValueError(f"rank {rank} excludes itself: an excluded rank does not call shrink")
+    return excluded
+
+
+def grow_refusal(
+    count: Any, distributed: bool, whole_job: bool, plugin: Backend
+) -> ValueError | TypeError | None:
+    """Why ``grow`` cannot run with ``count`` on this communicator, or ``None``.
+
+    Examples:
+        >>> grow_refusal(0, True, True, comm.plugin)
+        ValueError('count must be at least 1, got 0')
+    """
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+        return TypeError(f"count must be an int or None, got {type(count).__name__}")
+    if count is not None and count < 1:
+        return ValueError(f"count must be at least 1, got {count}")
+    if not distributed:
+        return ValueError(
+            "grow needs a distributed job (started with `commlib run`, torchrun or "
+            "init_dist): a single process has no store for newcomers to ask in"
+        )
+    if not whole_job:
+        return ValueError(
+            "grow: this communicator is a subgroup; the whole job grows (the world's "
+            "communicator, or what shrink made of it)"
+        )
+    if plugin.own_rendezvous:
+        return ValueError(
+            f"grow: backend {plugin.name!r} finds its ranks itself (its launcher's "
+            "processes): it cannot take in a newcomer"
+        )
+    return None
+
+
+# -- the engine's side of shrink and grow ---------------------------------------------------
+def shrink(
+    engine: Engine,
+    world_ranks: Sequence[int],
+    exclude: Collection[int],
+    timeout: datetime.timedelta | None = None,
+) -> tuple[Any, list[int]]:
+    """The surviving ranks' new group (``engine``'s group shrunk), and which of its ranks it holds.
+
+    Every surviving rank calls it; ``world_ranks`` are the group's
+    members' world ranks in group order, ``exclude`` ranks of this group
+    to leave out. Ranks that do not arrive within ``timeout`` are left
+    out; by default as long as a survivor may still be inside a call of
+    this group (the engine's limit, and the time to name missing ranks).
+    This group is broken afterwards, and let go
+    (:func:`~commlib._torch_groups.release_group`). When every rank
+    arrived, none excluded any and the group broke on none of them,
+    nothing is made: every rank raises the same ``ValueError``
+    (:func:`~commlib._survivors.nothing_lost`).
+
+    Examples:
+        >>> group, kept = shrink(engine, [0, 1, 2, 3], {3})  # doctest: +SKIP
+        >>> kept  # doctest: +SKIP
+        [0, 1, 2]
+    """
+    if timeout is None:
+        grace = datetime.timedelta(seconds=_failure_notes.GRACE)
+        timeout = engine_limit(engine.timeout) + grace
+    if engine.on_call is not None:
+        engine.on_call("shrink")
+    attempt = engine.health.shrinks
+    engine.health.shrinks += 1
+    name = f"{getattr(engine.group, 'group_name', '') or 'world'}.shrunk{attempt}"
+    broken = engine.health.broken is not None
+    keep, broken = _survivors.agree(name, engine.rank, world_ranks, exclude, timeout, broken)
+    if not broken and len(keep) == len(world_ranks):
+        raise ValueError(_survivors.nothing_lost(len(keep)))
+    try:
+        group = engine.plugin.shrink_group(engine.group, keep, name, timeout)
+    except (RuntimeError, NotImplementedError) as exc:
+        raise CommError(
+            f"shrink: backend {engine.plugin.name!r} could not build the group of ranks "
+            f"{keep} on rank {engine.rank}: {exc}"
+        ) from exc
+    engine.health.mark_broken(f"shrunk into a group of ranks {keep}")
+    # a job that recovers many times holds one group's sockets and threads, not many
+    release_group(engine.group)
+    return group, keep
+
+
+def grow(
+    engine: Engine,
+    world_ranks: Sequence[int],
+    count: int | None,
+    wait: datetime.timedelta,
+    timeout: datetime.timedelta,
+) -> int | None:
+    """Take the newcomers that asked to join into a new world; this rank's rank there.
+
+    Every member calls it (``world_ranks``: the group's, in order); ``None``
+    (and nothing changed) when no newcomer
+    asked within ``wait`` (``count``: how many to wait for, at most). Else
+    this process's world is replaced by the grown one (every group of the
+    old world is destroyed; this one is broken) and the new world formed
+    within ``timeout``, or without the processes that failed
+    (:func:`commlib._newcomers.form`).
+
+    Examples:
+        >>> grow(engine, [0, 1], 1, timedelta(30), timedelta(60))  # doctest: +SKIP
+        0
+    """
+    if engine.on_call is not None:
+        engine.on_call("grow")
+    address = _newcomers.store_address()
+    kv = _newcomers.client(address, timeout)
+    try:
+        decided = _newcomers.decide(
+            kv, world_ranks, count, wait, engine.plugin, timeout, engine.timeout
+        )
+    except Exception as exc:  # the store's host died (rank 0 with env://)
+        raise CommError(f"grow: the job's store failed: {type(exc).__name__}: {exc}") from exc
+    if decided is None:
+        return None
+    name, tickets = decided
+    _newcomers.note_members(kv, name, _survivors.records(world_ranks))
+    engine.health.mark_broken(f"grown into world {name} with {len(tickets)} newcomer(s)")
+    size = engine.world_size + len(tickets)
+    seconds = timeout.total_seconds(), engine.timeout.total_seconds()
+    place = _newcomers.Place(name, engine.rank, size, engine.plugin.name, *seconds)
+    return _newcomers.form(engine.plugin, kv, place, timeout)

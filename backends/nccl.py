@@ -32,6 +32,15 @@ After a failure (facts from torch's ``distributed_c10d`` and ProcessGroupNCCL):
   cannot;
 * ``Work.wait(timeout)`` aborts the communicator in blocking-wait mode, so
   waits are not sliced (``interruptible_wait`` stays false).
+
+torch 2.14 adds a second NCCL engine, nccl2 (``ProcessGroupNCCL2``), which
+``"nccl"`` means with ``TORCH_DIST_USE_NCCL2=1``, and torch 2.15 by default
+(``torch_build.nccl_engine``). nccl2 binds one device to a group when it
+starts: without ``device_id`` it guesses one from the rank, which puts two
+ranks on one GPU when ranks do not map to devices 1:1 ("Duplicate GPU
+detected"). The plugin names the engine it got (:meth:`NcclBackend.engine`)
+and, for nccl2, starts the world with ``device_id`` set to this process's
+current device (chosen from ``LOCAL_RANK`` before, as for the legacy engine).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from commlib import _torch_facts as torch_facts
 from commlib.hookspecs import hookimpl
 from commlib_backends.accelerator import AcceleratorBackend
 from commlib_backends.engine_gaps import STANDARD_DTYPES
+from commlib_backends.torch_build import nccl_engine
 
 _MOVES = STANDARD_DTYPES | {torch.float64}
 # ncclCommShrink appeared in 2.27; from 2.31.2 torch 2.13's shrink_group hangs
@@ -66,6 +76,36 @@ class NcclBackend(AcceleratorBackend):
     wire_dtypes = _MOVES
     reduce_dtypes = _MOVES
     native_gather = True  # torch >= 1.11 builds gather from grouped send/recv
+
+    def engine(self, group: Any = None) -> str:
+        """The NCCL engine serving ``group`` (``None``: the one a new world gets).
+
+        ``"nccl2"`` (torch's ProcessGroupNCCL2) or ``"nccl"`` (the legacy
+        ProcessGroupNCCL), read from the group's CUDA backend where it has one.
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("nccl").engine() in ("nccl", "nccl2")
+            True
+        """
+        if group is not None:
+            try:
+                found = torch_facts.group_backend(group, torch.device(self.device_type))
+                return "nccl2" if "NCCL2" in type(found).__name__ else "nccl"
+            except Exception:  # no CUDA part in this group, or no such method
+                pass
+        return nccl_engine()
+
+    def init_process_group(self, **kwargs: Any) -> None:
+        """Start the world; on nccl2, bound to this process's CUDA device (``device_id``).
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("nccl").init_process_group()  # doctest: +SKIP
+        """
+        if "device_id" not in kwargs and self.engine() == "nccl2":
+            device = self.accelerator_device()
+            if device.type == self.device_type:  # not a simulated device in host memory
+                kwargs["device_id"] = device
+        super().init_process_group(**kwargs)
 
     def can_shrink(self, group: Any) -> bool:
         """Whether torch and NCCL here shrink ``group``'s communicator in place.

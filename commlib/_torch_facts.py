@@ -52,11 +52,9 @@ import torch.distributed as dist
 __all__ = [
     "ALL_GATHER_SINGLE",
     "BACKEND_ENTRY_POINTS",
-    "CUDA_BUILD",
     "FLOOR",
     "GATHER_INTO_TENSOR",
     "GROUP_HOOKS",
-    "NCCL_BUILT",
     "OBJECT_WEIGHTS_ONLY",
     "OPTIONS_ASYNC_OP",
     "RECONFIGURE",
@@ -67,21 +65,17 @@ __all__ = [
     "WORK_TIMEOUT_READ_ONLY",
     "TorchInternalMissing",
     "all_gather_single",
-    "build",
-    "built_accelerator",
     "c10d_world",
     "coalescing_groups",
     "default_store",
     "fake_store",
     "group_backend",
     "group_map",
-    "nccl_engine",
     "new_process_group_helper",
     "reduce_scatter_single",
     "register_device_module",
     "registered_backends",
     "set_timeout",
-    "stand_in_nccl",
     "supported",
     "torchcomms_installed",
     "torchcomms_mode",
@@ -103,12 +97,6 @@ def _release(text: str) -> tuple[int, int, int]:
 
 #: the installed release as numbers, ``(2, 14, 1)``; for messages and the floor only
 VERSION: tuple[int, int, int] = _release(RELEASE)
-
-#: torch was built with CUDA (PyPI's Linux wheels are); says nothing about a GPU being here
-CUDA_BUILD: bool = torch.version.cuda is not None
-
-#: torch.distributed has its NCCL engine (a CUDA build); a GPU may still be missing
-NCCL_BUILT: bool = dist.is_available() and dist.is_nccl_available()
 
 
 def _takes(fn: Any, name: str) -> bool:
@@ -208,65 +196,6 @@ def supported() -> bool:
         True
     """
     return VERSION[:2] >= FLOOR
-
-
-def build() -> str:
-    """How this torch was built, as ``commlib info`` says it.
-
-    Examples:
-        >>> build()             # PyPI's Linux wheel  # doctest: +SKIP
-        'CUDA 13.0'
-        >>> build()             # the CPU wheel       # doctest: +SKIP
-        'CPU'
-    """
-    hip = getattr(torch.version, "hip", None)
-    if hip:
-        return f"ROCm {hip}"
-    return f"CUDA {torch.version.cuda}" if CUDA_BUILD else "CPU"
-
-
-def built_accelerator() -> str | None:
-    """The device type ``torch.accelerator`` serves, GPU present or not (``None``: none).
-
-    A CUDA build answers ``"cuda"`` on a machine without a GPU: code that asks
-    ``torch.accelerator`` for a device index there reaches the CUDA driver.
-
-    Examples:
-        >>> built_accelerator()   # a CUDA build  # doctest: +SKIP
-        'cuda'
-    """
-    accel = getattr(torch, "accelerator", None)
-    if accel is None:
-        return None
-    try:
-        found = accel.current_accelerator(check_available=False)
-    except TypeError:  # a torch without the argument
-        found = accel.current_accelerator()
-    except Exception:  # a half-registered private device
-        return None
-    return None if found is None else str(found.type)
-
-
-def nccl_engine() -> str:
-    """What ``init_process_group("nccl")`` creates here: ``"nccl2"`` or ``"nccl"`` (legacy).
-
-    torch 2.14 has both and picks ``nccl2`` when ``TORCH_DIST_USE_NCCL2=1``;
-    torch 2.15 makes ``nccl2`` the default (``TORCH_DIST_USE_NCCL2=0`` or the
-    name ``nccl-legacy`` selects the old one). ``nccl2`` binds one device per
-    group when the group starts: commlib passes ``device_id`` for it.
-
-    Examples:
-        >>> nccl_engine() in ("nccl", "nccl2")
-        True
-    """
-    import os
-
-    if not _DIST or not hasattr(dist, "ProcessGroupNCCL2"):
-        return "nccl"
-    wanted = os.environ.get("TORCH_DIST_USE_NCCL2")
-    if wanted is not None:
-        return "nccl2" if wanted == "1" else "nccl"
-    return "nccl2" if VERSION[:2] >= (2, 15) else "nccl"
 
 
 # -- private torch names, one guard each ----------------------------------------------------
@@ -435,18 +364,3 @@ def register_device_module(device_type: str, module: Any) -> None:
         torch, "_register_device_module", "torch._register_device_module", "simulated devices"
     )
     register(device_type, module)
-
-
-def stand_in_nccl(process_group: type) -> None:
-    """Make torch's ``"nccl"`` backend create ``process_group`` (the simulated accelerators).
-
-    Sets ``distributed_c10d._NCCL_AVAILABLE`` and the module's
-    ``ProcessGroupNCCL``, which torch's nccl creator reads at call time.
-
-    Examples:
-        >>> stand_in_nccl(SimulatedProcessGroupNCCL)  # for good  # doctest: +SKIP
-    """
-    c10d = _c10d()
-    _private(c10d, "_NCCL_AVAILABLE", "distributed_c10d._NCCL_AVAILABLE", "simulated NCCL")
-    c10d._NCCL_AVAILABLE = True
-    c10d.ProcessGroupNCCL = process_group

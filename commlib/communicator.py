@@ -63,7 +63,7 @@ from commlib.errors import (
 from commlib.handle import Handle, ResultHandle
 from commlib.p2p import P2POp, p2p_kind
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
-from commlib.serialization import Serializer
+from commlib.serialization import Serializer, object_serializer
 from commlib.torch_backend import engine_group
 from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
@@ -1827,6 +1827,8 @@ class Communicator:
     # -- object collectives -------------------------------------------------------
     # Each takes ``timeout=`` (per round) and ``async_op=``: with it, the first
     # round is issued and a ResultHandle returned whose wait() gives the result.
+    # ``weights_only=True`` loads only tensors and allowed types, as torch 2.14's
+    # (the restricted loading: serialization.object_serializer), on every torch.
     def _first_slot(self, engine: Engine) -> int:
         """Bytes of each rank's slot in an object collective's first round.
 
@@ -1850,6 +1852,7 @@ class Communicator:
         obj: Any,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[False] = ...,
     ) -> list[Any]: ...
@@ -1859,6 +1862,7 @@ class Communicator:
         obj: Any,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[True],
     ) -> ResultHandle[list[Any]]: ...
@@ -1868,6 +1872,7 @@ class Communicator:
         obj: Any,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any]]: ...
@@ -1877,6 +1882,7 @@ class Communicator:
         obj: Any,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> list[Any] | ResultHandle[list[Any]]:
@@ -1896,7 +1902,7 @@ class Communicator:
         engine = self._member("all_gather_object")
         if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
             return _steps.done([obj]) if async_op else [obj]
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _objects.all_gather_object_steps(engine, obj, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
@@ -1907,6 +1913,7 @@ class Communicator:
         dst: int = ...,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[False] = ...,
     ) -> list[Any] | None: ...
@@ -1917,6 +1924,7 @@ class Communicator:
         dst: int = ...,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[True],
     ) -> ResultHandle[list[Any] | None]: ...
@@ -1927,6 +1935,7 @@ class Communicator:
         dst: int = ...,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> list[Any] | ResultHandle[list[Any] | None] | None: ...
@@ -1937,6 +1946,7 @@ class Communicator:
         dst: int = 0,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> list[Any] | ResultHandle[list[Any] | None] | None:
@@ -1950,7 +1960,7 @@ class Communicator:
         if engine.world_size == 1:
             check.rank_in_range(dst, 1, "dst")
             return _steps.done([obj]) if async_op else [obj]
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _objects.gather_object_steps(engine, obj, dst, ser, self._first_slot(engine))
         return self._run_objects(engine, steps, timeout, async_op)
 
@@ -1961,6 +1971,7 @@ class Communicator:
         src: int = 0,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> ResultHandle[None] | None:
@@ -1982,7 +1993,7 @@ class Communicator:
                 )
             check.rank_in_range(src, 1, "src")
             return _steps.done(None) if async_op else None
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _objects.broadcast_object_list_steps(
             engine, object_list, src, ser, self._first_slot(engine)
         )
@@ -1995,6 +2006,7 @@ class Communicator:
         src: int = ...,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[False] = ...,
     ) -> Any: ...
@@ -2005,6 +2017,7 @@ class Communicator:
         src: int = ...,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[True],
     ) -> ResultHandle[Any]: ...
@@ -2015,6 +2028,7 @@ class Communicator:
         src: int = ...,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> Any: ...
@@ -2025,6 +2039,7 @@ class Communicator:
         src: int = 0,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> Any:
@@ -2039,7 +2054,7 @@ class Communicator:
             check.rank_in_range(src, 1, "src")
             return _steps.done(obj) if async_op else obj
         box = [obj]
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _objects.broadcast_object_list_steps(
             engine, box, src, ser, self._first_slot(engine)
         )
@@ -2053,6 +2068,7 @@ class Communicator:
         src: int = 0,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> ResultHandle[None] | None:
@@ -2078,7 +2094,7 @@ class Communicator:
             assert input_list is not None
             output_list[0] = input_list[0]
             return _steps.done(None) if async_op else None
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _scatter_objects.scatter_object_list_steps(
             engine, output_list, input_list, src, ser, self._first_slot(engine)
         )
@@ -2091,6 +2107,7 @@ class Communicator:
         dst: int,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> ResultHandle[None] | None:
@@ -2108,7 +2125,7 @@ class Communicator:
         """
         engine = self._member("send_object_list")
         check.peer(dst, engine.world_size, engine.rank, "dst")
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self._slot_size)
         return self._run_objects(engine, steps, timeout, async_op)
 
@@ -2119,6 +2136,7 @@ class Communicator:
         src: int,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[False] = ...,
     ) -> int: ...
@@ -2129,6 +2147,7 @@ class Communicator:
         src: int,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: Literal[True],
     ) -> ResultHandle[int]: ...
@@ -2139,6 +2158,7 @@ class Communicator:
         src: int,
         *,
         serializer: Serializer | None = ...,
+        weights_only: bool = ...,
         timeout: Timeout = ...,
         async_op: bool = ...,
     ) -> int | ResultHandle[int]: ...
@@ -2149,6 +2169,7 @@ class Communicator:
         src: int,
         *,
         serializer: Serializer | None = None,
+        weights_only: bool = False,
         timeout: Timeout = None,
         async_op: bool = False,
     ) -> int | ResultHandle[int]:
@@ -2167,6 +2188,6 @@ class Communicator:
         """
         engine = self._member("recv_object_list")
         check.peer(src, engine.world_size, engine.rank, "src")
-        ser = serializer or self._serializer
+        ser = object_serializer(serializer, self._serializer, weights_only)
         steps = _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self._slot_size)
         return cast("int | ResultHandle[int]", self._run_objects(engine, steps, timeout, async_op))

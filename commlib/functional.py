@@ -757,9 +757,15 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None) 
 
 # -- object collectives ----------------------------------------------------------
 # Each also takes timeout= (per round) and async_op=: a ResultHandle whose
-# wait() gives what the blocking call returns.
+# wait() gives what the blocking call returns; and weights_only= as torch 2.14's:
+# True loads only tensors and allowed types (docs/serialization.md), on every torch.
 def all_gather_object(
-    data: Any, group: Any = None, *, timeout: Timeout = None, async_op: bool = False
+    data: Any,
+    group: Any = None,
+    *,
+    timeout: Timeout = None,
+    async_op: bool = False,
+    weights_only: bool = False,
 ) -> Any:
     """Every rank's picklable ``data``, as a list indexed by rank.
 
@@ -771,7 +777,9 @@ def all_gather_object(
     """
     comm = _collective_comm(group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.all_gather_object(data, timeout=timeout, async_op=async_op)
+        return comm.all_gather_object(
+            data, timeout=timeout, async_op=async_op, weights_only=weights_only
+        )
 
 
 def gather_object(
@@ -782,6 +790,7 @@ def gather_object(
     group_dst: int | None = None,
     timeout: Timeout = None,
     async_op: bool = False,
+    weights_only: bool = False,
 ) -> Any:
     """Every rank's ``data`` on ``dst`` (a list); other ranks get ``None``.
 
@@ -795,7 +804,9 @@ def gather_object(
     comm = _collective_comm(group)
     root = rank_args.root(comm, "gather_object", "dst", dst, group_dst, group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.gather_object(data, root, timeout=timeout, async_op=async_op)
+        return comm.gather_object(
+            data, root, timeout=timeout, async_op=async_op, weights_only=weights_only
+        )
 
 
 def broadcast_object_list(
@@ -806,6 +817,7 @@ def broadcast_object_list(
     group_src: int | None = None,
     timeout: Timeout = None,
     async_op: bool = False,
+    weights_only: bool = False,
 ) -> ResultHandle[None] | None:
     """Fill ``data`` on every rank with ``src``'s objects, in place.
 
@@ -821,7 +833,9 @@ def broadcast_object_list(
     comm = _collective_comm(group)
     root = rank_args.root(comm, "broadcast_object_list", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.broadcast_object_list(data, root, timeout=timeout, async_op=async_op)
+        return comm.broadcast_object_list(
+            data, root, timeout=timeout, async_op=async_op, weights_only=weights_only
+        )
 
 
 def broadcast_object(
@@ -832,6 +846,7 @@ def broadcast_object(
     group_src: int | None = None,
     timeout: Timeout = None,
     async_op: bool = False,
+    weights_only: bool = False,
 ) -> Any:
     """Return ``src``'s ``data`` on every rank.
 
@@ -846,7 +861,9 @@ def broadcast_object(
     comm = _collective_comm(group)
     root = rank_args.root(comm, "broadcast_object", "src", src, group_src, group)
     with rank_args.world_ranks_in_errors(comm):
-        return comm.broadcast_object(data, root, timeout=timeout, async_op=async_op)
+        return comm.broadcast_object(
+            data, root, timeout=timeout, async_op=async_op, weights_only=weights_only
+        )
 
 
 def scatter_object_list(
@@ -858,6 +875,7 @@ def scatter_object_list(
     group_src: int | None = None,
     timeout: Timeout = None,
     async_op: bool = False,
+    weights_only: bool = False,
 ) -> ResultHandle[None] | None:
     """On each rank ``i``, ``scatter_object_output_list[0]`` gets ``src``'s input ``i``.
 
@@ -881,6 +899,7 @@ def scatter_object_list(
             root,
             timeout=timeout,
             async_op=async_op,
+            weights_only=weights_only,
         )
 
 
@@ -892,6 +911,7 @@ def send_object_list(
     group_dst: int | None = None,
     timeout: Timeout = None,
     async_op: bool = False,
+    weights_only: bool = False,
 ) -> ResultHandle[None] | None:
     """Send the picklable objects of ``object_list`` to ``dst`` (see :func:`recv_object_list`).
 
@@ -904,7 +924,9 @@ def send_object_list(
     """
     comm = _collective_comm(group)
     peer = rank_args.peer(comm, "send_object_list", "dst", dst, group_dst, group)
-    return comm.send_object_list(object_list, peer, timeout=timeout, async_op=async_op)
+    return comm.send_object_list(
+        object_list, peer, timeout=timeout, async_op=async_op, weights_only=weights_only
+    )
 
 
 def recv_object_list(
@@ -915,6 +937,7 @@ def recv_object_list(
     group_src: int | None = None,
     timeout: Timeout = None,
     async_op: bool = False,
+    weights_only: bool = False,
 ) -> Any:
     """Fill ``object_list`` with what ``src`` sends with :func:`send_object_list`.
 
@@ -931,9 +954,11 @@ def recv_object_list(
     peer = rank_args.peer(comm, "recv_object_list", "src", src, group_src, group)
     sender = comm.ranks[peer] if rank_args.is_torch_group(group) else peer
     if async_op:
-        handle = comm.recv_object_list(object_list, peer, timeout=timeout, async_op=True)
+        handle = comm.recv_object_list(
+            object_list, peer, timeout=timeout, async_op=True, weights_only=weights_only
+        )
         return handle if sender == peer else rank_args.SenderHandle(handle, sender)
-    comm.recv_object_list(object_list, peer, timeout=timeout)
+    comm.recv_object_list(object_list, peer, timeout=timeout, weights_only=weights_only)
     return sender
 
 

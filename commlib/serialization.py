@@ -25,6 +25,7 @@ pass another one to a :class:`~commlib.Communicator` or to a single call.
 from __future__ import annotations
 
 import abc
+import builtins
 import io
 import pickle
 import struct
@@ -611,8 +612,15 @@ class RestrictedSerializer(OutOfBandSerializer):
     themselves, or whole modules as ``"module.*"``. Anything else is refused
     with :class:`RefusedClassError` naming it, before it can run.
 
+    With ``torch_safe_globals=True`` it also loads what torch's
+    ``weights_only`` loading allows: whatever ``torch.serialization.add_safe_globals``
+    added (read at each load), the builtin exceptions and ``traceback``'s stack
+    summaries. That is what ``weights_only=True`` on an object collective
+    selects (:func:`object_serializer`).
+
     Args:
         allow: extra classes / functions / modules that may be loaded.
+        torch_safe_globals: also load torch's safe globals (see above).
 
     Examples:
         >>> s = RestrictedSerializer(allow=["mypkg.metrics.Summary"])
@@ -626,23 +634,113 @@ class RestrictedSerializer(OutOfBandSerializer):
 
     name = "restricted"
 
-    def __init__(self, allow: Iterable[str | type | Any] = ()):
-        names = set()
-        for item in allow:
-            if not isinstance(item, str):
-                item = f"{item.__module__}.{item.__qualname__}"
-            names.add(item)
+    def __init__(
+        self, allow: Iterable[str | type | Any] = (), *, torch_safe_globals: bool = False
+    ):
+        names = {item if isinstance(item, str) else _qualname(item) for item in allow}
         self.allowed = frozenset(n for n in names if not n.endswith(".*"))
         self.allowed_modules = frozenset(n[:-2] for n in names if n.endswith(".*"))
+        self.torch_safe_globals = torch_safe_globals
 
     def loads(self, header: bytes | memoryview, buffers: list[torch.Tensor]) -> Any:
         stream, oob, splices, spliced = self._parse(header, buffers)
         file = self._file(stream, splices, spliced) if splices else io.BytesIO(stream)
-        return _RestrictedUnpickler(file, oob, self.allowed, self.allowed_modules).load()
+        allowed = self.allowed | torch_safe_names() if self.torch_safe_globals else self.allowed
+        return _RestrictedUnpickler(file, oob, allowed, self.allowed_modules).load()
+
+    def weights_only(self) -> RestrictedSerializer:
+        """This serializer as ``weights_only=True`` uses it: torch's safe globals allowed too.
+
+        Examples:
+            >>> RestrictedSerializer(allow=["mypkg.Summary"]).weights_only()
+            <RestrictedSerializer allow=['mypkg.Summary'] +torch safe globals>
+        """
+        if self.torch_safe_globals:
+            return self
+        kept = self.__dict__.get("_weights_only")
+        if kept is None:
+            kept = object.__new__(type(self))
+            kept.__dict__.update(self.__dict__, torch_safe_globals=True)
+            self.__dict__["_weights_only"] = kept
+        return kept
 
     def __repr__(self) -> str:
         extra = sorted(self.allowed | {f"{m}.*" for m in self.allowed_modules})
-        return f"<{type(self).__name__} allow={extra}>"
+        torch_too = " +torch safe globals" if self.torch_safe_globals else ""
+        return f"<{type(self).__name__} allow={extra}{torch_too}>"
+
+
+def _qualname(item: Any) -> str:
+    return f"{item.__module__}.{item.__qualname__}"
+
+
+# what torch 2.14 adds to torch.serialization's safe globals for its object collectives
+# (error propagation sends exceptions and stack summaries); added here on every torch
+_TORCH_OBJECT_EXTRAS = frozenset(
+    {
+        *(
+            f"builtins.{name}"
+            for name, value in vars(builtins).items()
+            if isinstance(value, type) and issubclass(value, BaseException)
+        ),
+        "traceback.StackSummary",
+        "traceback.FrameSummary",
+    }
+)
+
+
+def torch_safe_names() -> frozenset[str]:
+    """What torch's ``weights_only`` loading allows beyond tensors, as ``"module.Name"``.
+
+    ``torch.serialization.get_safe_globals()`` (what ``add_safe_globals``
+    added), the builtin exceptions and ``traceback``'s stack summaries.
+
+    Examples:
+        >>> "builtins.ValueError" in torch_safe_names()
+        True
+    """
+    extra = set()
+    for item in torch.serialization.get_safe_globals():
+        # an entry is the object itself, or (object, "module.Name") as pickle names it
+        extra.add(item[1] if isinstance(item, tuple) else _qualname(item))
+    return _TORCH_OBJECT_EXTRAS | extra
+
+
+_WEIGHTS_ONLY = RestrictedSerializer(torch_safe_globals=True)
+
+
+def object_serializer(
+    serializer: Serializer | None, default: Serializer, weights_only: bool = False
+) -> Serializer:
+    """The serializer an object collective uses: ``serializer``, else the communicator's.
+
+    ``weights_only=True`` (torch 2.14's argument, on every torch here) loads
+    only tensors and allowed types: the restricted loading, with torch's safe
+    globals allowed too. A :class:`RestrictedSerializer` given (or the
+    communicator's) keeps its own allow-list; any other serializer given with
+    it is a ``ValueError``, raised before anything is sent.
+
+    Examples:
+        >>> object_serializer(None, OutOfBandSerializer()).name
+        'pickle5'
+        >>> object_serializer(None, OutOfBandSerializer(), weights_only=True)
+        <RestrictedSerializer allow=[] +torch safe globals>
+        >>> object_serializer(PickleSerializer(), OutOfBandSerializer(), weights_only=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: weights_only=True loads with a RestrictedSerializer, ...
+    """
+    chosen = serializer or default
+    if not weights_only:
+        return chosen
+    if isinstance(chosen, RestrictedSerializer):
+        return chosen.weights_only()
+    if serializer is not None:
+        raise ValueError(
+            "weights_only=True loads with a RestrictedSerializer, not with "
+            f"serializer={serializer!r}: pass RestrictedSerializer(allow=[...]) or no serializer"
+        )
+    return _WEIGHTS_ONLY
 
 
 def default_serializer() -> Serializer:

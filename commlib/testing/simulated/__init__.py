@@ -37,11 +37,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commlib._torch_facts import built_accelerator, register_device_module
+from commlib._torch_facts import register_device_module
 from commlib.backend import Backend
 from commlib.plugins import register_backend, resolve_backend
 from commlib.testing.simulated.devices import (
     SimulatedDevices,
+    built_accelerator,
     hide_accelerator,
     patch_accelerator,
     patch_module,

@@ -141,6 +141,23 @@ def patch_accelerator(devices: SimulatedDevices, whole: bool) -> None:
         accel.device_count = devices.device_count
 
 
+def built_accelerator() -> str | None:
+    """The device type ``torch.accelerator`` serves, GPU present or not (``None``: none).
+
+    A CUDA build answers ``"cuda"`` on a machine without a GPU, and its device
+    calls there reach the CUDA driver.
+
+    Examples:
+        >>> built_accelerator()   # a CUDA build  # doctest: +SKIP
+        'cuda'
+    """
+    try:
+        found = torch.accelerator.current_accelerator(check_available=False)
+    except Exception:  # a half-registered private device
+        return None
+    return None if found is None else str(found.type)
+
+
 def hide_accelerator() -> None:
     """Make ``torch.accelerator`` serve no device, as on torch's CPU build.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commlib._torch_facts import registered_backends, stand_in_nccl
+from commlib._torch_facts import TorchInternalMissing, registered_backends
 
 try:
     from torch.distributed import ProcessGroupGloo
@@ -87,5 +87,10 @@ def stand_in_for_nccl() -> None:
         >>> dist.is_nccl_available()                # doctest: +SKIP
         True
     """
-    stand_in_nccl(SimulatedProcessGroupNCCL)
+    c10d = dist.distributed_c10d
+    if not hasattr(c10d, "_NCCL_AVAILABLE"):  # the one private name this stand-in sets
+        raise TorchInternalMissing("distributed_c10d._NCCL_AVAILABLE", "simulated NCCL")
+    c10d._NCCL_AVAILABLE = True
+    # torch's nccl creator reads the module's ProcessGroupNCCL when a group starts
+    c10d.ProcessGroupNCCL = SimulatedProcessGroupNCCL  # type: ignore[misc,assignment]
     dist.Backend.backend_capability["nccl"] = ["cuda", "cpu"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import gc
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from commlib import _torch_facts as torch_facts
 from commlib.types import Group
@@ -77,3 +81,44 @@ def release_group(group: Any) -> None:
     except Exception:  # a broken engine may fail to shut down; torch forgets the group anyway
         pass
     gc.collect()
+
+
+def build_group(
+    group: Group,
+    keep: Sequence[int],
+    name: str,
+    timeout: datetime.timedelta,
+    torch_backend: str | None,
+    plugin_name: str,
+) -> Group:
+    """A new group of ``torch_backend`` over ``keep`` (ranks of ``group``), made by them alone.
+
+    What :meth:`commlib.Backend.shrink_group` does by default: torch's private
+    group builder over the world's store, as ``new_group`` builds one but
+    without the ranks that are gone; ``NotImplementedError`` where this torch
+    lacks a private name it needs.
+    """
+    world_ranks = dist.get_process_group_ranks(group)
+    members = [world_ranks[r] for r in keep]
+    try:
+        build = torch_facts.new_process_group_helper()
+        world = torch_facts.c10d_world()
+        store = torch_facts.default_store()
+        group_name: Any = getattr(c10d, "GroupName", str)(name)
+    except AttributeError as exc:  # a private torch name gone: say so instead of guessing
+        raise NotImplementedError(
+            f"backend {plugin_name!r} cannot shrink a group with this torch "
+            f"({torch.__version__}): {exc}"
+        ) from exc
+    new, _ = build(
+        len(members),
+        members.index(dist.get_rank()),
+        members,
+        torch_backend,
+        store,
+        group_name,
+        timeout=timeout,
+        group_desc=f"commlib shrink of {getattr(group, 'group_name', 'world')}",
+    )
+    world.pg_group_ranks[new] = {g: i for i, g in enumerate(members)}
+    return new

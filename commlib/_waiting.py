@@ -43,8 +43,8 @@ import time
 from typing import Any, NoReturn
 
 from commlib import _failure_notes
-from commlib.backend import ThenWork, WorkList
 from commlib.types import Work
+from commlib.works import ThenWork, WorkList
 
 # when to look in the store: after the first, then twice as long each time, up to the last
 _FIRST_LOOK, _LAST_LOOK = 0.05, 1.0

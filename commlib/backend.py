@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple
 
@@ -52,9 +51,12 @@ import torch
 import torch.distributed as dist
 
 from commlib import _torch_facts as torch_facts
+from commlib._torch_groups import build_group
 from commlib._torch_lanes import process_group_lane
 from commlib.serialization import Serializer, default_serializer
 from commlib.types import EngineOp, Group, P2PRequest, Work
+from commlib.works import ThenWork as ThenWork  # plugins imported it from here
+from commlib.works import WorkList, global_rank
 
 # torch 2.13 renamed the flat collectives and warns on every call of the old names
 _all_gather_single = torch_facts.all_gather_single
@@ -76,21 +78,6 @@ _TORCH_OPS = {
 def _device(device_type: str) -> torch.device:
     # torch.device is immutable: one per type serves every call
     return torch.device(device_type)
-
-
-def global_rank(group: Group, group_rank: int) -> int:
-    """Translate a rank within ``group`` into the world rank torch expects.
-
-    Examples:
-        >>> global_rank(None, 1)                  # the world: a group rank is a world rank
-        1
-        >>> sub = dist.new_group([2, 3])          # a world of 4  # doctest: +SKIP
-        >>> global_rank(sub, 0)                   # doctest: +SKIP
-        2
-    """
-    if group is None or group is dist.GroupMember.WORLD:
-        return group_rank
-    return dist.get_global_rank(group, group_rank)
 
 
 class DirectCall(NamedTuple):
@@ -132,93 +119,6 @@ class DirectCall(NamedTuple):
     min_bytes: int = 0
     max_bytes: int = 2**63 - 1
     unless_in: Any = None
-
-
-class WorkList:
-    """Several engine works waited for as one (what ``exchange`` returns).
-
-    Examples:
-        >>> works = WorkList([dist.isend(t, 1), dist.irecv(u, 1)])  # on rank 0  # doctest: +SKIP
-        >>> works.wait(datetime.timedelta(seconds=5))  # doctest: +SKIP
-        True
-    """
-
-    # point-to-point operations may end when a wait on them times out (gloo's
-    # do), so the engine never waits on them in slices (commlib._waiting)
-    interruptible = False
-
-    def __init__(self, works: Sequence[Work | None]):
-        self.works: list[Work] = [w for w in works if w is not None]
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if timeout is not None and len(self.works) == 1:
-            self.works[0].wait(timeout)  # a send or a receive: no deadline to share
-            return True
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
-        for work in self.works:
-            if deadline is None:
-                work.wait()
-            else:
-                left = max(deadline - time.monotonic(), 0.001)
-                work.wait(datetime.timedelta(seconds=left))
-        return True
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self.works)
-
-    def result(self, async_op: bool) -> WorkList | None:
-        """``self`` for an async call; otherwise wait now and return ``None``."""
-        if async_op:
-            return self
-        self.wait()
-        return None
-
-
-class ThenWork:
-    """An engine's work followed by a step on this rank (a local reduction, copies out).
-
-    What a plugin returns when it composes a collective from the engine's
-    own: the engine call runs asynchronously, and ``then`` runs once, in the
-    first ``wait`` that sees it complete. Sliced waits (:mod:`commlib._waiting`)
-    treat it as they treat the work inside.
-
-    Examples:
-        >>> out = torch.zeros(2)
-        >>> work = ThenWork(WorkList([]), lambda: out.fill_(1))
-        >>> work.wait(datetime.timedelta(seconds=1)), out
-        (True, tensor([1., 1.]))
-    """
-
-    def __init__(self, work: Work, then: Callable[[], Any]):
-        self.work = work
-        self.then: Callable[[], Any] | None = then
-        self.interruptible = getattr(work, "interruptible", True)
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if timeout is None:
-            self.work.wait()
-        else:
-            self.work.wait(timeout)
-        then, self.then = self.then, None
-        if then is not None:
-            then()
-        return True
-
-    def is_completed(self) -> bool:
-        return self.work.is_completed()
-
-    @staticmethod
-    def of(work: Work | None, then: Callable[[], Any]) -> ThenWork | None:
-        """``work`` followed by ``then``; with no work (it finished), ``then`` now and ``None``.
-
-        Examples:
-            >>> ThenWork.of(None, lambda: None) is None
-            True
-        """
-        if work is None:
-            then()
-            return None
-        return ThenWork(work, then)
 
 
 class Backend:
@@ -1208,32 +1108,7 @@ class Backend:
             >>> dist.get_world_size(survivors)  # doctest: +SKIP
             3
         """
-        from torch.distributed import distributed_c10d as c10d
-
-        world_ranks = dist.get_process_group_ranks(group)
-        members = [world_ranks[r] for r in keep]
-        try:
-            build = torch_facts.new_process_group_helper()
-            world = torch_facts.c10d_world()
-            store = torch_facts.default_store()
-            group_name: Any = getattr(c10d, "GroupName", str)(name)
-        except AttributeError as exc:  # a private torch name gone: say so instead of guessing
-            raise NotImplementedError(
-                f"backend {self.name!r} cannot shrink a group with this torch "
-                f"({torch.__version__}): {exc}"
-            ) from exc
-        new, _ = build(
-            len(members),
-            members.index(dist.get_rank()),
-            members,
-            self.torch_backend,
-            store,
-            group_name,
-            timeout=timeout,
-            group_desc=f"commlib shrink of {getattr(group, 'group_name', 'world')}",
-        )
-        world.pg_group_ranks[new] = {g: i for i, g in enumerate(members)}
-        return new
+        return build_group(group, keep, name, timeout, self.torch_backend, self.name)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} torch_backend={self.torch_backend!r}>"

@@ -103,6 +103,7 @@ class GlooBackend(EngineGaps, DirectCalls):
             "scatter",
             "reduce_scatter",
             "all_to_all_single",
+            "all_to_all",
         }
     )
 

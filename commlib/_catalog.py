@@ -138,7 +138,7 @@ _ROWS = (
         peer="src",
         uniform=True,
     ),
-    Collective("all_to_all", _C, busbw=_GATHER, payload="input_tensor_list"),
+    Collective("all_to_all", _C, needs_all=True, busbw=_GATHER, payload="input_tensor_list"),
     Collective("all_to_all_single", _C, needs_all=True, busbw=_GATHER, payload="input"),
     # point to point
     Collective("send", point_to_point=True, payload="tensor", peer="dst"),

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 import torch
 
 from commlib import _catalog, _lanes, _objects, _ragged, _steps
-from commlib._host_copy import host_copy
+from commlib._host_copy import host_copy, stack_into
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
 from commlib._settings import as_timedelta
@@ -48,6 +48,8 @@ from commlib.handle import Handle
 
 # what a rank that refused its own arguments describes them as (Guard.refuse)
 _REFUSED = "(refused: "
+# why the check raises where the ranks' descriptions differ
+_DIFFERENT = "ranks passed different arguments"
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -251,7 +253,7 @@ def exchange(
         raise RemoteArgumentError(
             "/".join(names),
             dict(enumerate(texts)),
-            "ranks passed different arguments",
+            _DIFFERENT,
             refused=any(_REFUSED in t for t in texts),
         )
     # every rank sent this rank's header (description and byte count): the slot
@@ -485,6 +487,71 @@ class Guard:
                 f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
                 f"rank {j} expects {table[j][world + i]}",
             )
+
+    def check_all_to_all(
+        self,
+        engine: Engine,
+        dtype: torch.dtype,
+        outputs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        one_shape: bool,
+        timeout: Timeout,
+    ) -> list[torch.Tensor] | None:
+        """all_to_all's argument check; the data too where it rides.
+
+        Where every tensor of this rank's lists has one shape (``one_shape``,
+        the common case), the check is the rank's description with that
+        shape: every rank that passes the same has matching pairs, and its
+        part for rank ``j`` travels in the row that goes to ``j``
+        (``exchange(apart=True)``), so a small all_to_all completes in one
+        round. The result is then every rank's part for this rank, in rank
+        order (views valid until the engine's next call). Otherwise, and
+        where descriptions differ because some rank's lists are uneven while
+        this rank's are not, every rank compares the sizes pair by pair
+        (:meth:`check_pairs`, one round more on that path only).
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> print(guard.check_all_to_all(engine, torch.float32, [torch.ones(1)],
+            ...                              [torch.ones(1)], True, None))
+            None
+        """
+        what = "all_to_all"
+        if what not in self.checked:
+            return None
+        world = engine.world_size
+        sends = [t.numel() for t in inputs]
+        expects = [t.numel() for t in outputs]
+        try:
+            if not one_shape:
+                self.check_pairs(
+                    engine, what, lambda: f"{dtype}, {world} tensors", sends, expects, timeout
+                )
+                return None
+            first = inputs[0]
+            rows = first.expand(world, *first.shape)  # declares each row's dtype and shape
+            return self.check(
+                engine,
+                what,
+                lambda: f"{dtype}, {world} tensors of {tuple(first.shape)} each way",
+                rows,
+                timeout,
+                write=lambda area: stack_into(area, list(inputs)),
+                apart=True,
+            )
+        except RemoteArgumentError as exc:
+            # ranks whose lists differ in kind describe them differently: their pairs may
+            # still match. Every rank saw the same descriptions, so all go on alike
+            if (
+                exc.refused
+                or exc.summary != _DIFFERENT
+                or not all(text.startswith(f"{what}(") for text in exc.failures.values())
+            ):
+                raise
+        self.check_pairs(
+            engine, what, lambda: f"{dtype}, {world} tensors", sends, expects, timeout
+        )
+        return None
 
     def refuse(
         self,

@@ -1488,14 +1488,20 @@ class Communicator:
             dtype = plain[0]
         guard = self._guard
         if "all_to_all" in guard.checked:
-            guard.check_pairs(
+            # lists of one shape: small parts ride in the check's round, each in the row
+            # that goes to its rank (one round); other lists' sizes are checked pair by pair
+            parts = guard.check_all_to_all(
                 engine,
-                "all_to_all",
-                lambda: f"{dtype}, {world} tensors",
-                [t.numel() for t in input_tensor_list],
-                [t.numel() for t in output_tensor_list],
+                dtype,
+                output_tensor_list,
+                input_tensor_list,
+                plain is not None and plain[1],
                 timeout,
             )
+            if parts is not None:
+                for out_t, part in zip(output_tensor_list, parts):
+                    host_copy(out_t, part)
+                return finished(lambda: None, async_op, list(output_tensor_list))
         if plain is not None:  # the engine writes the caller's own tensors: nothing to finish
             outs = list(output_tensor_list)
             ins = list(input_tensor_list)

@@ -654,3 +654,73 @@ def test_scatter_and_all_to_all_single_parts_ride_in_the_check(world, case):
         "past": [2, 2, 2, 2],
     }[where]
     assert rounds == [expected] * world.size
+
+
+# -- all_to_all's lists: parts of one shape ride in the check's rows ------------------
+_LISTS = {
+    "float32 in the slot": (torch.float32, (3, 5), [1, 1]),
+    "float64 past the slot, learnt": (torch.float64, (1000,), [2, 1]),
+    "uint8 past what goes apart": (torch.uint8, (600_000,), [2, 2]),
+}
+
+
+def _lists_rounds(c: Communicator, dtype: torch.dtype, chunk: tuple[int, ...]):
+    w, r = c.world_size, c.rank
+    ins = list(_a2a_input(w, r, chunk, dtype).view(w, *chunk).unbind(0))
+    outs = [torch.zeros(chunk, dtype=dtype) for _ in range(w)]
+    before = c._engine.seq
+    c.all_to_all(outs, ins)
+    return c._engine.seq - before, outs
+
+
+def _on_lists(comm, case: str):
+    dtype, chunk, _ = _LISTS[case]
+    checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+    unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(comm.world_size))
+    (first, got), (again, got_again) = (_lists_rounds(checked, dtype, chunk) for _ in range(2))
+    _, want = _lists_rounds(unchecked, dtype, chunk)
+    for parts in (got, got_again):
+        assert all(torch.equal(p, q) for p, q in zip(parts, want)), (parts, want)
+    # what rank r got from rank j: j's part r
+    w, r = comm.world_size, comm.rank
+    every = [_a2a_input(w, j, chunk, dtype).view(w, *chunk)[r] for j in range(w)]
+    assert all(torch.equal(p, q) for p, q in zip(want, every))
+    return [first, again]
+
+
+@pytest.mark.parametrize("case", list(_LISTS))
+def test_all_to_all_lists_of_one_shape_ride_in_the_check(world, case):
+    rounds = world.run(_on_lists, case, timeout=120)
+    if world.size > 1:
+        assert rounds == [_LISTS[case][2]] * world.size
+
+
+def _on_lists_of_kinds(comm, kind: str):
+    """A rank whose lists are of one shape meets ranks whose lists are not."""
+    w, r = comm.world_size, comm.rank
+    if kind == "pairs match":  # pairs with rank 0 hold 2 elements, the others 3
+        size = [2 if 0 in (r, j) else 3 for j in range(w)]
+        sends, expects = size, size
+    elif kind == "one shape each, not the same":  # rank r sends and expects r + 1 each
+        sends, expects = [r + 1] * w, [r + 1] * w
+    else:  # "self pair": only the last rank's pair with itself disagrees
+        sends = [2] * w
+        expects = [2] * (w - 1) + [3 if r == w - 1 else 2]
+    ins = [torch.full((n,), float(10 * r + j)) for j, n in enumerate(sends)]
+    outs = [torch.zeros(n) for n in expects]
+    try:
+        comm.all_to_all(outs, ins)
+    except RemoteArgumentError as exc:
+        return "error", str(exc)
+    return "ok", [t.tolist() for t in outs]
+
+
+def test_all_to_all_lists_of_one_shape_meet_uneven_lists(multi_world):
+    w = multi_world.size
+    for r, (kind, got) in enumerate(multi_world.run(_on_lists_of_kinds, "pairs match")):
+        assert kind == "ok", got
+        assert got == [[float(10 * j + r)] * (2 if 0 in (r, j) else 3) for j in range(w)]
+    for kind, text in multi_world.run(_on_lists_of_kinds, "one shape each, not the same"):
+        assert kind == "error" and "sizes do not match" in text, text
+    for kind, text in multi_world.run(_on_lists_of_kinds, "self pair"):
+        assert kind == "error" and "sizes do not match" in text, text

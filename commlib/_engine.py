@@ -121,6 +121,8 @@ class Engine:
         # the device the plugin's direct calls take tensors on (commlib._lanes.serves)
         self.device_obj = plugin.device()
         self.on_cpu = self.device_obj.type == "cpu"
+        # whether the plugin averages itself (mean as avg), else commlib divides a sum
+        self.native_avg = bool(plugin.native_avg)
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
         # and whether a point-to-point wait may be ended by another thread's timed-out wait

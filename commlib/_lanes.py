@@ -202,7 +202,7 @@ class Lanes:
         self.engine = engine
         self.checked = checked
         self.settings = settings
-        self.native_avg = engine is not None and engine.plugin.native_avg
+        self.native_avg = engine is not None and engine.native_avg
 
     def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
         lane = engine.lanes.get(key)

@@ -35,6 +35,7 @@ from commlib import (
     _split,
     _steps,
     _survivors,
+    _uneven,
     _world,
     plugins,
 )
@@ -1193,7 +1194,10 @@ class Communicator:
         world = engine.world_size
         flat = check.reduce_scatter_input(output, input, world)
         if flat is None:  # tensors of different shapes
-            return self._reduce_scatter_v(engine, output, cast(list, input), op, async_op, timeout)
+            chunks = cast(list, input)
+            return _uneven.reduce_scatter_v(
+                self._guard, engine, output, chunks, op, async_op, timeout
+            )
         name = check.reduce_op(op, output)
         engine_op, back = reduction(name, output, self.plugin.native_avg)
         if engine_op == op:
@@ -1223,57 +1227,6 @@ class Communicator:
             if back is copy_back and out_t is output
             else lambda: back(out_t, output, world),
             timeout=None if timeout is None else as_timedelta(timeout),
-            async_op=async_op,
-            value=[output],
-        )
-
-    def _reduce_scatter_v(
-        self,
-        engine: Engine,
-        output: torch.Tensor,
-        chunks: Sequence[torch.Tensor],
-        op: ReduceOp | str,
-        async_op: bool,
-        timeout: Timeout,
-    ) -> Handle | None:
-        """reduce_scatter of chunks that differ in size: padded to the largest, cut back."""
-        world, me = engine.world_size, engine.rank
-        if output.shape != chunks[me].shape:
-            raise ValueError(
-                f"output must be shaped like this rank's chunk input[{me}] "
-                f"{tuple(chunks[me].shape)}, got {tuple(output.shape)}"
-            )
-        dtype = check.same_dtype([output, *chunks], "reduce_scatter's output and input")
-        name = check.reduce_op(op, output)
-        engine_op, back = reduction(name, output, self.plugin.native_avg)
-        largest = max(t.numel() for t in chunks)
-        flat = torch.zeros(world, largest, dtype=dtype, device=engine.device())
-        for row, t in zip(flat, chunks):
-            row[: t.numel()].copy_(t.reshape(-1))
-        in_t = flat.view(-1)
-        out_t = torch.empty(largest, dtype=dtype, device=in_t.device)
-        n = output.numel()
-
-        def finish() -> None:
-            back(out_t[:n], output, world)
-
-        parts = self._guard.check(
-            engine,
-            "reduce_scatter",
-            # every rank's list of shapes, the same everywhere (output's differs by rank)
-            lambda: f"op={name}, {dtype}, v{[tuple(t.shape) for t in chunks]}",
-            in_t,
-            timeout,
-        )
-        if parts is not None:
-            out_t.copy_(reduce_locally(parts, engine_op).view(world, -1)[me])
-            return finished(finish, async_op, [output])
-        return engine.reduce_scatter(
-            out_t,
-            in_t,
-            engine_op,
-            finish=finish,
-            timeout=as_timedelta(timeout),
             async_op=async_op,
             value=[output],
         )

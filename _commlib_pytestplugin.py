@@ -4,7 +4,9 @@ pytest loads every ``pytest11`` plugin of the environment in every session, so
 this module is deliberately tiny: it only registers ``--commlib-backend`` and
 its companions. The conformance kit (``commlib.testing.pytest_plugin``, which
 imports torch) is loaded only when ``--commlib-backend`` is given, so unrelated
-projects that share an environment with commlib do not pay for torch.
+projects that share an environment with commlib do not pay for torch. With
+``--commlib-backend`` and no paths on the command line, the kit runs alone:
+the project's own tests (``testpaths``, the current directory) are not collected.
 
 Examples:
     $ pytest --commlib-backend gloo
@@ -90,3 +92,26 @@ def pytest_configure(config: Any) -> None:
         # calls its collection hooks as usual; it declares no options of its own,
         # as pytest_addoption would be replayed too and clash with the ones above
         config.pluginmanager.register(importlib.import_module(KIT_PLUGIN), KIT_PLUGIN)
+
+
+def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
+    """With ``--commlib-backend`` and no paths on the command line, collect the kit alone.
+
+    Typed in a project's checkout, ``pytest --commlib-backend NAME`` would
+    otherwise collect the project's own tests too (its ``testpaths``, or the
+    current directory). Paths given on the command line are collected as
+    usual, beside the kit.
+
+    Examples:
+        >>> class Config:  # a stand-in: no backend asked for, so pytest decides
+        ...     def getoption(self, name):
+        ...         return []
+        >>> pytest_ignore_collect("tests", Config()) is None
+        True
+    """
+    if not config.getoption("commlib_backend"):
+        return None
+    source = getattr(config, "args_source", None)  # pytest >= 7.2
+    if source is not None and source.name == "ARGS":
+        return None  # the user named what to collect
+    return True

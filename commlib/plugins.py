@@ -180,6 +180,21 @@ def register_backend(backend: type[Backend] | Backend, *, replace: bool = False)
     return instance
 
 
+def registered_at_run_time(name: str) -> type[Backend] | None:
+    """The class of backend ``name`` if :func:`register_backend` added it, else ``None``.
+
+    Processes this one starts (the test harness's ranks, the conformance
+    kit's) register it again from the class, so that they know it too.
+
+    Examples:
+        >>> registered_at_run_time("gloo") is None   # an entry point's
+        True
+    """
+    with _lock:
+        instance = _runtime.get(name)
+    return None if instance is None else type(instance)
+
+
 def unregister_backend(name: str) -> None:
     """Remove a backend added with :func:`register_backend`.
 

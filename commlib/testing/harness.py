@@ -244,8 +244,49 @@ def _accept(listener: Any, size: int, deadline: float, launched: subprocess.Pope
     return conns
 
 
+class _RegisterThen:
+    """A setup that registers a backend added at run time in the rank, then runs ``setup``."""
+
+    def __init__(self, backend: type, setup: Callable[[int, int], None] | None):
+        self.backend, self.setup = backend, setup
+
+    def __call__(self, rank: int, size: int) -> None:
+        from commlib.plugins import register_backend
+
+        register_backend(self.backend, replace=True)
+        if self.setup is not None:
+            self.setup(rank, size)
+
+
+def _registered_here(backend: str) -> type | None:
+    """The class of ``backend`` if this process registered it at run time, importable by the ranks.
+
+    Raises ``ValueError`` for a class the ranks could not import (defined in
+    a function, say), saying what works instead.
+    """
+    from commlib.plugins import registered_at_run_time
+
+    cls = registered_at_run_time(backend)
+    if cls is None:
+        return None
+    try:
+        pickle.dumps(cls)
+    except Exception as exc:
+        raise ValueError(
+            f"backend {backend!r} was registered with register_backend(), but its class "
+            f"{cls.__module__}.{cls.__qualname__} cannot reach the ranks ({exc}): define it at "
+            "the top level of an importable module (a conftest.py is one), or pass setup=, a "
+            "module-level function setup(rank, size) that registers it in each rank "
+            "(--commlib-setup module:function for the pytest kit)"
+        ) from None
+    return cls
+
+
 class World:
     """``size`` local ranks on ``backend``, started once, reused for many runs.
+
+    A backend added with :func:`commlib.register_backend` in this process is
+    registered in each rank too (its class, by import), before ``setup``.
 
     Args:
         size: number of ranks.
@@ -291,6 +332,9 @@ class World:
         self.start_method = method
         self.size, self.backend, self.timeout = size, backend, timeout
         self.setup, self.pg_timeout = setup, pg_timeout
+        registered = _registered_here(backend)
+        if registered is not None:  # the ranks register it too, before the setup
+            self.setup = _RegisterThen(registered, setup)
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._store: Any = None

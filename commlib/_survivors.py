@@ -28,6 +28,9 @@ from commlib import _world
 from commlib.errors import CommError
 
 _POLL = 0.01  # seconds between looks at the store while waiting for the others
+#: where a shrink notes each process it left out (``<machine> <pid>``), in the job's own
+#: store: ``commlib run`` does not count their failure against the job
+LEFT_OUT = "commlib/run/left_out"
 _BROKEN = "broken:"  # leads a rank's announcement (and the decision) when its group broke
 
 
@@ -186,6 +189,20 @@ def nothing_lost(size: int) -> str:
     )
 
 
+def _note_left_out(kv: Any, world_ranks: Sequence[int], keep: list[int]) -> None:
+    """Note the processes this shrink left out, by their records, in the job's own store."""
+    base = kv
+    while isinstance(base, dist.PrefixStore):  # commlib run's store, under torch's prefix
+        base = base.underlying_store
+    try:
+        for r, world_rank in enumerate(world_ranks):
+            key = f"commlib/proc/{world_rank}"
+            if r not in keep and kv.check([key]):
+                base.set(f"{LEFT_OUT}/{kv.get(key).decode()}", "1")
+    except Exception as exc:  # a courtesy to the launcher: shrink goes on without it
+        _world.store_failed(exc)
+
+
 def agree(
     name: str,
     rank: int,
@@ -247,6 +264,8 @@ def agree(
     except Exception as exc:  # the store is gone: its host died (rank 0 with env://)
         _world.store_failed(exc)
         raise CommError(_store_gone(f"{type(exc).__name__}: {exc}")) from exc
+    if keep and rank == keep[0]:
+        _note_left_out(kv, world_ranks, keep)
     if rank not in keep:
         raise CommError(
             f"shrink: rank {rank} was left out of the new group (ranks going on: {keep}): it "

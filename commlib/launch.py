@@ -245,7 +245,8 @@ def join(
 
     Started with the job's rendezvous settings (``MASTER_ADDR``,
     ``MASTER_PORT``: ``commlib run`` gives them to the replacement it
-    starts), the process asks to join in the job's store and waits up to
+    starts, with ``COMMLIB_NEWCOMER=1``; any other process is refused at
+    once with a ``RuntimeError``), the process asks to join in the job's store and waits up to
     ``timeout`` (default: ``COMMLIB_TIMEOUT``, else 30 minutes) until the
     members call :meth:`Communicator.grow`. It then becomes a member: its
     rank follows the members' (``comm.world_size - 1`` for the one newcomer
@@ -261,6 +262,15 @@ def join(
     """
     if dist.is_initialized():
         raise RuntimeError("join: torch.distributed is already initialised in this process")
+    if not is_newcomer():
+        # a rank of the job (or any other process) would wait the whole timeout for a
+        # place no grow offers it
+        raise RuntimeError(
+            f"join: this process is not a newcomer ({NEWCOMER_ENV} is not 1): join is for the "
+            "replacement `commlib run --max-restarts` starts in a lost rank's place; the "
+            "job's own ranks call commlib.init_dist(), and the members take newcomers in "
+            "with comm.grow()"
+        )
     limit = as_timedelta(timeout) or default_timeout()
     address = _newcomers.store_address()
     kv = _newcomers.client(address, limit)

@@ -16,9 +16,12 @@ dead rank never takes the store with it); ranks find it through
 ``MASTER_ADDR`` / ``MASTER_PORT`` with ``TORCHELASTIC_USE_AGENT_STORE=True``,
 as under torchrun.
 
-The job succeeds (exit 0) when the last of its processes to end on this node
-ended well: ranks lost earlier, that the others carried on without, are
-reported but do not fail it.
+The job succeeds (exit 0) when every process that failed on this node was
+replaced (``--max-restarts``) or left out by the survivors' ``shrink`` (they
+note each process they leave out in the store); any other failure is the
+job's exit code (the first such one; 1 for a signal), so a scheduler reads a
+failed job as non-zero and a survived one as 0. Without ``--log-dir`` torch's
+per-rank log folder is a temporary one, removed when the job ends.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -39,6 +43,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 
+from commlib import _survivors
 from commlib.launch import NEWCOMER_ENV
 
 _FINISHED = "commlib/run/finished"
@@ -58,8 +63,8 @@ class Slot:
     context: PContext | None = None
     pid: int | None = None
     starts: int = 0
-    #: (exit code, time it ended) of every process that ran in this slot
-    ends: list[tuple[int, float]] = field(default_factory=list)
+    #: (exit code, time it ended, pid) of every process that ran in this slot
+    ends: list[tuple[int, float, int | None]] = field(default_factory=list)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +152,8 @@ class Launcher:
         self.store = _store(args, host, port)
         self.host, self.port = host, self.store.port
         self.run_id = args.rdzv_id or uuid.uuid4().hex[:8]
+        #: torch's per-rank log folder: a temporary one (removed at the end) unless asked
+        self.temporary_logs = not args.log_dir
         self.log_dir = args.log_dir or tempfile.mkdtemp(prefix="commlib_run_")
         self.entrypoint, self.entry_args = _command(args)
         self.restarts_left = args.max_restarts
@@ -203,7 +210,7 @@ class Launcher:
                 file=sys.stderr,
                 flush=True,
             )
-        slot.ends.append((code, time.monotonic()))
+        slot.ends.append((code, time.monotonic(), slot.pid))
         slot.context = None
         if code != 0 and self.restarts_left > 0:
             self.restarts_left -= 1
@@ -241,6 +248,9 @@ class Launcher:
             print(f"commlib run: got {exc.sigval.name}; ending the ranks", file=sys.stderr)
             self._close(exc.sigval)
             return 128 + int(exc.sigval)
+        finally:
+            if self.temporary_logs:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
         return self._exit_code()
 
     def _finish(self) -> None:
@@ -251,12 +261,33 @@ class Launcher:
                 time.sleep(self.args.monitor_interval)
 
     def _exit_code(self) -> int:
-        ends = [end for slot in self.slots for end in slot.ends]
-        last_good = max((at for code, at in ends if code == 0), default=None)
-        late = [code for code, at in ends if code != 0 and (last_good is None or at > last_good)]
-        if late:
-            return late[0] if 0 < late[0] < 256 else 1
+        """0 when every failed process was replaced or shrunk away; else the first failure's.
+
+        Examples:
+            >>> launcher._exit_code()  # doctest: +SKIP
+            0
+        """
+        failed = []
+        for slot in self.slots:
+            for i, (code, at, pid) in enumerate(slot.ends):
+                replaced = i < len(slot.ends) - 1  # a replacement ran in its slot
+                if code != 0 and not replaced and not self._shrunk_away(pid):
+                    failed.append((at, code))
+        if failed:
+            code = min(failed)[1]
+            return code if 0 < code < 256 else 1
         return 0
+
+    def _shrunk_away(self, pid: int | None) -> bool:
+        """Whether the survivors' shrink left process ``pid`` of this node out (they note it)."""
+        record = _survivors.process_record()
+        if pid is None or record is None:
+            return False
+        here = record.rpartition(" ")[0]
+        try:
+            return bool(self.store.check([f"{_survivors.LEFT_OUT}/{here} {pid}"]))
+        except Exception:  # the store is gone: nothing forgives the failure
+            return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -275,9 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"commlib run: {exc}", file=sys.stderr)
         return 2
+    logs = "" if launcher.temporary_logs else f", logs in {launcher.log_dir}"
     print(
         f"commlib run: {args.nproc_per_node * args.nnodes} rank(s), store at "
-        f"{launcher.host}:{launcher.port} on {socket.gethostname()}, logs in {launcher.log_dir}",
+        f"{launcher.host}:{launcher.port} on {socket.gethostname()}{logs}",
         file=sys.stderr,
         flush=True,
     )

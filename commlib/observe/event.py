@@ -113,6 +113,14 @@ def describe(
     return ", ".join(words)
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    """``tensor.nbytes``; a sparse tensor has none: its dense size (the collective refuses it)."""
+    try:
+        return tensor.nbytes
+    except RuntimeError:
+        return tensor.numel() * tensor.element_size()
+
+
 def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int]:
     """Shapes, dtypes and bytes of what a caller passed: a tensor, a list of them, an object.
 
@@ -123,7 +131,7 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
         ((), ('dict',), 0)
     """
     if isinstance(value, torch.Tensor):
-        return ((tuple(value.shape),), (_dtype_name(value.dtype),), value.nbytes)
+        return ((tuple(value.shape),), (_dtype_name(value.dtype),), _nbytes(value))
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
         # the same shapes and dtypes call after call: their facts are made once
         key = tuple([(t.shape, t.dtype) for t in value if isinstance(t, torch.Tensor)])
@@ -135,7 +143,7 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
             found = _LIST_FACTS[key] = (
                 tuple(tuple(t.shape) for t in tensors),
                 tuple(_dtype_name(t.dtype) for t in tensors),
-                sum(t.nbytes for t in tensors),
+                sum(_nbytes(t) for t in tensors),
             )
         return found
     if value is None:

@@ -35,6 +35,7 @@ from commlib.observe import (
     enable_flight_recorder,
     trace_files,
 )
+from commlib.observe.event import payload_facts
 from commlib.plugins import list_observers, plugin_manager
 
 ROOT = Path(__file__).parents[2]
@@ -764,3 +765,10 @@ def test_shorten_keeps_short_lines_and_cuts_one_long_word_inside_it():
     assert shorten("", 20) == ""
     assert shorten("/a/very/long/path/without/any/spaces/at/all", 20) == "/a/very/long/path..."
     assert len(shorten("x " * 200, 50)) <= 50
+
+
+def test_an_observer_describes_a_sparse_tensor_without_failing():
+    # its nbytes raises: observers got a RuntimeWarning before the collective's TypeError
+    sparse = torch.ones(2).to_sparse()
+    assert payload_facts(sparse) == (((2,),), ("float32",), 8)
+    assert payload_facts([sparse, torch.ones(3)])[2] == 20

@@ -16,6 +16,7 @@ import re
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -127,16 +128,18 @@ def _refusals(comm):
     c = Communicator(timeout=TIMEOUT)
     _warm_up(c)
     seen = []
-    for call in (
-        lambda: c.all_reduce(torch.ones(4), op="nope" if c.rank == 1 else "sum"),  # one rank
-        lambda: c.broadcast(torch.ones(4), src=7),  # every rank's own mistake
-        lambda: c.broadcast_object({"x": 1}, src=9 if c.rank == 0 else 0),
-        lambda: c.all_gather(torch.ones(2).to_sparse() if c.rank == 2 else torch.ones(2)),
-    ):
-        try:
-            call()
-        except (ValueError, TypeError) as exc:
-            seen.append((type(exc).__name__, getattr(exc, "refused", None)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # describing a sparse tensor to observers warned
+        for call in (
+            lambda: c.all_reduce(torch.ones(4), op="nope" if c.rank == 1 else "sum"),  # one rank
+            lambda: c.broadcast(torch.ones(4), src=7),  # every rank's own mistake
+            lambda: c.broadcast_object({"x": 1}, src=9 if c.rank == 0 else 0),
+            lambda: c.all_gather(torch.ones(2).to_sparse() if c.rank == 2 else torch.ones(2)),
+        ):
+            try:
+                call()
+            except (ValueError, TypeError) as exc:
+                seen.append((type(exc).__name__, getattr(exc, "refused", None)))
     c.all_reduce(torch.ones(4))
     time.sleep(0.5)  # a failure's file is written at once, and the others are asked
     return seen

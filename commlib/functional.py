@@ -13,7 +13,6 @@ ranks within the group; with a Communicator (or the world) both are group ranks.
 from __future__ import annotations
 
 import datetime
-import functools
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -328,24 +327,8 @@ def is_main_process(group: Any = None) -> bool:
     return get_rank(group) == 0
 
 
-def master_only(func: F) -> F:
-    """Run ``func`` on the main process only; other ranks get ``None``.
-
-    Examples:
-        >>> @master_only
-        ... def save(path):
-        ...     torch.save(model.state_dict(), path)
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if is_main_process():
-            return func(*args, **kwargs)
-        return None
-
-    return wrapper  # type: ignore[return-value]
-
-
+# the main process is the world's rank 0: master_only is rank_zero_only (as mmengine's)
+master_only = helpers.rank_zero_only
 rank_zero_only = helpers.rank_zero_only
 obj2tensor = helpers.obj2tensor
 tensor2obj = helpers.tensor2obj
@@ -735,23 +718,9 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp], *, timeout: Timeout = None) 
         ...     for h in batch_isend_irecv(ops):
         ...         h.wait()
     """
-    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
-        raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
-    group = getattr(p2p_op_list[0], "group", None)
-    if any(getattr(op, "group", None) is not group for op in p2p_op_list):
-        raise ValueError("batch_isend_irecv: every P2POp of a batch must name the same group")
+    group = rank_args.batch_group(p2p_op_list)
     comm = _collective_comm(group)
-    ops = []
-    for i, op in enumerate(p2p_op_list):
-        if not isinstance(op, P2POp) and not all(
-            hasattr(op, a) for a in ("op", "tensor", "peer", "tag")
-        ):
-            raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
-        world_peer, group_peer = op.peer, getattr(op, "group_peer", None)
-        if isinstance(op, dist.P2POp) and group_peer is not None:
-            world_peer = None  # torch's P2POp fills both, one from the other
-        peer = rank_args.peer(comm, "batch_isend_irecv", "peer", world_peer, group_peer, group)
-        ops.append(P2POp(op.op, op.tensor, peer, tag=op.tag))
+    ops = rank_args.batch_in_group(comm, p2p_op_list, group)
     return comm.batch_isend_irecv(ops, timeout=timeout)
 
 

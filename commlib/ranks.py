@@ -25,6 +25,7 @@ import torch.distributed as dist
 from commlib.communicator import Communicator
 from commlib.errors import NotInGroupError, RemoteError
 from commlib.handle import ResultHandle
+from commlib.p2p import P2POp
 from commlib.types import Timeout
 
 
@@ -227,3 +228,34 @@ class SenderHandle:
 
     def __repr__(self) -> str:
         return repr(self._handle)
+
+
+def batch_group(p2p_op_list: Any) -> Any:
+    """The group every op of a ``batch_isend_irecv`` batch names, checked.
+
+    Examples:
+        >>> batch_group([P2POp("isend", torch.ones(1), 0)]) is None
+        True
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
+    group = getattr(p2p_op_list[0], "group", None)
+    if any(getattr(op, "group", None) is not group for op in p2p_op_list):
+        raise ValueError("batch_isend_irecv: every P2POp of a batch must name the same group")
+    return group
+
+
+def batch_in_group(comm: Communicator, p2p_op_list: Any, group: Any) -> list[P2POp]:
+    """The batch's ops with their peers as ranks of ``comm``'s group (torch's P2POp too)."""
+    ops = []
+    for i, op in enumerate(p2p_op_list):
+        if not isinstance(op, P2POp) and not all(
+            hasattr(op, a) for a in ("op", "tensor", "peer", "tag")
+        ):
+            raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
+        world_peer, group_peer = op.peer, getattr(op, "group_peer", None)
+        if isinstance(op, dist.P2POp) and group_peer is not None:
+            world_peer = None  # torch's P2POp fills both, one from the other
+        rank = peer(comm, "batch_isend_irecv", "peer", world_peer, group_peer, group)
+        ops.append(P2POp(op.op, op.tensor, rank, tag=op.tag))
+    return ops

@@ -88,7 +88,7 @@ def world_ranks_of(
         raise ValueError("new_group needs at least one rank")
     if size is not None:
         for r in ranks:
-            check.rank_in_range(r, size, "rank")
+            check.rank_in_range(r, size, f"new_group({list(ranks)}): rank")
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"new_group got duplicate ranks: {ranks}")
     if not distributed:

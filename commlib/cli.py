@@ -84,6 +84,8 @@ def trace(directory: str, as_json: bool = False, out=None, stacks: bool = False)
         $ commlib trace /tmp/trace
         $ commlib trace /tmp/trace --stacks
         $ commlib trace /tmp/trace --json
+
+    Exits 1 when the folder holds no trace file (it says so), 2 when it is no folder.
     """
     import json
     from pathlib import Path
@@ -96,7 +98,8 @@ def trace(directory: str, as_json: bool = False, out=None, stacks: bool = False)
         return 2
     found = diagnose(directory)
     print(json.dumps(found, indent=1) if as_json else render(found, stacks=stacks), file=out)
-    return 0
+    # nothing to read is a failure a script can tell: a wrong folder, or no rank wrote
+    return 0 if found.get("ranks_with_files") else 1
 
 
 def stacks(directory: str, timeout: float = 15.0, as_json: bool = False, out=None) -> int:
@@ -140,6 +143,8 @@ def stats(directory: str, as_json: bool = False, out=None) -> int:
     Examples:
         $ COMMLIB_STATS=/tmp/stats torchrun --nproc-per-node 4 train.py
         $ commlib stats /tmp/stats
+
+    Exits 1 when the folder holds no statistics file (it says so), 2 when it is no folder.
     """
     import json
     from pathlib import Path
@@ -152,7 +157,7 @@ def stats(directory: str, as_json: bool = False, out=None) -> int:
         return 2
     merged = merge(directory)
     print(json.dumps(merged, indent=1) if as_json else render(merged), file=out)
-    return 0
+    return 0 if merged["ranks"] else 1  # no file: a wrong folder, or no rank wrote one
 
 
 def main(argv: Sequence[str] | None = None) -> int:

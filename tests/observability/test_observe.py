@@ -648,6 +648,20 @@ def test_trace_does_not_blame_a_rank_whose_records_of_a_group_all_dropped(tmp_pa
     assert found["verdict"] == ["the ranks agree on every collective recorded"]
 
 
+def test_trace_and_stats_of_an_empty_folder_fail_saying_so(tmp_path, capsys):
+    # a wrong folder (or one no rank wrote to) must not read as a clean bill to a script
+    assert cli(["trace", str(tmp_path)]) == 1
+    assert "no commlib trace files here" in capsys.readouterr().out
+    assert cli(["trace", str(tmp_path), "--stacks"]) == 1
+    assert cli(["stats", str(tmp_path)]) == 1
+    assert "no statistics files" in capsys.readouterr().out
+
+
+def test_new_group_names_itself_when_a_rank_is_out_of_range():
+    with pytest.raises(ValueError, match=r"new_group\(\[0, 5\]\): rank=5 is out of range"):
+        Communicator().new_group([0, 5])
+
+
 def test_trace_of_an_empty_or_missing_directory(tmp_path, capsys):
     assert diagnosis.diagnose(tmp_path)["verdict"] == ["no commlib trace files here"]
     (tmp_path / "commlib_trace_rank0.json").write_text("{not json")

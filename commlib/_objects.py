@@ -176,7 +176,7 @@ def pack_blob(engine: Engine, segments: list[torch.Tensor], sizes, size: int) ->
         >>> int(pack_blob(engine, segments, [10, 20], 64).sum())
         30
     """
-    device = engine.plugin.device()
+    device = engine.device()
     offsets, _ = layout(sizes)
     if device.type == "cpu":
         # Python's memory copies: no tensor op per segment
@@ -220,7 +220,7 @@ def transfer_p2p(
     what: str,
 ) -> Steps[dict[int, torch.Tensor]]:
     """:func:`_transfer` by send/recv between exactly the ranks of ``routes``."""
-    me, dev = engine.rank, engine.plugin.device()
+    me, dev = engine.rank, engine.device()
     blobs: dict[int, torch.Tensor] = {}
     recvs = []
     for sender, receiver in routes:
@@ -238,7 +238,7 @@ def transfer_p2p(
 
 
 def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> Steps[dict]:
-    me, world, dev = engine.rank, engine.world_size, engine.plugin.device()
+    me, world, dev = engine.rank, engine.world_size, engine.device()
     senders = sorted({s for s, _ in routes})
     receivers = {r for _, r in routes}
     # every rank pads to the same size, so the caller gives every rank every

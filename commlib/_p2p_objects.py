@@ -98,7 +98,7 @@ def recv_object_list_steps(
         ...     run(engine, recv_object_list_steps(engine, box, 0, serializer, 4096))   # 0
     """
     me = engine.rank
-    received = torch.empty(slot_size, dtype=torch.uint8, device=engine.plugin.device())
+    received = torch.empty(slot_size, dtype=torch.uint8, device=engine.device())
     yield from call(engine, "recv_object_list", engine.plugin.recv, received, src)
     slots = read_slots(received, slot_size, 1)
     status, op, _, _, length, _ = slots.heads[0]

@@ -142,7 +142,7 @@ def scatter_object_list_steps(
             output_list[0] = load_payload(ser, me, src, header, buffers)
         return None
     # round two: one slot per rank; then the parts that did not fit theirs
-    dev = engine.plugin.device()
+    dev = engine.device()
     mine = torch.empty(slot_size, dtype=torch.uint8, device=dev)
     sent = [engine.plugin.to_device(torch.frombuffer(p.slot, dtype=torch.uint8)) for p in parts]
     yield from call(engine, WHAT, engine.plugin.scatter, mine, sent if me == src else None, src)
@@ -221,7 +221,7 @@ def _rest_collective(
     largest_blob: int,
 ) -> Steps[Any]:
     """Parts that did not fit their slot, by scatters padded to the largest."""
-    me, dev = engine.rank, engine.plugin.device()
+    me, dev = engine.rank, engine.device()
     part = read_slots(mine, slot_size, 1) if me != src else None
     status = part.status(0) if part is not None else None
     sizes: list[int] = part.sizes(0) if part is not None and status == TABLE else []

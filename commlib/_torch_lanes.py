@@ -76,6 +76,9 @@ REDUCE_SCATTER_SINGLE = _method("reduce_scatter_single", "_reduce_scatter_base")
 # collective on the caller's current stream, with no stream join and no tensor stash
 _BLOCKING = False
 
+# what torch's options take as a reduction (an op, or a premultiplied sum)
+_TORCH_OPS = (dist.ReduceOp, dist.ReduceOp.RedOpType)
+
 # the torch.distributed function the base Backend's method calls, per collective
 # (the first this torch has)
 _FUNCTIONS = {
@@ -163,9 +166,13 @@ def process_group_lane(
     pg = dist.GroupMember.WORLD if group is None else group
     if not isinstance(pg, dist.ProcessGroup):
         return None
+    reduce_op = plugin.torch_reduce_op(key["op"]) if "op" in key else None
+    if reduce_op is not None and not isinstance(reduce_op, _TORCH_OPS):
+        # the plugin maps ops to another engine's (mpi4py's): its methods are not torch's
+        return None
     alone = pg.size() == 1
     if collective in ("all_reduce", "reduce"):
-        fields: dict[str, Any] = {"reduceOp": plugin.torch_reduce_op(key["op"])}
+        fields: dict[str, Any] = {"reduceOp": reduce_op}
         if collective == "reduce":
             fields["rootRank"] = key["dst"]
         kind = c10d.AllreduceOptions if collective == "all_reduce" else c10d.ReduceOptions
@@ -191,7 +198,6 @@ def process_group_lane(
         opts = build_options(c10d.AllgatherOptions, _BLOCKING)
         return DirectCall(getattr(pg, ALL_GATHER_SINGLE), opts, unless_in=COALESCING)
     if collective == "reduce_scatter" and REDUCE_SCATTER_SINGLE:
-        reduce_op = plugin.torch_reduce_op(key["op"])
         opts = build_options(c10d.ReduceScatterOptions, _BLOCKING, reduceOp=reduce_op)
         return DirectCall(getattr(pg, REDUCE_SCATTER_SINGLE), opts, unless_in=COALESCING)
     if collective == "all_to_all":

@@ -225,3 +225,26 @@ def test_a_lane_is_issued_as_torch_s_blocking_call(free_dist):
         lanes = [lane for lane in comm._engine.lanes.values() if lane is not None]
         assert len(lanes) == 3
         assert all(lane.options.asyncOp is False for lane in lanes)
+
+
+class OtherOps(Minimal):
+    """A plugin whose reductions are another engine's (as mpi's map to mpi4py's)."""
+
+    name = "lanes-other-ops"
+
+    def torch_reduce_op(self, op):
+        return f"engine-{op}"
+
+
+def test_no_torch_lane_for_a_plugin_whose_ops_are_not_torch_s(free_dist):
+    import torch.distributed as dist
+
+    with fake_world(2, dispatch_plugin(Minimal())):
+        group = dist.group.WORLD
+        plugin = OtherOps()
+        for collective in ("all_reduce", "reduce_scatter"):
+            assert plugin.direct_call(collective, group, op="sum", dtype=torch.float32) is None
+        lane = plugin.direct_call("reduce", group, op="max", dst=0, dtype=torch.float32)
+        assert lane is None
+        # what takes no op keeps its lane
+        assert plugin.direct_call("broadcast", group, src=0, dtype=torch.float32) is not None

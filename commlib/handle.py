@@ -105,6 +105,16 @@ class Handle:
             threading.Thread(target=look_then_complete, name="commlib-future", daemon=True).start()
         return future
 
+    @property
+    def work(self) -> Work | None:
+        """The engine's work in flight (``None``: none was left); ``wait()`` finishes the call.
+
+        Examples:
+            >>> comm.all_reduce(torch.ones(2), async_op=True).work is None  # a world of one
+            True
+        """
+        return self._work
+
     def is_completed(self) -> bool:
         """Whether the engine has finished; ``wait()`` is still needed for commlib's part.
 

@@ -104,8 +104,15 @@ class CommlibWork(dist._Work):
             done: torch.futures.Future = torch.futures.Future()
             done.set_result(self.tensors)
             return done
-        # DDP chains its gradient buckets on this
-        return self.handle.get_future().then(lambda _: (self.wait(), self.tensors)[1])
+        # DDP chains its gradient buckets on this: completed from the engine's own future
+        # where it has one (no thread looking for the end), with commlib's part of the call
+        engine_future = getattr(self.handle.work, "get_future", None)
+        future = engine_future() if engine_future is not None else self.handle.get_future()
+        return future.then(self._after)
+
+    def _after(self, _: torch.futures.Future) -> list[torch.Tensor]:
+        self.wait()  # the engine's work is done: commlib's part, and its errors, mapped
+        return self.tensors
 
 
 def _done(tensors: list[torch.Tensor]) -> CommlibWork:

@@ -1,0 +1,94 @@
+"""Instructions a call costs before the engine, counted by callgrind: a figure load does not move.
+
+The dispatch cases of ``commlib bench --ops dispatch`` (torch's fake process
+group, one process), each side's calls counted by valgrind's callgrind: the
+script runs itself under ``valgrind --tool=callgrind --dump-before=getppid``
+and calls ``os.getppid()`` around each side's timed calls, so each side's
+calls land in a profile part of their own. On a machine others share, wall
+and CPU times swing with the load; instruction counts barely move, so an A/B
+of two trees (run this in each) compares dispatch-level changes there.
+
+Usage:
+    python benchmarks/count_dispatch.py [--nproc 8] [--calls 200] [--ops all_gather,gather]
+
+Needs valgrind on PATH. Each side: instructions per call (thousands), and
+commlib's count over torch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def _count(nproc: int, calls: int, ops: list[str], order_file: str) -> None:
+    """The counted run (under callgrind): each side's calls between two ``getppid``."""
+    import commlib
+    from commlib.bench.dispatch_cases import select_dispatch
+    from commlib.bench.fake_world import dispatch_plugin, fake_world
+
+    order = []
+    base = commlib.plugins.backend_for_group()
+    with fake_world(nproc, dispatch_plugin(base)) as comm:
+        for case in select_dispatch([f"{op}[dispatch]" for op in ops]):
+            for side, call in case.prepare(comm).items():
+                for _ in range(20):  # warm: lanes learnt, slots sized
+                    call()
+                os.getppid()  # a dump: the part that follows is this side's
+                for _ in range(calls):
+                    call()
+                os.getppid()
+                order.append((case.op, side))
+    with open(order_file, "w") as f:
+        json.dump(order, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--ops", default="all_reduce,all_gather,gather")
+    parser.add_argument("--counted", metavar="ORDER_FILE", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    ops = args.ops.split(",")
+    if args.counted:
+        _count(args.nproc, args.calls, ops, args.counted)
+        return
+    with tempfile.TemporaryDirectory() as where:
+        order_file = os.path.join(where, "order.json")
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=getppid",
+            f"--callgrind-out-file={where}/out",
+            sys.executable,
+            __file__,
+            *("--nproc", str(args.nproc), "--calls", str(args.calls), "--ops", args.ops),
+            *("--counted", order_file),
+        ]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        parts = sorted(glob.glob(f"{where}/out.*"), key=lambda p: int(p.rsplit(".", 1)[1]))
+        totals = []
+        for part in parts:
+            with open(part) as f:
+                found = re.search(r"^summary: (\d+)", f.read(), re.M)
+            totals.append(int(found.group(1)) if found else 0)
+        with open(order_file) as f:
+            order = json.load(f)
+    # parts: before the first side, then each side's calls and the gap after them
+    per_call = {tuple(side): n / args.calls / 1000 for side, n in zip(order, totals[1::2])}
+    print(f"# instructions a call (thousands), fake group of {args.nproc}, {args.calls} calls")
+    for op in ops:
+        torch_k, ours = per_call.get((op, "torch")), per_call.get((op, "commlib"))
+        if torch_k and ours:
+            print(f"{op:24s} torch {torch_k:8.1f}  commlib {ours:8.1f}  {ours / torch_k:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

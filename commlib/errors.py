@@ -22,6 +22,37 @@ Examples:
 
 from __future__ import annotations
 
+import json
+import re
+
+#: how a nested collective describes a structure in the argument check's round:
+#: ``all_reduce(["dict{'a': _}", [["['a']", "tensor", "torch.float32", [1]]]])``
+_STRUCTURE = re.compile(r"^(\w+)\((\[\s*\".*\])\)$", re.S)
+
+
+def _readable(text: str) -> str:
+    """A rank's description as a reader reads it: a structure's JSON becomes its leaves.
+
+    Examples:
+        >>> _readable('all_reduce(["list[_]", [["[0]", "tensor", "torch.float32", [1]]]])')
+        'all_reduce of a structure: [0] torch.float32 (1,)'
+        >>> _readable("all_reduce(op=sum, torch.float32, (1,))")
+        'all_reduce(op=sum, torch.float32, (1,))'
+    """
+    found = _STRUCTURE.match(text)
+    if found is None:
+        return text
+    try:
+        described = json.loads(found.group(2))
+        leaves = described[1]
+        shown = [
+            f"{path} {dtype or kind} {tuple(shape)}" if kind == "tensor" else f"{path} {kind}"
+            for path, kind, dtype, shape in leaves
+        ]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return text
+    return f"{found.group(1)} of a structure: {', '.join(shown) or 'no leaves'}"
+
 
 class CommError(RuntimeError):
     """Base class of the errors that concern more than the calling rank."""
@@ -60,7 +91,7 @@ class RemoteError(CommError):
         self.collective = collective
         self.failures = dict(sorted(failures.items()))
         self.summary = summary
-        lines = "; ".join(f"rank {r}: {msg}" for r, msg in self.failures.items())
+        lines = "; ".join(f"rank {r}: {_readable(msg)}" for r, msg in self.failures.items())
         head = summary or f"failed on rank(s) {sorted(self.failures)}"
         super().__init__(f"{collective} {head}: {lines}")
 

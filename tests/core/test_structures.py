@@ -164,6 +164,9 @@ def _on_mismatches(comm):
             {"y": torch.zeros(()) if r == 1 else torch.zeros(2)}
         ),
         "async": lambda: comm.all_reduce({"a": torch.zeros(1)}, async_op=r == 1),
+        "tensor or structure": lambda: comm.all_reduce(
+            torch.zeros(1) if r == 1 else {"a": torch.zeros(1)}
+        ),
     }
     out = {name: _caught(fn) for name, fn in cases.items()}
     # the communicator keeps working after every one of them
@@ -189,6 +192,10 @@ def test_mismatches_raise_the_same_error_everywhere_naming_the_path(multi_world)
     assert f"['y']: rank 1 (2, 3), {others} (2, 4)" in got["cat trailing"][2]
     assert got["cat refused"][:2] == ("remote", True)
     assert got["async"][:2] == ("remote", True) and "async_op" in got["async"][2]
+    # a structure is shown by its leaves, not in the check's own encoding
+    mixed = got["tensor or structure"][2]
+    assert "all_reduce of a structure: ['a'] torch.float32 (1,)" in mixed, mixed
+    assert '["dict' not in mixed and "rank 1: all_reduce(op=sum, torch.float32, (1,))" in mixed
     assert got["after"] == n
 
 

@@ -49,9 +49,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from commlib import _torch_facts as torch_facts
+from commlib.types import DirectCall
 
 if TYPE_CHECKING:
-    from commlib.backend import Backend, DirectCall
     from commlib.types import Group
 
 #: torch's open coalescing managers, keyed by group (``None`` on a torch without them)
@@ -129,11 +129,13 @@ def build_options(kind: Any, async_op: bool, **fields: Any) -> Any:
 
 
 def process_group_lane(
-    plugin: Backend, collective: str, group: Group, key: dict[str, Any]
+    plugin: Any, collective: str, group: Group, key: dict[str, Any], base: type[Any]
 ) -> DirectCall | None:
     """The ProcessGroup call torch.distributed's function makes for ``collective`` and ``key``.
 
-    What :meth:`commlib.Backend.direct_call` returns by default; the options
+    What :meth:`commlib.Backend.direct_call` returns by default (``plugin`` a
+    Backend, ``base`` the class whose methods are the defaults: ``Backend``,
+    handed in so this module stays below ``commlib.backend``); the options
     are built here, once per key. A group of one rank issues nothing for the
     reductions, broadcast and barrier (``call=None``); its gathers and
     exchanges copy, in the plugin's methods (no lane). ``None`` where the
@@ -142,21 +144,19 @@ def process_group_lane(
 
     Examples:
         >>> gloo = commlib.plugins.resolve_backend("gloo")
-        >>> process_group_lane(gloo, "all_reduce", group, {"op": "sum", "dtype": torch.float32})
+        >>> process_group_lane(gloo, "all_reduce", group, {"op": "sum"}, commlib.Backend)
         ... # doctest: +SKIP
         DirectCall(call=<bound method ProcessGroup.allreduce ...>, ...)
     """
-    from commlib.backend import Backend, DirectCall
-
     if collective == "all_gather_slots":
         # the default gathers the first row with all_gather_into_tensor: its lane,
         # where both methods are the default's
         cls = type(plugin)
-        if key.get("apart") or cls.all_gather_slots is not Backend.all_gather_slots:
+        if key.get("apart") or cls.all_gather_slots is not base.all_gather_slots:
             return None
-        if cls.all_gather_into_tensor is not Backend.all_gather_into_tensor:
+        if cls.all_gather_into_tensor is not base.all_gather_into_tensor:
             return None
-        found = process_group_lane(plugin, "all_gather_into_tensor", group, {})
+        found = process_group_lane(plugin, "all_gather_into_tensor", group, {}, base)
         return None if found is None or found.call is None else found
     dtype = key.get("dtype")
     if TORCHCOMMS_INSTALLED or (dtype is not None and dtype.is_complex):
@@ -183,7 +183,7 @@ def process_group_lane(
         return DirectCall(None if alone else pg.broadcast, opts, unless_in=COALESCING)
     if collective == "barrier":
         # torch's own barrier on a CPU engine (on an accelerator torch picks a device)
-        if type(plugin).barrier is not Backend.barrier or plugin.device_type != "cpu":
+        if type(plugin).barrier is not base.barrier or plugin.device_type != "cpu":
             return None
         opts = build_options(c10d.BarrierOptions, _BLOCKING, device=torch.device("cpu"))
         return DirectCall(None if alone else pg.barrier, opts, unless_in=COALESCING)

@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal, NamedTuple
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from commlib import _torch_facts as torch_facts
 from commlib._torch_groups import build_group
 from commlib._torch_lanes import process_group_lane
 from commlib.serialization import Serializer, default_serializer
+from commlib.types import DirectCall as DirectCall  # the contract's type, named here too
 from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib.works import ThenWork as ThenWork  # plugins imported it from here
 from commlib.works import WorkList, global_rank
@@ -78,47 +79,6 @@ _TORCH_OPS = {
 def _device(device_type: str) -> torch.device:
     # torch.device is immutable: one per type serves every call
     return torch.device(device_type)
-
-
-class DirectCall(NamedTuple):
-    """A collective the engine issues on the process group itself: decided once, called often.
-
-    What :meth:`Backend.direct_call` returns. ``call`` is the engine's own
-    method, bound (a ``ProcessGroup`` method for a torch.distributed engine),
-    called as torch calls that method for a blocking call (the engine issues
-    lanes for blocking calls only: options built with ``asyncOp=False``, as
-    torch's functions build them), with ``options`` last: for
-    ``all_reduce`` ``call([tensor], options)``, ``broadcast`` and ``reduce``
-    the same, ``all_gather_into_tensor`` ``call(output, tensor, options)``,
-    ``reduce_scatter`` ``call(output, input, options)``,
-    ``all_to_all_single`` ``call(output, input, [], [], options)``,
-    ``scatter`` ``call([tensor], [scatter_list] on src else [], options)``,
-    ``all_to_all`` ``call(output_list, input_list, options)``,
-    ``all_gather_slots`` ``call(output, slots[0], options)``, or with
-    ``apart`` (rows sent apart) ``call(output, slots, [], [], options)``,
-    ``barrier`` ``call(options)``; ``send`` and ``recv`` ``call([tensor],
-    peer, tag)`` (no options). It
-    returns the operation's work. ``call=None``: the collective is the
-    identity here (a group of one rank): nothing to issue.
-
-    It serves tensors of ``min_bytes`` to ``max_bytes`` bytes (this rank's
-    tensor: the input of a gather, the output of a reduce_scatter): outside
-    that range the plugin's own method takes another path (a small gather
-    through an all_to_all, a large one point to point). While the process
-    group is a key of ``unless_in`` (torch's open coalescing managers) the
-    plugin's method is called instead.
-
-    Examples:
-        >>> lane = DirectCall(None, None)   # a group of one: nothing to send
-        >>> lane.min_bytes, lane.max_bytes
-        (0, 9223372036854775807)
-    """
-
-    call: Callable[..., Work] | None
-    options: Any
-    min_bytes: int = 0
-    max_bytes: int = 2**63 - 1
-    unless_in: Any = None
 
 
 class Backend:
@@ -553,7 +513,7 @@ class Backend:
             >>> lane = gloo.direct_call("all_reduce", group, op="sum", dtype=torch.float32)
             ... # doctest: +SKIP
         """
-        return process_group_lane(self, collective, group, key)
+        return process_group_lane(self, collective, group, key, Backend)
 
     # -- tensor collectives --------------------------------------------------------
     def all_reduce(

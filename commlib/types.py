@@ -8,7 +8,8 @@ Examples:
 from __future__ import annotations
 
 import datetime
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch.distributed import ProcessGroup
@@ -66,3 +67,44 @@ class P2PRequest(NamedTuple):
     tensor: torch.Tensor
     peer: int
     tag: int = 0
+
+
+class DirectCall(NamedTuple):
+    """A collective the engine issues on the process group itself: decided once, called often.
+
+    What :meth:`Backend.direct_call` returns. ``call`` is the engine's own
+    method, bound (a ``ProcessGroup`` method for a torch.distributed engine),
+    called as torch calls that method for a blocking call (the engine issues
+    lanes for blocking calls only: options built with ``asyncOp=False``, as
+    torch's functions build them), with ``options`` last: for
+    ``all_reduce`` ``call([tensor], options)``, ``broadcast`` and ``reduce``
+    the same, ``all_gather_into_tensor`` ``call(output, tensor, options)``,
+    ``reduce_scatter`` ``call(output, input, options)``,
+    ``all_to_all_single`` ``call(output, input, [], [], options)``,
+    ``scatter`` ``call([tensor], [scatter_list] on src else [], options)``,
+    ``all_to_all`` ``call(output_list, input_list, options)``,
+    ``all_gather_slots`` ``call(output, slots[0], options)``, or with
+    ``apart`` (rows sent apart) ``call(output, slots, [], [], options)``,
+    ``barrier`` ``call(options)``; ``send`` and ``recv`` ``call([tensor],
+    peer, tag)`` (no options). It
+    returns the operation's work. ``call=None``: the collective is the
+    identity here (a group of one rank): nothing to issue.
+
+    It serves tensors of ``min_bytes`` to ``max_bytes`` bytes (this rank's
+    tensor: the input of a gather, the output of a reduce_scatter): outside
+    that range the plugin's own method takes another path (a small gather
+    through an all_to_all, a large one point to point). While the process
+    group is a key of ``unless_in`` (torch's open coalescing managers) the
+    plugin's method is called instead.
+
+    Examples:
+        >>> lane = DirectCall(None, None)   # a group of one: nothing to send
+        >>> lane.min_bytes, lane.max_bytes
+        (0, 9223372036854775807)
+    """
+
+    call: Callable[..., Work] | None
+    options: Any
+    min_bytes: int = 0
+    max_bytes: int = 2**63 - 1
+    unless_in: Any = None

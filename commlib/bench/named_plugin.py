@@ -18,6 +18,7 @@ import sys
 
 from commlib import plugins
 from commlib.backend import Backend
+from commlib.testing import simulated
 
 _CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -93,8 +94,6 @@ def simulated_if_absent(plugin: Backend) -> Backend:
         >>> simulated_if_absent(load_named("hccl"))   # no torch_npu here  # doctest: +SKIP
         <SimulatedHcclBackend 'hccl' torch_backend='hccl'>
     """
-    from commlib.testing import simulated
-
     reason = plugin.unavailable_reason()
     if reason is None or plugin.name not in simulated.KINDS:
         return plugin
@@ -114,6 +113,4 @@ def simulates(plugin: Backend) -> bool:
         >>> simulates(load_named("gloo")), simulates(load_named("cncl"))  # no torch_mlu
         (False, True)
     """
-    from commlib.testing import simulated
-
     return plugin.name in simulated.KINDS and plugin.unavailable_reason() is not None

@@ -103,8 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.backend,
         help="commlib backend, torch.distributed backend, or a plugin class as "
         "module:Class (default: the one the plugins choose for this machine, see "
-        "`commlib info`); --ops dispatch alone times nccl, hccl or cncl over simulated "
-        "devices where the device is absent",
+        "`commlib info`); --ops dispatch alone times an accelerator's plugin over "
+        "simulated devices where the device is absent",
     )
     add(
         "--min-bytes",

@@ -26,10 +26,6 @@ def communicator_for(group: Any = None) -> Communicator:
     """
     if isinstance(group, Communicator):
         return group
-    served = dist.group.WORLD if group is None and dist_ready() else group
-    if is_served(served):
-        # a group commlib serves to torch (commlib.torch_backend): the communicator it runs on
-        return communicator_of(served)
     if is_destroyed(group):
         with world.lock:
             world.communicators.pop(group, None)
@@ -42,7 +38,11 @@ def communicator_for(group: Any = None) -> Communicator:
         key = current if group is None else group
         comm: Communicator | None = world.communicators.get(key)
         if comm is None:
-            comm = world.communicators[key] = Communicator(group)
+            if is_served(key):
+                # a group commlib serves to torch (commlib.torch_backend): the one its calls use
+                comm = world.communicators[key] = communicator_of(key)
+            else:
+                comm = world.communicators[key] = Communicator(group)
             world.forget_communicators_at_exit()
         return comm
 

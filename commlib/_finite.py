@@ -22,8 +22,12 @@ from commlib.errors import NonFiniteError, RemoteArgumentError
 from commlib.observe.call_site import call_site
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from commlib._engine import Engine
+    from commlib._guard import Guard
     from commlib.serialization import Serializer
+    from commlib.types import Timeout
 
 ENV = "COMMLIB_CHECK_FINITE"
 #: what a rank whose tensor is not finite adds to its description in the check
@@ -50,6 +54,43 @@ def is_finite(tensor: torch.Tensor) -> bool:
     if not (tensor.is_floating_point() or tensor.is_complex()):
         return True
     return bool(torch.isfinite(tensor).all())
+
+
+def flag(on: bool, tensor: torch.Tensor) -> bool | None:
+    """Whether ``tensor`` is finite where the check is ``on``; ``None`` where it is off.
+
+    Examples:
+        >>> flag(True, torch.tensor([float("inf")])), flag(False, torch.ones(1))
+        (False, None)
+    """
+    return is_finite(tensor) if on else None
+
+
+def checked(
+    guard: Guard,
+    engine: Engine,
+    what: str,
+    describe: Callable[[], str],
+    data: torch.Tensor,
+    timeout: Timeout,
+    finite: bool | None,
+) -> list[torch.Tensor] | None:
+    """The argument check of ``what``, the NaN/Inf flag riding in it (``finite``: :func:`flag`).
+
+    Examples:
+        >>> guard = commlib._guard.Guard()  # doctest: +SKIP
+        >>> checked(guard, engine, "all_reduce", lambda: "op=sum", x, None, None)  # doctest: +SKIP
+    """
+    if finite is None:
+        return guard.check(engine, what, describe, data, timeout)
+    try:
+        parts = guard.check(
+            engine, what, lambda: describe() + ("" if finite else MARK), data, timeout
+        )
+    except RemoteArgumentError as exc:
+        raise from_mismatch(what, exc) from None
+    raise_if_every_rank(what, finite, engine.world_size)
+    return parts
 
 
 def _where() -> str:

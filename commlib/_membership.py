@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from commlib import _failure_notes, _newcomers, _survivors
+from commlib import _failure_notes, _guard, _newcomers, _split, _steps, _survivors
 from commlib import _validation as check
 from commlib._engine import Engine, engine_limit
+from commlib._settings import as_timedelta
 from commlib._torch_groups import release_group
-from commlib.errors import CommError, RemoteArgumentError
+from commlib.errors import CommError, NotInGroupError, RemoteArgumentError
 
 if TYPE_CHECKING:
     from commlib.backend import Backend
@@ -94,6 +95,108 @@ def world_ranks_of(
     if not distributed:
         return list(ranks)
     return None if known is None else [known[r] for r in ranks]
+
+
+@dataclasses.dataclass(frozen=True)
+class NewGroupPlan:
+    """What one rank brings to ``new_group``'s round: its list, checked, or its refusal."""
+
+    ranks: list[int]
+    world_ranks: list[int] | None
+    limit: datetime.timedelta
+    described: str
+    refused: ValueError | TypeError | None = None
+
+
+def plan_new_group(
+    ranks: Any,
+    timeout: Any,
+    default: datetime.timedelta,
+    world_ranks_of: Callable[[list[int]], list[int] | None],
+    distributed: bool,
+) -> NewGroupPlan:
+    """This rank's ``new_group(ranks, timeout)``, checked (``world_ranks_of``: the group's check).
+
+    In a distributed job a mistake only this rank made is kept for the round:
+    the other ranks are in it already, and every rank raises alike.
+
+    Examples:
+        >>> same = lambda ranks: ranks
+        >>> plan_new_group([0], None, datetime.timedelta(seconds=9), same, True).described
+        'world ranks [0]'
+        >>> plan_new_group(3, None, datetime.timedelta(seconds=9), same, True).refused
+        TypeError("'int' object is not iterable")
+    """
+    try:
+        listed = list(ranks)
+        world_ranks = world_ranks_of(listed)
+        limit = as_timedelta(timeout) or default
+    except (ValueError, TypeError) as exc:
+        if not distributed:
+            raise
+        return NewGroupPlan([], None, default, f"refused: {exc}", exc)
+    described = (
+        f"world ranks {world_ranks}"
+        if world_ranks is not None
+        else "refused: this process is not a member of the group it was asked to "
+        "divide and does not know its ranks"
+    )
+    return NewGroupPlan(listed, world_ranks, limit, described)
+
+
+def agree_new_group(
+    world: Engine | None, plan: NewGroupPlan, serializer: Serializer, slot_size: int
+) -> list[int]:
+    """The new group's world ranks, once every world rank passed the same list.
+
+    torch's new_group waits in the store for every world rank with the same
+    list, without a bound: ranks that differ (or a non-member that cannot
+    translate, or a rank that refused its own list) are an error on every
+    rank, after one round of the argument check over the ``world``'s engine.
+
+    Examples:
+        >>> plan = plan_new_group([0], None, datetime.timedelta(seconds=9), list, False)
+        >>> agree_new_group(None, plan, comm.serializer, 4096)
+        [0]
+    """
+    if world is not None:  # commlib's own round: not a collective observers see
+        if _steps.pending():  # it goes after the world's unfinished handles, as a call would
+            _steps.finish_pending(world.group)
+        _guard.agree(world, "new_group", plan.described, serializer, slot_size)
+    if plan.refused is not None:  # every rank refused alike
+        raise plan.refused
+    if plan.world_ranks is None:
+        raise NotInGroupError(f"new_group({plan.described})")
+    return plan.world_ranks
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitOffer:
+    """What one rank says in ``split``'s round: ``(color, key)``, or its refusal."""
+
+    said: Any
+    color: int | None
+    limit: datetime.timedelta
+    refused: Exception | None = None
+
+
+def split_offer(
+    color: Any, key: Any, rank: int, timeout: Any, default: datetime.timedelta
+) -> SplitOffer:
+    """This rank's ``split(color, key, timeout=timeout)``, checked; a refusal is said, not raised.
+
+    Examples:
+        >>> split_offer(1, None, 3, None, datetime.timedelta(seconds=9)).said
+        (1, 3)
+        >>> split_offer(-1, None, 0, None, datetime.timedelta(seconds=9)).said[0]
+        'refused'
+    """
+    try:
+        mine = _split.checked(color, key, rank)
+        limit = as_timedelta(timeout) or default
+    except (ValueError, TypeError) as exc:
+        return SplitOffer(("refused", f"{type(exc).__name__}: {exc}"), None, default, exc)
+    return SplitOffer(mine, mine[0], limit)
 
 
 def split_refusals(table: list[Any], refused: Exception | None) -> None:

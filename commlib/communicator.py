@@ -16,7 +16,7 @@ import datetime
 import math
 import operator
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
 
 import torch
@@ -357,44 +357,20 @@ class Communicator:
         """
         if use_local_synchronization:
             return self._new_group_of_members(ranks, timeout)
-        try:
-            ranks = list(ranks)
-            world_ranks = self._world_ranks_of(ranks)
-            limit = as_timedelta(timeout) or self.timeout
-        except (ValueError, TypeError) as exc:
-            if not self._distributed:
-                raise
-            # a mistake only this rank made: the others are in the round below already
-            refused: ValueError | TypeError | None = exc
-            world_ranks, limit, described = None, self.timeout, f"refused: {exc}"
-        else:
-            refused = None
-            described = (
-                f"world ranks {world_ranks}"
-                if world_ranks is not None
-                else "refused: this process is not a member of the group it was asked to "
-                "divide and does not know its ranks"
-            )
+        plan = _membership.plan_new_group(
+            ranks, timeout, self.timeout, self._world_ranks_of, self._distributed
+        )
         if not self._distributed:
-            self.plugin.new_group(ranks, limit)
-            return self._derive(None, limit)
-        # torch's new_group waits in the store for every world rank with the same
-        # list, without a bound: ranks that differ (or a non-member that cannot
-        # translate, or a rank that refused its own list) are an error on every rank
-        world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
-        if world._engine is not None:  # commlib's own round: not a collective observers see
-            if _steps.pending():  # it goes after the world's unfinished handles, as a call would
-                _steps.finish_pending(world._engine.group)
-            ser, slot = self._serializer, self._slot_size
-            _guard.agree(world._engine, "new_group", described, ser, slot)
-        if refused is not None:  # every rank refused alike
-            raise refused
-        if world_ranks is None:
-            raise NotInGroupError(f"new_group({described})")
+            self.plugin.new_group(plan.ranks, plan.limit)
+            return self._derive(None, plan.limit)
+        world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=plan.limit)
+        world_ranks = _membership.agree_new_group(
+            world._engine, plan, self._serializer, self._slot_size
+        )
         # a non-member of it can still divide it: its ranks in the group's order,
         # ascending world ranks as torch numbers them
-        group = self.plugin.new_group(world_ranks, limit)
-        return self._derive(group, limit, outside_view=sorted(world_ranks))
+        group = self.plugin.new_group(world_ranks, plan.limit)
+        return self._derive(group, plan.limit, outside_view=sorted(world_ranks))
 
     def _new_group_of_members(self, ranks: Sequence[int], timeout: Timeout) -> Communicator:
         """``new_group`` that only the members call (no round over the others)."""
@@ -467,26 +443,21 @@ class Communicator:
             0
         """
         engine = self._member("split")
-        refused: Exception | None = None
-        try:
-            mine: tuple[int | None, int] = _split.checked(color, key, engine.rank)
-            limit = as_timedelta(timeout) or self.timeout
-        except (ValueError, TypeError) as exc:
-            refused, mine, limit = exc, (None, 0), self.timeout
-        said: Any = ("refused", f"{type(refused).__name__}: {refused}") if refused else mine
+        offer = _membership.split_offer(color, key, engine.rank, timeout, self.timeout)
+        said = offer.said
         table = self.all_gather_object(said, timeout=timeout) if self.world_size > 1 else [said]
-        _membership.split_refusals(table, refused)
+        _membership.split_refusals(table, offer.refused)
         known = self.ranks
-        order = _split.members(table, mine[0])
+        order = _split.members(table, offer.color)
         if not order:
             if self._distributed:
                 # torch names a members-only group after how many groups each member
                 # knows: a rank left out makes a group of its own, so that every rank
                 # of this split still knows as many as the others afterwards
-                self.plugin.new_group([known[engine.rank]], limit, members_only=True)
+                self.plugin.new_group([known[engine.rank]], offer.limit, members_only=True)
             return None
         # each group is made by its own members, all groups at once
-        return self._child([known[r] for r in order], limit, keep_order=True)
+        return self._child([known[r] for r in order], offer.limit, keep_order=True)
 
     def _world_ranks_of(self, ranks: list[int]) -> list[int] | None:
         """``ranks`` of this group as world ranks, checked; ``None`` where unknown here.
@@ -706,27 +677,6 @@ class Communicator:
         return cast(_Data, _nested.all_gather_cat(self, data, dim, timeout))
 
     # -- tensor collectives -------------------------------------------------------
-    def _checked_finite(
-        self,
-        engine: Engine,
-        what: str,
-        describe: Callable[[], str],
-        data: torch.Tensor,
-        timeout: Timeout,
-        finite: bool,
-    ) -> list[torch.Tensor] | None:
-        """The argument check, with the NaN/Inf flag riding in it when ``check_finite``."""
-        if not self.check_finite:
-            return self._guard.check(engine, what, describe, data, timeout)
-        try:
-            parts = self._guard.check(
-                engine, what, lambda: describe() + ("" if finite else _finite.MARK), data, timeout
-            )
-        except RemoteArgumentError as exc:
-            raise _finite.from_mismatch(what, exc) from None
-        _finite.raise_if_every_rank(what, finite, engine.world_size)
-        return parts
-
     @overload
     def all_reduce(
         self,
@@ -788,11 +738,11 @@ class Communicator:
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
         Lanes.learn_all_reduce(engine, op, name, engine_op, back, tensor)
-        work_t = engine.to_device(tensor)
-        world = engine.world_size
-        finite = not self.check_finite or _finite.is_finite(tensor)
+        work_t, world = engine.to_device(tensor), engine.world_size
+        finite = _finite.flag(self.check_finite, tensor)
         if "all_reduce" in self._guard.checked:
-            parts = self._checked_finite(
+            parts = _finite.checked(
+                self._guard,
                 engine,
                 "all_reduce",
                 lambda: f"op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
@@ -803,7 +753,7 @@ class Communicator:
             if parts is not None:
                 reduce_into(work_t, parts, engine_op)
                 return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
-        elif self.check_finite:
+        elif finite is not None:
             _finite.agree_finite(engine, "all_reduce", finite, self._serializer, self._slot_size)
         return engine.all_reduce(
             work_t,
@@ -1298,9 +1248,10 @@ class Communicator:
         world = engine.world_size
         is_dst = engine.rank == dst
         guard = self._guard
-        finite = not self.check_finite or _finite.is_finite(tensor)
+        finite = _finite.flag(self.check_finite, tensor)
         if "reduce" in guard.checked:
-            parts = self._checked_finite(
+            parts = _finite.checked(
+                guard,
                 engine,
                 "reduce",
                 lambda: f"dst={dst}, op={name}, {tensor.dtype}, {tuple(tensor.shape)}",
@@ -1313,7 +1264,7 @@ class Communicator:
                     return finished(lambda: None, async_op, [tensor])
                 reduce_into(work_t, parts, engine_op)
                 return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
-        elif self.check_finite:
+        elif finite is not None:
             _finite.agree_finite(engine, "reduce", finite, self._serializer, self._slot_size)
         finish = None
         if not is_dst:

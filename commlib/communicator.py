@@ -27,11 +27,9 @@ from commlib import (
     _guard,
     _membership,
     _nested,
-    _objects,
-    _p2p_objects,
+    _object_calls,
     _ragged,
     _rooms,
-    _scatter_objects,
     _split,
     _steps,
     _survivors,
@@ -64,7 +62,7 @@ from commlib.errors import (
 from commlib.handle import Handle, ResultHandle
 from commlib.p2p import P2POp, p2p_kind
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
-from commlib.serialization import Serializer, object_serializer
+from commlib.serialization import Serializer
 from commlib.torch_backend import engine_group
 from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
@@ -1739,22 +1737,20 @@ class Communicator:
     # round is issued and a ResultHandle returned whose wait() gives the result.
     # ``weights_only=True`` loads only tensors and allowed types, as torch 2.14's
     # (the restricted loading: serialization.object_serializer), on every torch.
-    def _first_slot(self, engine: Engine) -> int:
-        """Bytes of each rank's slot in an object collective's first round.
-
-        The size the group's slot learnt (:mod:`commlib._rooms`), as the tensor
-        checks and ``all_gather`` use: ranks that call different collectives
-        still send the same number of bytes, and find out instead of aborting.
-        """
-        return _rooms.rooms_of(engine).slot_bytes(self._slot_size)
-
-    def _run_objects(
-        self, engine: Engine, steps: _steps.Steps[Any], timeout: Timeout, async_op: bool
-    ) -> Any:
-        limit = as_timedelta(timeout)
-        if async_op:
-            return _steps.start(engine, steps, limit)
-        return _steps.run(engine, steps, limit)
+    def _obj_call(
+        self,
+        what: str,
+        serializer: Serializer | None,
+        weights_only: bool,
+        timeout: Timeout,
+        async_op: bool,
+    ) -> _object_calls.ObjectCall:
+        """Object collective ``what`` on this member, with its settings (see _object_calls)."""
+        engine = self._member(what)
+        default, slot = self._serializer, self._slot_size
+        return _object_calls.ObjectCall(
+            engine, serializer, default, weights_only, slot, timeout, async_op
+        )
 
     @overload
     def all_gather_object(
@@ -1809,12 +1805,8 @@ class Communicator:
             >>> comm.all_gather_object("x", async_op=True).wait()
             ['x']
         """
-        engine = self._member("all_gather_object")
-        if engine.world_size == 1:  # as mmengine: nothing to serialize in a world of one
-            return _steps.done([obj]) if async_op else [obj]
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _objects.all_gather_object_steps(engine, obj, ser, self._first_slot(engine))
-        return self._run_objects(engine, steps, timeout, async_op)
+        call = self._obj_call("all_gather_object", serializer, weights_only, timeout, async_op)
+        return _object_calls.all_gather_object(call, obj)
 
     @overload
     def gather_object(
@@ -1866,13 +1858,8 @@ class Communicator:
             >>> comm.gather_object(comm.rank, dst=0)
             [0]
         """
-        engine = self._member("gather_object")
-        if engine.world_size == 1:
-            check.rank_in_range(dst, 1, "dst")
-            return _steps.done([obj]) if async_op else [obj]
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _objects.gather_object_steps(engine, obj, dst, ser, self._first_slot(engine))
-        return self._run_objects(engine, steps, timeout, async_op)
+        call = self._obj_call("gather_object", serializer, weights_only, timeout, async_op)
+        return _object_calls.gather_object(call, obj, dst)
 
     @collective("broadcast_object_list")
     def broadcast_object_list(
@@ -1895,19 +1882,8 @@ class Communicator:
             >>> objs
             ['foo', 12, {1: 2}]
         """
-        engine = self._member("broadcast_object_list")
-        if engine.world_size == 1:
-            if not isinstance(object_list, list):
-                raise TypeError(
-                    f"broadcast_object_list needs a list, got {type(object_list).__name__}"
-                )
-            check.rank_in_range(src, 1, "src")
-            return _steps.done(None) if async_op else None
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _objects.broadcast_object_list_steps(
-            engine, object_list, src, ser, self._first_slot(engine)
-        )
-        return self._run_objects(engine, steps, timeout, async_op)
+        call = self._obj_call("broadcast_object_list", serializer, weights_only, timeout, async_op)
+        return _object_calls.broadcast_object_list(call, object_list, src)
 
     @overload
     def broadcast_object(
@@ -1959,16 +1935,8 @@ class Communicator:
             >>> comm.broadcast_object({"lr": 0.1} if comm.rank == 0 else None)
             {'lr': 0.1}
         """
-        engine = self._member("broadcast_object")
-        if engine.world_size == 1:
-            check.rank_in_range(src, 1, "src")
-            return _steps.done(obj) if async_op else obj
-        box = [obj]
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _objects.broadcast_object_list_steps(
-            engine, box, src, ser, self._first_slot(engine)
-        )
-        return self._run_objects(engine, _steps.first_of(steps, box), timeout, async_op)
+        call = self._obj_call("broadcast_object", serializer, weights_only, timeout, async_op)
+        return _object_calls.broadcast_object(call, obj, src)
 
     @collective("scatter_object_list")
     def scatter_object_list(
@@ -1998,17 +1966,8 @@ class Communicator:
             >>> box
             [{'shard': 0}]
         """
-        engine = self._member("scatter_object_list")
-        if engine.world_size == 1:
-            _scatter_objects.check_arguments(output_list, input_list, src, 1, 0)
-            assert input_list is not None
-            output_list[0] = input_list[0]
-            return _steps.done(None) if async_op else None
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _scatter_objects.scatter_object_list_steps(
-            engine, output_list, input_list, src, ser, self._first_slot(engine)
-        )
-        return self._run_objects(engine, steps, timeout, async_op)
+        call = self._obj_call("scatter_object_list", serializer, weights_only, timeout, async_op)
+        return _object_calls.scatter_object_list(call, output_list, input_list, src)
 
     @collective("send_object_list")
     def send_object_list(
@@ -2033,11 +1992,8 @@ class Communicator:
             >>> if comm.rank == 0 and comm.world_size > 1:
             ...     comm.send_object_list([{"step": 3}], dst=1)
         """
-        engine = self._member("send_object_list")
-        check.peer(dst, engine.world_size, engine.rank, "dst")
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _p2p_objects.send_object_list_steps(engine, object_list, dst, ser, self._slot_size)
-        return self._run_objects(engine, steps, timeout, async_op)
+        call = self._obj_call("send_object_list", serializer, weights_only, timeout, async_op)
+        return _object_calls.send_object_list(call, object_list, dst)
 
     @overload
     def recv_object_list(
@@ -2096,8 +2052,5 @@ class Communicator:
             >>> if comm.rank == 1:
             ...     sender = comm.recv_object_list(box, src=0)   # 0; box: [{'step': 3}]
         """
-        engine = self._member("recv_object_list")
-        check.peer(src, engine.world_size, engine.rank, "src")
-        ser = object_serializer(serializer, self._serializer, weights_only)
-        steps = _p2p_objects.recv_object_list_steps(engine, object_list, src, ser, self._slot_size)
-        return cast("int | ResultHandle[int]", self._run_objects(engine, steps, timeout, async_op))
+        call = self._obj_call("recv_object_list", serializer, weights_only, timeout, async_op)
+        return _object_calls.recv_object_list(call, object_list, src)

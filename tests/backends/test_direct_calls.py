@@ -55,6 +55,7 @@ def _direct_lists(plugin, world, me):
     from commlib_backends.direct_calls import DirectCalls
 
     names = ("all_gather", "all_to_all", "reduce_scatter_single", "reduce_scatter_tensor")
+    names = tuple(n for n in names if hasattr(tdist, n))  # torch 2.12 has no *_single
     wrapped = {n: mock.patch.object(tdist, n, wraps=getattr(tdist, n)) for n in names}
     seen = {}
     mocks = [w.start() for w in wrapped.values()]

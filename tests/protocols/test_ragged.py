@@ -264,8 +264,19 @@ def _counted(engine):
         yield direct
 
 
+def _fake_fills_all_to_all(comm) -> bool:
+    """Whether torch's fake group fills all_to_all's outputs (2.13 on; 2.12's leaves them)."""
+    import torch.distributed as tdist
+
+    outs, single = [torch.zeros(1) for _ in range(8)], torch.zeros(8)
+    tdist.all_to_all(outs, [torch.ones(1)] * 8, group=comm.group)
+    tdist.all_to_all_single(single, torch.ones(8), group=comm.group)
+    return bool(outs[0].item() == 1 and single[0].item() == 1)
+
+
 def test_the_rounds_and_all_to_all_take_the_direct_call(fake8):
     comm, engine = fake8, fake8._engine
+    fills = _fake_fills_all_to_all(comm)
     x = torch.arange(4.0)
     ins = [torch.full((2,), float(j)) for j in range(8)]
     with _counted(engine) as direct:
@@ -275,7 +286,7 @@ def test_the_rounds_and_all_to_all_take_the_direct_call(fake8):
             assert [t.tolist() for t in comm.all_gather(x)] == [x.tolist()] * 8
             outs = [torch.empty(2) for _ in range(8)]
             comm.all_to_all(outs, tuple(ins))
-            assert [t.tolist() for t in outs] == [t.tolist() for t in ins]
+            assert not fills or [t.tolist() for t in outs] == [t.tolist() for t in ins]
         assert direct.call_count == 6
         assert {k[0] for k, lane in engine.lanes.items() if lane} >= {
             "all_gather_slots",
@@ -298,4 +309,5 @@ def test_what_the_direct_call_does_not_take(fake8):
         uneven = [torch.empty(j + 1) for j in range(8)]
         comm.all_to_all(uneven, [torch.full((j + 1,), 2.0) for j in range(8)])
         assert direct.call_count == 0
-    assert [t.tolist() for t in uneven] == [[2.0] * (j + 1) for j in range(8)]
+    if _fake_fills_all_to_all(comm):  # what was sent, where torch's fake group sends at all
+        assert [t.tolist() for t in uneven] == [[2.0] * (j + 1) for j in range(8)]

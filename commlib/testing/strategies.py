@@ -61,7 +61,19 @@ def _torch_dtypes() -> tuple[list[torch.dtype], list[torch.dtype]]:
     return full, packed
 
 
+def _conjugable(dtype: torch.dtype) -> bool:
+    """Whether torch can resolve a conjugate view of ``dtype`` (2.14's bcomplex32 cannot)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.zeros(2, dtype=dtype).conj().resolve_conj()
+        return True
+    except Exception:
+        return False
+
+
 _FULL_DTYPES, _PACKED_DTYPES = _torch_dtypes()
+_CONJUGABLE = {d for d in _FULL_DTYPES if d.is_complex and _conjugable(d)}
 TORCH_DTYPES: tuple[torch.dtype, ...] = tuple(_FULL_DTYPES + _PACKED_DTYPES)
 """Every torch dtype whose values are plain bytes (all but the quantized ones)."""
 
@@ -174,7 +186,7 @@ def tensors(
         t = t.expand(3, *t.shape[1:])
     elif layout == "expanded":
         t = t.unsqueeze(0).expand(2, *t.shape)
-    if dtype.is_complex and not packed and draw(st.booleans()):
+    if dtype in _CONJUGABLE and draw(st.booleans()):
         t = t.conj()
     if dtype in _GRAD_DTYPES:
         grad = draw(st.sampled_from(["none", "requires_grad", "parameter"]))

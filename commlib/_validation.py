@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
+
+from commlib.p2p import p2p_kind
+
+#: one checked op of a batch: its kind, tensor, peer and tag
+P2PChecked = tuple[Literal["send", "recv"], torch.Tensor, int, int]
 
 REDUCE_OPS = ("sum", "mean", "product", "min", "max", "band", "bor", "bxor")
 _BITWISE = ("band", "bor", "bxor")
@@ -309,3 +314,34 @@ def gathered_output(output: Any, like: torch.Tensor, world_size: int, what: str)
     if out.dtype != like.dtype:
         raise TypeError(f"{what}: output dtype {out.dtype} differs from tensor dtype {like.dtype}")
     return out
+
+
+def p2p_batch(p2p_op_list: Any, world_size: int, rank: int) -> list[P2PChecked]:
+    """Check ``batch_isend_irecv``'s list: each op's ``(kind, tensor, peer, tag)``.
+
+    A ``P2POp``'s ``group_peer`` (torch's peer within the group), where set,
+    is its peer.
+
+    Examples:
+        >>> from commlib.p2p import P2POp
+        >>> p2p_batch([P2POp(commlib.isend, torch.ones(1), 1)], 2, 0)
+        [('send', tensor([1.]), 1, 0)]
+        >>> p2p_batch([], 2, 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch_isend_irecv needs a non-empty list of P2POp
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
+    checked: list[P2PChecked] = []
+    for i, op in enumerate(p2p_op_list):
+        if not all(hasattr(op, a) for a in ("op", "tensor", "peer", "tag")):
+            raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
+        kind = p2p_kind(op.op)
+        tensor(op.tensor, f"p2p_op_list[{i}].tensor")
+        group_peer = getattr(op, "group_peer", None)
+        peer_rank = op.peer if group_peer is None else group_peer
+        peer(peer_rank, world_size, rank, f"p2p_op_list[{i}].peer")
+        tag(op.tag)
+        checked.append((kind, op.tensor, peer_rank, op.tag))
+    return checked

@@ -28,6 +28,7 @@ from commlib import (
     _membership,
     _nested,
     _object_calls,
+    _plugin_choice,
     _ragged,
     _rooms,
     _split,
@@ -35,7 +36,6 @@ from commlib import (
     _survivors,
     _uneven,
     _world,
-    plugins,
 )
 from commlib import _validation as check
 from commlib._collective import collective
@@ -51,16 +51,15 @@ from commlib._host_copy import host_copy, stack_into
 from commlib._lanes import Lanes, learn_once
 from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
-from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed, torch_backend_name
+from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed
 from commlib.backend import Backend
 from commlib.errors import (
-    BackendUnavailableError,
     CommError,
     NotInGroupError,
     RemoteArgumentError,
 )
 from commlib.handle import Handle, ResultHandle
-from commlib.p2p import P2POp, p2p_kind
+from commlib.p2p import P2POp
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
 from commlib.serialization import Serializer
 from commlib.torch_backend import engine_group
@@ -158,34 +157,9 @@ class Communicator:
         self._outside_view: list[int] | None = None
         self._exited = False
 
-        if backend is not None:
-            # an instance, a plugin name, a torch backend ("cpu:gloo,cuda:nccl") or a device
-            plugin = backend if isinstance(backend, Backend) else plugins.resolve_backend(backend)
-            reason = plugin.unavailable_reason()
-            if reason is not None:
-                # the engine's own failure ("Torch not compiled with CUDA enabled", a
-                # missing torch_npu) would come later and name neither
-                raise BackendUnavailableError(
-                    f"backend {plugin.name!r} is not available in this process: {reason} "
-                    "(`commlib info` lists the backends and why)"
-                )
-        elif not self._distributed:
-            plugin = plugins.resolve_backend("single")
-        else:
-            # a non-member cannot ask its group; the world's engine is the best answer
-            torch_backend = torch_backend_name(group if self.is_member else None)
-            plugin = _world.world.started_plugin(torch_backend) or plugins.backend_for_group(
-                torch_backend
-            )
-        if not self._distributed and plugin.torch_backend:
-            # torch's own message ("Default process group has not been
-            # initialized") names neither the backend nor the way out
-            raise ValueError(
-                f"backend {plugin.name!r} drives torch.distributed ({plugin.torch_backend}), "
-                "which is not initialised in this process: start the ranks first "
-                "(commlib.init_dist(), torchrun, or torch.distributed.init_process_group), "
-                "or leave backend unset for a single-process run"
-            )
+        plugin = _plugin_choice.plugin_for(
+            backend, group, distributed=self._distributed, is_member=self.is_member
+        )
         self.plugin: Backend = plugin
         self._serializer: Serializer = serializer or plugin.serializer()
         self._engine: Engine | None = (
@@ -1704,20 +1678,11 @@ class Communicator:
             ...         h.wait()
         """
         engine = self._member("batch_isend_irecv")
-        world, me = engine.world_size, engine.rank
-        if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
-            raise ValueError("batch_isend_irecv needs a non-empty list of P2POp")
-        requests: list[P2PRequest] = []
-        for i, op in enumerate(p2p_op_list):
-            if not all(hasattr(op, a) for a in ("op", "tensor", "peer", "tag")):
-                raise TypeError(f"p2p_op_list[{i}] is not a P2POp: {op!r:.60}")
-            kind = p2p_kind(op.op)
-            check.tensor(op.tensor, f"p2p_op_list[{i}].tensor")
-            peer = getattr(op, "group_peer", None)
-            peer = op.peer if peer is None else peer
-            check.peer(peer, world, me, f"p2p_op_list[{i}].peer")
-            check.tag(op.tag)
-            requests.append(P2PRequest(kind, engine.to_device(op.tensor), peer, op.tag))
+        world = engine.world_size
+        requests = [
+            P2PRequest(kind, engine.to_device(tensor), peer, tag)
+            for kind, tensor, peer, tag in check.p2p_batch(p2p_op_list, world, engine.rank)
+        ]
 
         def finish() -> None:
             for request, op in zip(requests, p2p_op_list):

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from commlib import _torch_facts as torch_facts
 from commlib import plugins
 from commlib.backend import Backend
 from commlib.communicator import Communicator
@@ -62,7 +63,7 @@ def _op(opts: Any) -> str:
     return name
 
 
-class CommlibWork(dist._Work):
+class CommlibWork(dist.Work):
     """A commlib :class:`~commlib.Handle` as torch's ``Work`` (what DDP and ``dist.*`` wait on).
 
     ``then`` runs once the handle is done (copying a gathered buffer into
@@ -366,7 +367,7 @@ def create(name: str, options: Any, backend_options: Any) -> CommlibProcessGroup
     size, rank, timeout = options.group_size, options.group_rank, options.timeout
     members = list(options.global_ranks_in_group)
     group_name: Any = getattr(c10d, "GroupName", str)(f"{options.group_id}/{engine}")
-    inner, _ = c10d._new_process_group_helper(
+    inner, _ = torch_facts.new_process_group_helper()(
         size,
         rank,
         members,  # empty for the world, as torch passes it
@@ -376,5 +377,6 @@ def create(name: str, options: Any, backend_options: Any) -> CommlibProcessGroup
         timeout=timeout,
         group_desc=f"{name}'s {engine} group",
     )
-    c10d._world.pg_group_ranks[inner] = {g: i for i, g in enumerate(members or range(size))}
+    ranks = {g: i for i, g in enumerate(members or range(size))}
+    torch_facts.c10d_world().pg_group_ranks[inner] = ranks
     return CommlibProcessGroup(name, plugin, inner, rank, size, timeout)

@@ -105,11 +105,9 @@ class CommlibWork(dist.Work):
             done: torch.futures.Future = torch.futures.Future()
             done.set_result(self.tensors)
             return done
-        # DDP chains its gradient buckets on this: completed from the engine's own future
-        # where it has one (no thread looking for the end), with commlib's part of the call
-        engine_future = getattr(self.handle.work, "get_future", None)
-        future = engine_future() if engine_future is not None else self.handle.get_future()
-        return future.then(self._after)
+        # DDP chains its gradient buckets on this. Not on the engine's own future: gloo runs
+        # its callbacks before its work counts as complete, so commlib's wait there hangs
+        return self.handle.get_future().then(self._after)
 
     def _after(self, _: torch.futures.Future) -> list[torch.Tensor]:
         self.wait()  # the engine's work is done: commlib's part, and its errors, mapped

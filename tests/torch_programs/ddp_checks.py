@@ -28,21 +28,24 @@ def group_of(backend: str) -> Any:
     return group
 
 
-def model() -> nn.Module:
-    layers = [nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)]
+def model(width: int = 32) -> nn.Module:
+    layers = [nn.Linear(8, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 4))
     return nn.Sequential(*layers)
 
 
-def train_ddp(comm: Any, backend: str, steps: int = 3) -> dict[str, Any]:
+def train_ddp(
+    comm: Any, backend: str, steps: int = 3, width: int = 32, bucket_mb: float = 0.004
+) -> dict[str, Any]:
     """DDP on a group of ``backend``: the trained weights, and the collectives commlib saw."""
     group = group_of(backend)
     rank = dist.get_rank()
     torch.manual_seed(rank)  # each rank starts elsewhere: DDP broadcasts rank 0's weights
-    net = model()
+    net = model(width)
     recorder = enable_flight_recorder()
     try:
         # small buckets: several gradient all_reduces a step
-        ddp = DDP(net, process_group=group, bucket_cap_mb=0.004)
+        ddp = DDP(net, process_group=group, bucket_cap_mb=bucket_mb)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step in range(steps):
             torch.manual_seed(100 * step + rank)  # each rank its own batch

@@ -76,6 +76,18 @@ def test_ddp_trains_on_commlib_gloo_as_on_gloo(size):
     _check_ddp(results, reference)
 
 
+def test_ddp_with_buckets_in_flight_together_on_commlib_gloo():
+    # buckets of 1 MiB: each goes to the engine on its own (too big to travel in the
+    # check's round), several in flight at once while backward goes on
+    world = get_world(2)
+    reference = world.run(ddp_checks.train_ddp, "gloo", 2, 512, 1.0)
+    results = world.run(ddp_checks.train_ddp, "commlib-gloo", 2, 512, 1.0)
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    diff = (torch.tensor(results[0]["weights"]) - torch.tensor(reference[0]["weights"])).abs()
+    assert diff.max() < 1e-6, diff.max()
+    assert sum(1 for name, _ in results[0]["seen"] if name == "all_reduce") > 2
+
+
 @pytest.mark.parametrize("init_sync", [True, False], ids=["at-start", "in-bucket"])
 def test_a_model_differing_on_one_rank_is_one_error_on_every_rank(init_sync):
     world = get_world(2)

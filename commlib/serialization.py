@@ -25,7 +25,6 @@ pass another one to a :class:`~commlib.Communicator` or to a single call.
 from __future__ import annotations
 
 import abc
-import builtins
 import io
 import pickle
 import struct
@@ -36,7 +35,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from commlib.errors import DeserializationError
+# the restricted loading's parts; its public names stay importable from here
+from commlib._restricted import RefusedClassError as RefusedClassError
+from commlib._restricted import RefusedRemoteClassError as RefusedRemoteClassError
+from commlib._restricted import RestrictingUnpickler, qualname_of
+from commlib._restricted import torch_safe_names as torch_safe_names
 
 
 class Payload(NamedTuple):
@@ -505,61 +508,6 @@ class OutOfBandSerializer(Serializer):
         return pickle.Unpickler(self._file(stream, splices, spliced), buffers=oob).load()
 
 
-class RefusedClassError(pickle.UnpicklingError):
-    """A :class:`RestrictedSerializer` met a class or function it does not allow.
-
-    Attributes:
-        qualname (str): ``"module.QualName"`` of what was refused.
-
-    Examples:
-        >>> from fractions import Fraction
-        >>> try:
-        ...     RestrictedSerializer().loads(*OutOfBandSerializer().dumps(Fraction(1, 3)))
-        ... except RefusedClassError as err:
-        ...     err.qualname
-        'fractions.Fraction'
-    """
-
-    def __init__(self, qualname: str):
-        self.qualname = qualname
-        super().__init__(
-            f"refusing to load {qualname!r}: it is not on the RestrictedSerializer's "
-            f"allow-list (allow it with RestrictedSerializer(allow=[{qualname!r}]))"
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.qualname,))
-
-
-class RefusedRemoteClassError(DeserializationError, RefusedClassError):
-    """What another rank sent holds a class this rank's :class:`RestrictedSerializer` refuses.
-
-    Both a :class:`~commlib.errors.DeserializationError` (naming the two ranks)
-    and a :class:`RefusedClassError` (``except RefusedClassError`` around a
-    collective catches it).
-
-    Attributes:
-        qualname (str): ``"module.QualName"`` of what was refused.
-        rank (int): the rank that refused it; ``sender``: the rank that sent it.
-
-    Examples:
-        >>> err = RefusedRemoteClassError("posix.system", rank=1, sender=0)
-        >>> isinstance(err, RefusedClassError), str(err)[:72]
-        (True, "rank 1 could not load the object sent by rank 0: refusing to load 'posix")
-    """
-
-    def __init__(self, qualname: str, rank: int, sender: int):
-        self.qualname, self.rank, self.sender = qualname, rank, sender
-        Exception.__init__(
-            self,
-            f"rank {rank} could not load the object sent by rank {sender}: "
-            f"{RefusedClassError(qualname)}",
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.qualname, self.rank, self.sender))
-
-
 _SAFE_NAMES = frozenset(
     {
         *(
@@ -587,19 +535,6 @@ _SAFE_NAMES = frozenset(
         f"{__name__}._rebuild_array",
     }
 )
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file: Any, buffers: list, allowed: frozenset[str], modules: frozenset):
-        super().__init__(file, buffers=buffers)
-        self._allowed = allowed
-        self._modules = modules
-
-    def find_class(self, module: str, name: str) -> Any:
-        qualname = f"{module}.{name}"
-        if qualname in self._allowed or qualname in _SAFE_NAMES or module in self._modules:
-            return super().find_class(module, name)
-        raise RefusedClassError(qualname)
 
 
 class RestrictedSerializer(OutOfBandSerializer):
@@ -637,7 +572,7 @@ class RestrictedSerializer(OutOfBandSerializer):
     def __init__(
         self, allow: Iterable[str | type | Any] = (), *, torch_safe_globals: bool = False
     ):
-        names = {item if isinstance(item, str) else _qualname(item) for item in allow}
+        names = {item if isinstance(item, str) else qualname_of(item) for item in allow}
         self.allowed = frozenset(n for n in names if not n.endswith(".*"))
         self.allowed_modules = frozenset(n[:-2] for n in names if n.endswith(".*"))
         self.torch_safe_globals = torch_safe_globals
@@ -646,7 +581,7 @@ class RestrictedSerializer(OutOfBandSerializer):
         stream, oob, splices, spliced = self._parse(header, buffers)
         file = self._file(stream, splices, spliced) if splices else io.BytesIO(stream)
         allowed = self.allowed | torch_safe_names() if self.torch_safe_globals else self.allowed
-        return _RestrictedUnpickler(file, oob, allowed, self.allowed_modules).load()
+        return RestrictingUnpickler(file, oob, allowed, self.allowed_modules, _SAFE_NAMES).load()
 
     def weights_only(self) -> RestrictedSerializer:
         """This serializer as ``weights_only=True`` uses it: torch's safe globals allowed too.
@@ -668,42 +603,6 @@ class RestrictedSerializer(OutOfBandSerializer):
         extra = sorted(self.allowed | {f"{m}.*" for m in self.allowed_modules})
         torch_too = " +torch safe globals" if self.torch_safe_globals else ""
         return f"<{type(self).__name__} allow={extra}{torch_too}>"
-
-
-def _qualname(item: Any) -> str:
-    return f"{item.__module__}.{item.__qualname__}"
-
-
-# what torch 2.14 adds to torch.serialization's safe globals for its object collectives
-# (error propagation sends exceptions and stack summaries); added here on every torch
-_TORCH_OBJECT_EXTRAS = frozenset(
-    {
-        *(
-            f"builtins.{name}"
-            for name, value in vars(builtins).items()
-            if isinstance(value, type) and issubclass(value, BaseException)
-        ),
-        "traceback.StackSummary",
-        "traceback.FrameSummary",
-    }
-)
-
-
-def torch_safe_names() -> frozenset[str]:
-    """What torch's ``weights_only`` loading allows beyond tensors, as ``"module.Name"``.
-
-    ``torch.serialization.get_safe_globals()`` (what ``add_safe_globals``
-    added), the builtin exceptions and ``traceback``'s stack summaries.
-
-    Examples:
-        >>> "builtins.ValueError" in torch_safe_names()
-        True
-    """
-    extra = set()
-    for item in torch.serialization.get_safe_globals():
-        # an entry is the object itself, or (object, "module.Name") as pickle names it
-        extra.add(item[1] if isinstance(item, tuple) else _qualname(item))
-    return _TORCH_OBJECT_EXTRAS | extra
 
 
 _WEIGHTS_ONLY = RestrictedSerializer(torch_safe_globals=True)

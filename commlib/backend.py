@@ -59,26 +59,8 @@ from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib.works import ThenWork as ThenWork  # plugins imported it from here
 from commlib.works import WorkList, global_rank
 
-# torch 2.13 renamed the flat collectives and warns on every call of the old names
-_all_gather_single = torch_facts.all_gather_single
-_reduce_scatter_single = torch_facts.reduce_scatter_single
-
-_TORCH_OPS = {
-    "sum": "SUM",
-    "product": "PRODUCT",
-    "min": "MIN",
-    "max": "MAX",
-    "band": "BAND",
-    "bor": "BOR",
-    "bxor": "BXOR",
-    "avg": "AVG",
-}
-
-
-@functools.cache
-def _device(device_type: str) -> torch.device:
-    # torch.device is immutable: one per type serves every call
-    return torch.device(device_type)
+# torch.device is immutable: one per type serves every call
+_device = functools.cache(torch.device)
 
 
 class Backend:
@@ -86,17 +68,9 @@ class Backend:
 
     Class attributes a subclass sets:
 
-    * ``name``: the plugin's name (``"gloo"``, ``"nccl"``, ``"mybackend"``);
-    * ``torch_backend``: the torch.distributed backend it drives, or ``None``
-      when it runs without a process group;
-    * ``device_type``: ``"cpu"``, ``"cuda"``, ``"npu"``, ...;
-    * ``native_avg``: the engine averages floating tensors itself, so
-      ``op="mean"`` needs no sum-and-divide;
-    * ``large_payload_transport``: how the object collectives move payloads
-      that do not fit the first round: ``"collective"`` (padded all_gather /
-      gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need
-      them; much faster on gloo);
-    * ``description``: one line for ``commlib info``;
+    * ``name`` (``"gloo"``, ``"mybackend"``), ``torch_backend`` (or ``None``),
+      ``device_type`` (``"cpu"``, ``"cuda"``, ...), ``description``,
+      ``native_avg`` and ``large_payload_transport``: as their own notes below say;
     * ``mismatch_aborts``: the engine ends the process, beyond any caller's
       reach, when ranks call the same collective with different sizes (gloo
       throws on its own I/O thread); commlib then checks the arguments of the
@@ -157,7 +131,9 @@ class Backend:
     then divide.
     """
     large_payload_transport: ClassVar[Literal["collective", "p2p"]] = "collective"
-    """How object collectives move large payloads: ``"collective"`` or ``"p2p"`` (send/recv)."""
+    """How object collectives move payloads past the first round: ``"collective"`` (padded
+    all_gather / gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need them).
+    """
     mismatch_aborts: ClassVar[bool] = True
     """Whether the engine kills the process on mismatched sizes; ``True``: commlib checks
     arguments across ranks by default.
@@ -477,7 +453,7 @@ class Backend:
             What the engine's calls take as their reduction (the defaults: a
             ``torch.distributed.ReduceOp``).
         """
-        return getattr(dist.ReduceOp, _TORCH_OPS[op])
+        return getattr(dist.ReduceOp, op.upper())  # commlib's names are torch's, lower case
 
     def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
         """The engine call that serves ``collective`` for ``key``, decided once per group.
@@ -577,7 +553,7 @@ class Backend:
             A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
             result visible), or ``None`` when the operation has already finished.
         """
-        return _all_gather_single(output, tensor, group=group, async_op=async_op)
+        return torch_facts.all_gather_single(output, tensor, group=group, async_op=async_op)
 
     def all_gather_slots(
         self, output: torch.Tensor, slots: torch.Tensor, group: Group, async_op: bool = False
@@ -695,7 +671,7 @@ class Backend:
             A :class:`~commlib.types.Work` when ``async_op`` (``wait`` then makes the
             result visible), or ``None`` when the operation has already finished.
         """
-        return _reduce_scatter_single(
+        return torch_facts.reduce_scatter_single(
             output, input, op=self.torch_reduce_op(op), group=group, async_op=async_op
         )
 

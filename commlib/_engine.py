@@ -123,6 +123,8 @@ class Engine:
         self.on_cpu = self.device_obj.type == "cpu"
         # whether the plugin averages itself (mean as avg), else commlib divides a sum
         self.native_avg = bool(plugin.native_avg)
+        # how the object collectives move what does not fit the first round
+        self.large_payload_transport = plugin.large_payload_transport
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
         # and whether a point-to-point wait may be ended by another thread's timed-out wait

@@ -72,7 +72,7 @@ def send_object_list_steps(
     me = engine.rank
     length = len(objects) if isinstance(objects, list) else -1
     out = prepare(slot_size, SEND, me, length, objects, ser, True, lambda: _list_length(objects))
-    slot = engine.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
+    slot = engine.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     yield from call(engine, WHAT, engine.plugin.send, slot, dst)
     if out.status in (FAILED, BAD_ARGUMENT):
         raise _failure(out.status, me, out.body().decode(errors="replace")) from out.error

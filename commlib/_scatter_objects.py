@@ -144,10 +144,10 @@ def scatter_object_list_steps(
     # round two: one slot per rank; then the parts that did not fit theirs
     dev = engine.device()
     mine = torch.empty(slot_size, dtype=torch.uint8, device=dev)
-    sent = [engine.plugin.to_device(torch.frombuffer(p.slot, dtype=torch.uint8)) for p in parts]
+    sent = [engine.to_device(torch.frombuffer(p.slot, dtype=torch.uint8)) for p in parts]
     yield from call(engine, WHAT, engine.plugin.scatter, mine, sent if me == src else None, src)
     largest_table, largest_blob = _LARGEST.unpack_from(slots.body(src))
-    if engine.plugin.large_payload_transport == "p2p":
+    if engine.large_payload_transport == "p2p":
         received = yield from _rest_p2p(engine, src, parts, mine, slot_size)
     else:
         received = yield from _rest_collective(
@@ -186,7 +186,7 @@ def _rest_p2p(
     me = engine.rank
     if me == src:
         packed = [r for r, p in enumerate(parts) if p.status == PACKED]
-        table_sends = [(engine.plugin.to_device(uint8_view(parts[r].meta)), r) for r in packed]
+        table_sends = [(engine.to_device(uint8_view(parts[r].meta)), r) for r in packed]
         if table_sends:
             yield from call(engine, WHAT, engine.plugin.exchange, table_sends, [])
         sends = [

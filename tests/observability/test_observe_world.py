@@ -272,6 +272,7 @@ def _every_collective(comm):
     c.all_gather(torch.ones(5000))  # too big for one round
     c.all_gather_into_tensor(torch.empty(2 * world), torch.ones(2))
     c.gather(torch.ones(2), dst=0)
+    c.gather_into_tensor(torch.ones(2), torch.empty(2 * world) if me == 0 else None, dst=0)
     c.reduce_scatter(torch.empty(1), torch.ones(world))
     c.barrier()
     c.all_gather_object({"rank": me})
@@ -344,7 +345,7 @@ def test_a_third_party_observer_sees_every_collective(observed_world):
         assert [(s[1], s[2]) for s in starts] == [(e[1], e[2]) for e in ends]
         assert all(e[4] == "completed" for e in ends)
         assert rank_seen[::2] == starts and rank_seen[1::2] == ends
-        assert len(starts) == 26
+        assert len(starts) == 27
         # point to point: each call ends, completed (isend and irecv overlap)
         assert sorted(s[1:3] for s in p2p_starts) == sorted(e[1:3] for e in p2p_ends)
         assert all(e[4] == "completed" for e in p2p_ends) and len(p2p_starts) == 7

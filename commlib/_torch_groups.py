@@ -14,7 +14,15 @@ import torch.distributed.distributed_c10d as c10d
 from commlib import _torch_facts as torch_facts
 from commlib.types import Group
 
-__all__ = ["DESTROYED", "dist_ready", "is_destroyed", "release_group", "torch_backend_name"]
+__all__ = [
+    "DESTROYED",
+    "dist_ready",
+    "engine_group",
+    "is_destroyed",
+    "is_served",
+    "release_group",
+    "torch_backend_name",
+]
 
 
 def dist_ready() -> bool:
@@ -122,3 +130,24 @@ def build_group(
     )
     world.pg_group_ranks[new] = {g: i for i, g in enumerate(members)}
     return new
+
+
+def is_served(group: Any) -> bool:
+    """Whether ``group`` is a torch process group commlib serves (a ``commlib`` backend's).
+
+    Examples:
+        >>> is_served(None)
+        False
+    """
+    # asked of the class: the group's own communicator property makes one when read
+    return getattr(type(group), "commlib_served", False) is True
+
+
+def engine_group(group: Any) -> Any:
+    """The plugin's own group under a ``commlib`` group (its communicator's); else ``group``.
+
+    Examples:
+        >>> engine_group(None) is None
+        True
+    """
+    return group.inner if is_served(group) else group

@@ -51,7 +51,7 @@ from commlib._host_copy import host_copy, stack_into
 from commlib._lanes import Lanes, learn_once
 from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
-from commlib._torch_groups import DESTROYED, dist_ready, is_destroyed
+from commlib._torch_groups import DESTROYED, dist_ready, engine_group, is_destroyed
 from commlib.backend import Backend
 from commlib.errors import (
     CommError,
@@ -62,7 +62,6 @@ from commlib.handle import Handle, ResultHandle
 from commlib.p2p import P2POp
 from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
 from commlib.serialization import Serializer
-from commlib.torch_backend import engine_group
 from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
 __all__ = ["Communicator", "Handle", "ResultHandle", "dist_ready"]

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# what the communicator asks of a group below this package, named here too
+from commlib._torch_groups import engine_group as engine_group
+from commlib._torch_groups import is_served as is_served
 from commlib.torch_backend.registration import PREFIX, commlib_name, plugin_of, register_all
 
 __all__ = [
@@ -36,17 +39,6 @@ __all__ = [
 ]
 
 
-def is_served(group: Any) -> bool:
-    """Whether ``group`` is a torch process group commlib serves (a ``commlib`` backend's).
-
-    Examples:
-        >>> is_served(None)
-        False
-    """
-    # asked of the class: the group's own communicator property makes one when read
-    return getattr(type(group), "commlib_served", False) is True
-
-
 def communicator_of(group: Any) -> Any:
     """The :class:`~commlib.Communicator` performing a ``commlib`` group's collectives.
 
@@ -57,13 +49,3 @@ def communicator_of(group: Any) -> Any:
     if not is_served(group):
         raise ValueError(f"{group!r} is not a process group of a commlib torch backend")
     return group.communicator
-
-
-def engine_group(group: Any) -> Any:
-    """The plugin's own group under a ``commlib`` group (its communicator's); else ``group``.
-
-    Examples:
-        >>> engine_group(None) is None
-        True
-    """
-    return group.inner if is_served(group) else group

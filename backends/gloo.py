@@ -149,6 +149,18 @@ class GlooBackend(EngineGaps, DirectCalls):
             return text
         return text[located.end() :].split(". ", 1)[0].rstrip(".")
 
+    def lost_peer(self, exc: BaseException) -> bool:
+        """Whether gloo's ``exc`` names a peer's address: its connection to that peer was lost.
+
+        Examples:
+            >>> gloo = commlib.plugins.resolve_backend("gloo")
+            >>> gloo.lost_peer(RuntimeError("Connection closed by peer [127.0.0.1]:5350"))
+            True
+            >>> gloo.lost_peer(RuntimeError("Invalid scalar type"))
+            False
+        """
+        return _PEER_ADDRESS.search(str(exc)) is not None
+
     def failed_peer(self, exc: BaseException, group: Any) -> int | None:
         """The rank of ``group`` whose gloo address ``exc`` names, read from the group's store.
 

@@ -167,8 +167,8 @@ class Engine:
         """Turn an engine failure inside the block into the commlib error for it.
 
         A timeout becomes :class:`~commlib.errors.CommTimeoutError` naming where
-        the other ranks are; any other engine failure a
-        :class:`~commlib.errors.RankLostError` (a peer is gone).
+        the other ranks are; a failure where a peer is gone a
+        :class:`~commlib.errors.RankLostError`; any other a ``CommError``.
         commlib's own errors pass through.
 
         The failure also breaks the group: later calls raise
@@ -177,7 +177,7 @@ class Engine:
         Examples:
             >>> scratch = Engine(engine.plugin, None, engine.timeout)
             >>> with scratch.map_errors("all_reduce", 7, scratch.timeout):
-            ...     raise RuntimeError("connection reset by peer")
+            ...     raise ConnectionResetError("connection reset by peer")
             Traceback (most recent call last):
             ...
             commlib.errors.RankLostError: all_reduce failed on rank 0: connection reset by peer

@@ -2,12 +2,13 @@
 
 :meth:`commlib._engine.Engine.map_errors` hands every engine failure here
 (:class:`MapErrors`). A timeout becomes :class:`~commlib.errors.CommTimeoutError`
-naming the ranks that did not arrive (:mod:`commlib._failure_notes`); any
-other failure a :class:`~commlib.errors.RankLostError` naming the rank at
-fault where it can be told (a peer is gone: the one failure a checked call
-meets; a failed store call stays a plain :class:`~commlib.errors.CommError`,
-:func:`error_type`); either breaks the group (:mod:`commlib._health`), and
-:meth:`~commlib.Communicator.shrink` is what recovers from both.
+naming the ranks that did not arrive (:mod:`commlib._failure_notes`); a
+failure where a peer is gone (named by the backend, or its process ended) a
+:class:`~commlib.errors.RankLostError` naming it; a failed store call, or an
+engine that refused a call with every rank there, a plain
+:class:`~commlib.errors.CommError` (:func:`error_type`). Each breaks the
+group (:mod:`commlib._health`); :meth:`~commlib.Communicator.shrink` is what
+recovers from the first two.
 
 Read only on the failure path. torch 2.13 raises its ``DistError`` family
 (all of them ``RuntimeError``) from its stores and some of its engines, and
@@ -152,7 +153,7 @@ def translate(
     engine's pending operations aborted) by the first failure.
     """
     if isinstance(exc, _waiting.PeerFailed):
-        earlier: tuple[str, bool] | None = (exc.reason, exc.timed_out)
+        earlier: tuple[str, bool, bool] | None = (exc.reason, exc.timed_out, exc.lost)
     elif timed_out:
         earlier = None
     else:
@@ -160,7 +161,7 @@ def translate(
         earlier = _failure_notes.broken_elsewhere(engine.group)
     error: CommError
     if earlier is not None:
-        text, timed_out = earlier
+        text, timed_out, lost = earlier
         how = "timed out" if timed_out else "failed"
         _failure_notes.record(engine.group, engine.rank, seq, what, how)
         if timed_out:
@@ -169,7 +170,9 @@ def translate(
                 f"another rank gave up on it first: {text}"
             )
         else:
-            error = RankLostError(
+            # lost only where the rank that failed first lost one: an engine that refused
+            # a call (every rank alive) is not what shrink recovers from
+            error = (RankLostError if lost else CommError)(
                 f"{what} failed on rank {engine.rank}: another rank failed first: {text}"
             )
     elif timed_out:
@@ -188,23 +191,25 @@ def translate(
         )
     else:
         _failure_notes.record(engine.group, engine.rank, seq, what, "failed")
-        lost = error_type(exc)
-        error = lost(f"{what} failed on rank {engine.rank}: {_describe(engine, exc)}")
+        text, peer_gone = _describe(engine, exc)
+        error = error_type(exc, peer_gone)(f"{what} failed on rank {engine.rank}: {text}")
     # the group's state is unknown now: a later call must not pair with this one
     if engine.health.mark_broken(f"{what} #{seq}: {error}"):
         timed_out = isinstance(error, CommTimeoutError)
-        _failure_notes.announce_broken(engine.group, str(error), timed_out)
+        lost = isinstance(error, RankLostError)
+        _failure_notes.announce_broken(engine.group, str(error), timed_out, lost)
         engine.plugin.abort(engine.group)
     return error
 
 
-def _describe(engine: Any, exc: BaseException) -> str:
+def _describe(engine: Any, exc: BaseException) -> tuple[str, bool]:
     """The engine's failure in words, naming the rank at fault where it can be told.
 
     The backend may know the peer whose connection its engine lost
     (:meth:`~commlib.Backend.failed_peer`); otherwise a rank of the group
-    whose process on this machine has ended is named. Only on the
-    failure path: the call path records nothing for it.
+    whose process on this machine has ended is named. The second value says
+    whether a rank was named gone. Only on the failure path: the call path
+    records nothing for it.
     """
     text = engine.plugin.describe_failure(exc)
     peer = _failed_peer(engine, exc)
@@ -212,13 +217,13 @@ def _describe(engine: Any, exc: BaseException) -> str:
         return (
             f"lost the connection to {rank_label(engine, peer)}, which exited, crashed or "
             f"gave up: see its output ({text})"
-        )
+        ), True
     gone = _ended_ranks(engine)
     if gone:
         names = ", ".join(rank_label(engine, r) for r in gone)
         verb = "has" if len(gone) == 1 else "have"
-        return f"{names} {verb} exited (its process ended); see its output ({text})"
-    return text
+        return f"{names} {verb} exited (its process ended); see its output ({text})", True
+    return text, engine.plugin.lost_peer(exc)
 
 
 def _ended_ranks(engine: Any, grace: float = _ENDED_GRACE) -> list[int]:
@@ -266,17 +271,28 @@ def rank_label(engine: Any, rank: int) -> str:
     return f"rank {rank} (world rank {world})"
 
 
-def error_type(exc: BaseException) -> type[CommError]:
+def error_type(exc: BaseException, peer_gone: bool = False) -> type[CommError]:
     """The commlib error for ``exc``, an engine failure under a call that is not a timeout.
 
-    A failed store call is a :class:`~commlib.errors.CommError`; any other
-    failure under a collective means a rank of the group is gone (the store's
-    host is a rank too, with ``env://``): :class:`~commlib.errors.RankLostError`.
+    :class:`~commlib.errors.RankLostError` where a rank of the group is gone:
+    the backend named the peer whose connection was lost, or a rank's
+    process ended (``peer_gone``), or torch reports a lost connection (the
+    store's host is a rank too, with ``env://``). A failed store call, or an
+    engine that refused the call with every rank still there (a dtype it
+    cannot reduce, say), is a plain :class:`~commlib.errors.CommError`:
+    shrinking would only meet it again.
 
     Examples:
-        >>> error_type(RuntimeError("Connection closed by peer")).__name__
+        >>> error_type(RuntimeError("Connection closed by peer"), peer_gone=True).__name__
         'RankLostError'
+        >>> error_type(torch.distributed.DistNetworkError("Connection reset")).__name__
+        'RankLostError'
+        >>> error_type(RuntimeError("Invalid scalar type")).__name__
+        'CommError'
         >>> error_type(torch.distributed.DistStoreError("Broken pipe")).__name__
         'CommError'
     """
-    return CommError if kind_of(exc) == "store" else RankLostError
+    kind = kind_of(exc)
+    if kind == "store":
+        return CommError
+    return RankLostError if peer_gone or kind == "network" else CommError

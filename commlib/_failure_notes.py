@@ -88,8 +88,8 @@ def missing_ranks(
         return {}
 
 
-def announce_broken(group: Any, reason: str, timed_out: bool) -> None:
-    """Tell the group's other ranks that it broke, why, and whether by a timeout.
+def announce_broken(group: Any, reason: str, timed_out: bool, lost: bool = False) -> None:
+    """Tell the group's other ranks that it broke, why, by a timeout or not, a rank lost or not.
 
     The first rank to announce it is the one the others hear of.
 
@@ -101,13 +101,15 @@ def announce_broken(group: Any, reason: str, timed_out: bool) -> None:
     if store is None:
         return
     try:
-        store.compare_set(f"{prefix}/broken", "", f"{int(timed_out)}|{reason}")
+        store.compare_set(f"{prefix}/broken", "", f"{int(timed_out)}{int(lost)}|{reason}")
     except Exception as exc:  # the store may be what failed; each rank still finds out by itself
         store_failed(exc)
 
 
-def broken_elsewhere(group: Any) -> tuple[str, bool] | None:
-    """Why another rank found ``group`` broken and whether by a timeout; ``None`` if none has.
+def broken_elsewhere(group: Any) -> tuple[str, bool, bool] | None:
+    """Why another rank found ``group`` broken, whether by a timeout, whether a rank was lost.
+
+    ``None`` if no rank has.
 
     Examples:
         >>> broken_elsewhere(group) is None  # doctest: +SKIP
@@ -120,8 +122,8 @@ def broken_elsewhere(group: Any) -> tuple[str, bool] | None:
     try:
         if not store.check([key]):
             return None
-        timed_out, _, reason = store.get(key).decode().partition("|")
+        how, _, reason = store.get(key).decode().partition("|")
     except Exception as exc:  # an unreachable store tells nothing; the call's timeout ends it
         store_failed(exc)
         return None
-    return reason, timed_out == "1"
+    return reason, how[:1] == "1", how[1:2] == "1"

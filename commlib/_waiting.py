@@ -53,10 +53,11 @@ _FIRST_LOOK, _LAST_LOOK = 0.05, 1.0
 class PeerFailed(RuntimeError):
     """Another rank announced that the group broke while this one was waiting."""
 
-    def __init__(self, reason: str, timed_out: bool):
+    def __init__(self, reason: str, timed_out: bool, lost: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.timed_out = timed_out
+        self.lost = lost
 
 
 def _look(group: Any) -> None:
@@ -178,7 +179,7 @@ class _Wait:
         # the watcher's schedule, in ticks: to the next look, between looks
         self.left, self.gap = 2, 1
         # set by the watcher before it touches the work: the announced failure
-        self.why: tuple[str, bool] | None = None
+        self.why: tuple[str, bool, bool] | None = None
 
 
 #: the waits in progress (set.add, discard and copy are atomic)
@@ -210,7 +211,7 @@ def _interruptibly(work: Work, limit: datetime.timedelta, group: Any) -> None:
         _interrupted(wait.why)
 
 
-def _interrupted(why: tuple[str, bool]) -> NoReturn:
+def _interrupted(why: tuple[str, bool, bool]) -> NoReturn:
     with _interrupting:  # once the watcher lets go, it touches the work no more
         pass
     raise PeerFailed(*why)
@@ -248,7 +249,7 @@ def _watch() -> None:
 
 def _tick(waits: set[_Wait]) -> None:
     """Look in the store for the waits whose look is due; end those on a broken group."""
-    found: dict[int, tuple[str, bool] | None] = {}  # id(group) -> why it broke
+    found: dict[int, tuple[str, bool, bool] | None] = {}  # id(group) -> why it broke
     for wait in waits:
         wait.left -= 1
         if wait.left == 0:
@@ -261,7 +262,7 @@ def _tick(waits: set[_Wait]) -> None:
             _interrupt(wait, why)
 
 
-def _interrupt(wait: _Wait, why: tuple[str, bool]) -> None:
+def _interrupt(wait: _Wait, why: tuple[str, bool, bool]) -> None:
     """End ``wait``'s engine wait: a short wait on its work times out, which ends the group's.
 
     Until one raises, or the caller is done: a short wait that completes

@@ -3,20 +3,16 @@
 One abstract class with working defaults that call ``torch.distributed``; a
 concrete backend states its name, the torch.distributed backend it drives and
 its device, and overrides only what differs (httpx's transports are the model).
-
 Conventions every method may rely on, because the :class:`~commlib.Communicator`
 guarantees them before it calls in:
 
 * arguments are validated: known op, tensors of the right kind, ranks in range;
-* tensors are contiguous and already on :meth:`Backend.device`;
-* ``src`` / ``dst`` / peers are ranks *within* ``group``;
-* ``group`` is a ``torch.distributed.ProcessGroup`` the caller belongs to
-  (``None`` only for backends without a process group, such as ``single``);
+* tensors are contiguous and on :meth:`Backend.device`; ranks are *within* ``group``;
+* ``group`` is a ``torch.distributed.ProcessGroup`` the caller is in (``None``
+  only for backends without a process group, such as ``single``);
 * collectives are called with ``async_op=True`` and return a
   :class:`~commlib.types.Work` (``wait(timeout)``, ``is_completed()``), or
-  ``None`` when they have finished already.
-
-The types used here are in :mod:`commlib.types`.
+  ``None`` when they have finished already (the types: :mod:`commlib.types`).
 
 The minimum a plugin implements:
 
@@ -939,19 +935,11 @@ class Backend:
         """The rank of ``group`` whose connection the engine's failure ``exc`` says was lost.
 
         Asked only on the failure path, so it may be slow (read the store,
-        parse the engine's text). commlib names that rank, and its world rank,
-        in the error every surviving rank raises. The default knows none: an
-        engine that names a peer only by its address overrides this to map
-        the address to a rank (the gloo backend reads the addresses gloo
-        published in the store at connection time).
-
-        Args:
-            exc: what the engine raised.
-            group: the process group the failed call ran on.
-
-        Returns:
-            The peer's rank in ``group``, or ``None`` when the failure names
-            no peer or the peer cannot be told.
+        parse the engine's text); ``None`` when it names no peer or the peer
+        cannot be told. commlib names that rank, and its world rank, in the
+        error every surviving rank raises. The default knows none: an engine
+        that names a peer only by its address maps the address to a rank (the
+        gloo backend reads the addresses gloo published in the store).
 
         Examples:
             >>> plugin = commlib.plugins.resolve_backend("single")
@@ -959,6 +947,18 @@ class Backend:
             True
         """
         return None
+
+    def lost_peer(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a peer's connection was lost (:meth:`failed_peer` named none).
+
+        ``True`` makes it a :class:`~commlib.errors.RankLostError` (what ``shrink``
+        recovers from), not a ``CommError`` of an engine that refused the call.
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("single").lost_peer(RuntimeError("x"))
+            False
+        """
+        return False
 
     def set_timeout(self, group: Group, timeout: datetime.timedelta) -> None:
         """Make the engine give up on ``group``'s operations issued from now on after ``timeout``.

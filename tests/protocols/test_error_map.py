@@ -66,8 +66,9 @@ def _raised(plugin: Backend, exc: BaseException) -> BaseException:
 
 # exception -> the commlib error class it becomes (exactly that class)
 ENGINE_ERRORS = [
-    (dist.DistError("unknown c10d failure"), RankLostError),
-    (dist.DistBackendError("NCCL error: unhandled system error"), RankLostError),
+    # no peer named gone (the fake plugin names none, no rank ended): the engine failed
+    (dist.DistError("unknown c10d failure"), CommError),
+    (dist.DistBackendError("NCCL error: unhandled system error"), CommError),
     (
         dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed."),
         RankLostError,
@@ -79,7 +80,10 @@ ENGINE_ERRORS = [
     (TimeoutError(), CommTimeoutError),
     (ConnectionResetError("reset"), RankLostError),
     (ConnectionRefusedError("refused"), RankLostError),
-    (RuntimeError("Connection reset by peer"), RankLostError),
+    (
+        RuntimeError("Connection reset by peer"),
+        CommError,
+    ),  # a peer named: test_broken, test_faults
     (RuntimeError("operation timed out after 5000ms"), CommTimeoutError),
 ]
 

@@ -1,0 +1,178 @@
+"""commlib on a real NCCL engine: what only a GPU can show (skipped without one).
+
+CI has no GPU, so these run on a lent GPU machine (``benchmarks/gpu_check.sh``
+runs them there with the conformance kit and the NCCL benchmark). One GPU
+holds one NCCL rank (NCCL refuses two ranks on one device), so the world is 1:
+every collective still goes through NCCL's kernels and streams, which is what
+the simulated devices of the CPU suite cannot show. What they check:
+
+- every tensor collective's result on the device, and that the steady call
+  takes its lane (the direct path, ``asyncOp=False``);
+- a lane's NCCL call orders after work queued on the caller's current stream
+  and before work queued after it (torch's blocking call runs on that stream);
+- async handles, the checked mode, object collectives and ``collect_results``
+  with CUDA tensors inside;
+- DDP on ``commlib-nccl`` (torch's own traffic through a Communicator) trains
+  to the same weights as DDP on plain NCCL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from commlib.testing import World
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a GPU: run on a lent GPU machine"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def world():
+    with World(1, backend="nccl", timeout=120) as w:
+        yield w
+
+
+def _tensor_collectives(comm: Any) -> dict[str, Any]:
+    dev = comm.device
+    got: dict[str, Any] = {"device": str(dev), "engine": comm.plugin.engine(comm.group)}
+    x = torch.arange(8, dtype=torch.float32, device=dev)
+    for _ in range(3):  # the first learns, the later ones take the lane
+        y = x.clone()
+        comm.all_reduce(y)
+    got["all_reduce"] = y.tolist()
+    y = x.clone()
+    comm.all_reduce(y, op="mean")
+    got["all_reduce mean"] = y.tolist()
+    y = x.clone()
+    comm.broadcast(y, src=0)
+    got["broadcast"] = y.tolist()
+    out = torch.empty(8, device=dev)
+    comm.all_gather_into_tensor(out, x)
+    got["all_gather_into_tensor"] = out.tolist()
+    got["all_gather"] = [t.tolist() for t in comm.all_gather(x)]
+    out = torch.empty(8, device=dev)
+    comm.reduce_scatter(out, [x])
+    got["reduce_scatter"] = out.tolist()
+    out = torch.empty(8, device=dev)
+    comm.all_to_all_single(out, x)
+    got["all_to_all_single"] = out.tolist()
+    y = x.clone()
+    comm.reduce(y, dst=0)
+    got["reduce"] = y.tolist()
+    h = comm.all_reduce(x.clone(), async_op=True)
+    h.wait()
+    got["async done"] = h.is_completed()
+    got["lanes"] = sorted(k[0] for k, lane in comm._engine.lanes.items() if lane is not None)
+    return got
+
+
+def test_every_tensor_collective_on_nccl_and_its_lanes(world):
+    (got,) = world.run(_tensor_collectives)
+    x = [float(i) for i in range(8)]
+    assert got["device"] == "cuda:0"
+    assert got["engine"] in ("nccl", "nccl2")
+    for name in (
+        "all_reduce",
+        "all_reduce mean",
+        "broadcast",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "all_to_all_single",
+        "reduce",
+    ):
+        assert got[name] == x, name
+    assert got["all_gather"] == [x]
+    assert got["async done"] is True
+    assert "all_reduce" in got["lanes"], got["lanes"]
+
+
+def _stream_order(comm: Any) -> list[float]:
+    dev = comm.device
+    side = torch.cuda.Stream(device=dev)
+    n = 1 << 22  # big enough that an unordered read would see the fill unfinished
+    results = []
+    for _ in range(3):  # the learning call, then the lane
+        with torch.cuda.stream(side):
+            x = torch.zeros(n, device=dev)
+            x.add_(1.0).mul_(3.0)  # queued on the side stream, not yet done
+            comm.all_reduce(x)
+            x.add_(1.0)  # after the collective, on the same stream
+        side.synchronize()
+        results.append(float(x.min()))
+        results.append(float(x.max()))
+    return results
+
+
+def test_a_lane_orders_on_the_callers_current_stream(world):
+    (got,) = world.run(_stream_order)
+    assert got == [4.0] * 6
+
+
+def _checked_and_objects(comm: Any) -> dict[str, Any]:
+    import commlib
+
+    dev = comm.device
+    checked = commlib.Communicator(comm.group, backend="nccl", strict=True)
+    x = torch.ones(4, device=dev)
+    checked.all_reduce(x)
+    out: dict[str, Any] = {"checked all_reduce": x.tolist()}
+    try:
+        checked.all_reduce(torch.ones(4, device=dev), op="nonsense")
+    except ValueError as exc:
+        out["bad op"] = type(exc).__name__
+    obj = {"t": torch.arange(3, device=dev), "s": "text"}
+    gathered = comm.all_gather_object(obj)
+    out["all_gather_object"] = [(g["t"].device.type, g["t"].tolist(), g["s"]) for g in gathered]
+    lst = [obj, 7]
+    comm.broadcast_object_list(lst, src=0)
+    out["broadcast_object_list"] = (lst[0]["t"].tolist(), lst[1])
+    out["gather_object"] = len(comm.gather_object(obj, dst=0))
+    out["collect_results gpu"] = commlib.collect_results([1, 2, 3], 3, device="gpu")
+    out["collect_results cpu"] = commlib.collect_results([1, 2, 3], 3, device="cpu")
+    return out
+
+
+def test_checked_calls_and_object_collectives_on_nccl(world):
+    (got,) = world.run(_checked_and_objects)
+    assert got["checked all_reduce"] == [1.0] * 4
+    assert got["bad op"] == "ValueError"
+    assert got["all_gather_object"] == [("cuda", [0, 1, 2], "text")]
+    assert got["broadcast_object_list"] == ([0, 1, 2], 7)
+    assert got["gather_object"] == 1
+    assert got["collect_results gpu"] == [1, 2, 3]
+    assert got["collect_results cpu"] == [1, 2, 3]
+
+
+def _ddp(comm: Any, backend: str) -> list[float]:
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    group = dist.new_group(backend=backend)
+    torch.manual_seed(0)
+    dev = comm.device
+    net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4)).to(dev)
+    ddp = DDP(net, device_ids=[dev.index], process_group=group, bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3):
+        torch.manual_seed(100 + step)
+        ddp(torch.randn(16, 8, device=dev)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).tolist()
+
+
+def test_ddp_on_commlib_nccl_matches_plain_nccl(world):
+    (plain,) = world.run(_ddp, "nccl")
+    (served,) = world.run(_ddp, "commlib-nccl")
+    diff = (torch.tensor(plain) - torch.tensor(served)).abs().max()
+    assert diff < 1e-6, diff

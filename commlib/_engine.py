@@ -26,17 +26,19 @@ communicator's collectives share and nothing else:
   agree on who goes on (:mod:`commlib._survivors`) and the plugin builds
   their new group.
 
-Callers (the communicator, :mod:`commlib._objects`, :mod:`commlib._ragged`,
-:mod:`commlib._guard`) pass the plugin's bound methods::
+The communicator calls the typed methods (and :meth:`Engine.direct` for a
+lane); the protocols (:mod:`commlib._objects`, :mod:`commlib._ragged`,
+:mod:`commlib._guard`, ...) start each round as one step, naming the
+plugin's method, and never reach the plugin themselves::
 
-    engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, inp)
+    engine.run("all_gather", "all_gather_into_tensor", out, inp)
 """
 
 from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,7 +93,7 @@ class Engine:
         >>> plugin = commlib.plugins.resolve_backend("single")   # a world of one
         >>> engine = Engine(plugin, None, timeout=datetime.timedelta(seconds=30))
         >>> t = torch.ones(2)
-        >>> engine.run("all_reduce", engine.plugin.all_reduce, t, "sum")
+        >>> engine.run("all_reduce", "all_reduce", t, "sum")
         >>> engine.seq, engine.rank, engine.world_size
         (1, 0, 1)
 
@@ -125,6 +127,10 @@ class Engine:
         self.native_avg = bool(plugin.native_avg)
         # how the object collectives move what does not fit the first round
         self.large_payload_transport = plugin.large_payload_transport
+        # up to how many bytes the check's round completes a call (None: what the slot learns)
+        self.completed_by_check_bytes = plugin.completed_by_check_bytes
+        # the backend's name, for messages
+        self.backend_name = plugin.name
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
         # and whether a point-to-point wait may be ended by another thread's timed-out wait
@@ -161,6 +167,40 @@ class Engine:
             # loss averaged for logging, a leaf parameter (an out= reduction refuses both)
             moved = moved.detach()
         return moved if moved.is_contiguous() else moved.contiguous()
+
+    # -- what the plugin says, asked by the protocols and the error map ----------------
+    def sends_slot_rows_apart(self, slot_bytes: int) -> bool:
+        """Whether the plugin's ``all_gather_slots`` here sends row ``j`` to rank ``j``."""
+        return self.plugin.sends_slot_rows_apart(self.world_size, slot_bytes)
+
+    def direct_call(self, collective: str, **key: Any) -> DirectCall | None:
+        """The plugin's direct call for ``collective`` and ``key`` on this group, if any."""
+        return self.plugin.direct_call(collective, self.group, **key)
+
+    def shrink_group(self, keep: Sequence[int], name: str, timeout: datetime.timedelta) -> Group:
+        """The plugin's new process group over ``keep`` (ranks of this one), made by them alone."""
+        return self.plugin.shrink_group(self.group, keep, name, timeout)
+
+    # read on the failure path only (commlib._error_map): the backend reads its engine's text
+    def is_timeout(self, exc: BaseException) -> bool:
+        """Whether the plugin reads ``exc`` as its engine running out of time."""
+        return self.plugin.is_timeout(exc)
+
+    def describe_failure(self, exc: BaseException) -> str:
+        """The engine's failure ``exc`` in the plugin's words."""
+        return self.plugin.describe_failure(exc)
+
+    def failed_peer(self, exc: BaseException) -> int | None:
+        """The rank whose connection ``exc`` says was lost, where the plugin can tell."""
+        return self.plugin.failed_peer(exc, self.group)
+
+    def lost_peer(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a peer's connection was lost (no rank named)."""
+        return self.plugin.lost_peer(exc)
+
+    def abort(self) -> None:
+        """Stop what is in flight on the group (once, when it broke)."""
+        self.plugin.abort(self.group)
 
     # -- errors ----------------------------------------------------------------------
     def map_errors(self, what: str, seq: int, limit: datetime.timedelta) -> MapErrors:
@@ -219,19 +259,21 @@ class Engine:
         else:
             work.wait(limit)
 
-    def start(
-        self, what: str, call: Callable[..., Work | None], *args: Any, **kwargs: Any
-    ) -> Pending:
-        """Issue ``call(*args, group=..., async_op=True, **kwargs)``; wait with :meth:`wait`.
+    def start(self, what: str, method: str, *args: Any, **kwargs: Any) -> Pending:
+        """Issue the plugin's ``method`` as one step of a protocol; wait with :meth:`wait`.
 
-        ``call`` is a bound method of :attr:`plugin`; ``what`` names the
-        collective in errors.
+        ``method`` names the plugin's method (``"broadcast"``, ``"exchange"``,
+        ``"all_gather_slots"``, ...), called as ``method(*args, group=...,
+        async_op=True, **kwargs)``; ``what`` names the collective in errors.
+        The protocols start every engine call here (or through :meth:`run`),
+        never on the plugin itself.
 
         Examples:
             >>> t = torch.ones(2)
-            >>> pending = engine.start("broadcast", engine.plugin.broadcast, t, 0)
+            >>> pending = engine.start("broadcast", "broadcast", t, 0)
             >>> engine.wait(pending)
         """
+        call = getattr(self.plugin, method)
         seq = self._next(what)
         with self.map_errors(what, seq, self.timeout):
             work = call(*args, group=self.group, async_op=True, **kwargs)
@@ -261,19 +303,20 @@ class Engine:
     def run(
         self,
         what: str,
-        call: Callable[..., Work | None],
+        method: str,
         *args: Any,
         timeout: datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> None:
-        """Start ``call`` and wait for it: one blocking collective.
+        """Start the plugin's ``method`` (see :meth:`start`) and wait for it: one blocking step.
 
         Examples:
             >>> out, t = torch.empty(engine.world_size * 2), torch.ones(2)
-            >>> engine.run("all_gather", engine.plugin.all_gather_into_tensor, out, t)
+            >>> engine.run("all_gather", "all_gather_into_tensor", out, t)
             >>> out
             tensor([1., 1.])
         """
+        call = getattr(self.plugin, method)
         limit = timeout or self.timeout
         if self.health.engine_timeout != limit:
             self.bound_engine_wait(limit)

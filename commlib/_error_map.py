@@ -134,7 +134,7 @@ def is_timeout(
     return (
         kind == "timeout"
         or waited >= limit.total_seconds() * (1 - _TIMEOUT_SLACK)
-        or engine.plugin.is_timeout(exc)
+        or engine.is_timeout(exc)
     )
 
 
@@ -198,7 +198,7 @@ def translate(
         timed_out = isinstance(error, CommTimeoutError)
         lost = isinstance(error, RankLostError)
         _failure_notes.announce_broken(engine.group, str(error), timed_out, lost)
-        engine.plugin.abort(engine.group)
+        engine.abort()
     return error
 
 
@@ -211,7 +211,7 @@ def _describe(engine: Any, exc: BaseException) -> tuple[str, bool]:
     whether a rank was named gone. Only on the failure path: the call path
     records nothing for it.
     """
-    text = engine.plugin.describe_failure(exc)
+    text = engine.describe_failure(exc)
     peer = _failed_peer(engine, exc)
     if peer is not None:
         return (
@@ -223,7 +223,7 @@ def _describe(engine: Any, exc: BaseException) -> tuple[str, bool]:
         names = ", ".join(rank_label(engine, r) for r in gone)
         verb = "has" if len(gone) == 1 else "have"
         return f"{names} {verb} exited (its process ended); see its output ({text})", True
-    return text, engine.plugin.lost_peer(exc)
+    return text, engine.lost_peer(exc)
 
 
 def _ended_ranks(engine: Any, grace: float = _ENDED_GRACE) -> list[int]:
@@ -251,7 +251,7 @@ def _failed_peer(engine: Any, exc: BaseException) -> int | None:
     if engine.group is None or default_store() is None:
         return None  # backends map addresses to ranks through the store: not a dead one
     try:
-        peer = engine.plugin.failed_peer(exc, engine.group)
+        peer = engine.failed_peer(exc)
     except Exception as lookup:  # naming the peer is a courtesy; the error goes up anyway
         store_failed(lookup)
         return None

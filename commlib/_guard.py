@@ -134,7 +134,7 @@ def _slots(engine: Engine, slot_size: int) -> _HostSlots:
     slots: _HostSlots | None = engine.kept.get("check")
     if slots is None or slots.slot_size != slot_size:
         world = engine.world_size
-        apart = engine.plugin.sends_slot_rows_apart(world, slot_size)
+        apart = engine.sends_slot_rows_apart(slot_size)
         slots = engine.kept["check"] = _HostSlots(world, slot_size, apart)
     return slots
 
@@ -213,9 +213,7 @@ def exchange(
             else:
                 engine.direct(what, lane, every, host.sent.rows[0])
         else:
-            engine.run(
-                what, engine.plugin.all_gather_slots, every, host.sent.rows, timeout=timeout
-            )
+            engine.run(what, "all_gather_slots", every, host.sent.rows, timeout=timeout)
     else:
         device = engine.device()
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -227,7 +225,7 @@ def exchange(
                 write(_typed(mine.narrow(0, _DATA, nbytes), data))
         every = torch.empty(world * slot_size, dtype=torch.uint8, device=device)
         rows = every.view(world, slot_size)
-        engine.run(what, engine.plugin.all_gather_into_tensor, every, mine, timeout=timeout)
+        engine.run(what, "all_gather_into_tensor", every, mine, timeout=timeout)
     if host is not None:
         raw = host.every_raw
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
@@ -260,11 +258,7 @@ def exchange(
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
     need = need_of(nbytes, what in _catalog.EVERYONE_NEEDS_ALL)
-    if (
-        apart
-        and need
-        and not engine.plugin.sends_slot_rows_apart(world, rooms.slot_for(need, floor))
-    ):
+    if apart and need and not engine.sends_slot_rows_apart(rooms.slot_for(need, floor)):
         need = 0  # a slot that large would not go apart: the parts could not ride
     rooms.learn(need, world)
     if like is None or not inline:
@@ -425,7 +419,7 @@ class Guard:
             if what not in self.completed_by_check:
                 data = None  # the backend's own collective computes the result
             else:
-                most = engine.plugin.completed_by_check_bytes
+                most = engine.completed_by_check_bytes
                 if most is not None and data.nbytes > most:
                     data = None  # ... and moves this much data with fewer copies
         return exchange(

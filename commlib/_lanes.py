@@ -82,7 +82,7 @@ def learn(
     """
     lane = None
     if vouched_for(type(engine.plugin), collective):
-        lane = engine.plugin.direct_call(collective, engine.group, **key)
+        lane = engine.direct_call(collective, **key)
     engine.lanes[(collective, *key.values()) if as_key is None else as_key] = lane
     return lane
 

@@ -305,10 +305,10 @@ def shrink(
     if not broken and len(keep) == len(world_ranks):
         raise ValueError(_survivors.nothing_lost(len(keep)))
     try:
-        group = engine.plugin.shrink_group(engine.group, keep, name, timeout)
+        group = engine.shrink_group(keep, name, timeout)
     except (RuntimeError, NotImplementedError) as exc:
         raise CommError(
-            f"shrink: backend {engine.plugin.name!r} could not build the group of ranks "
+            f"shrink: backend {engine.backend_name!r} could not build the group of ranks "
             f"{keep} on rank {engine.rank}: {exc}"
         ) from exc
     engine.health.mark_broken(f"shrunk into a group of ranks {keep}")
@@ -355,5 +355,5 @@ def grow(
     engine.health.mark_broken(f"grown into world {name} with {len(tickets)} newcomer(s)")
     size = engine.world_size + len(tickets)
     seconds = timeout.total_seconds(), engine.timeout.total_seconds()
-    place = _newcomers.Place(name, engine.rank, size, engine.plugin.name, *seconds)
+    place = _newcomers.Place(name, engine.rank, size, engine.backend_name, *seconds)
     return _newcomers.form(engine.plugin, kv, place, timeout)

@@ -91,15 +91,15 @@ def round_one(engine: Engine, out: Outgoing, world: int) -> Steps[ReceivedSlots]
     """
     size = len(out.slot)
     what = OP_NAMES[out.head[0]]
-    mine = engine.plugin.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
+    mine = engine.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     if mine.device.type == "cpu":
         # host memory Python can parse without going through numpy
         raw: Any = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
-        yield from call(engine, what, engine.plugin.all_gather_into_tensor, gathered, mine)
+        yield from call(engine, what, "all_gather_into_tensor", gathered, mine)
         return ReceivedSlots(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
-    yield from call(engine, what, engine.plugin.all_gather_into_tensor, gathered, mine)
+    yield from call(engine, what, "all_gather_into_tensor", gathered, mine)
     host = gathered.cpu()
     return ReceivedSlots(host, host.numpy(), size, world)
 
@@ -153,7 +153,7 @@ def outgoing_messages(engine: Engine, segments: list[torch.Tensor], sizes) -> li
         >>> [m.numel() for m in outgoing_messages(engine, segments, [10, 20])]
         [36]
     """
-    to = engine.plugin.to_device
+    to = engine.to_device
     offsets, _ = layout(sizes)
     out = []
     for start, end, group in messages(sizes):
@@ -233,7 +233,7 @@ def transfer_p2p(
     if targets:
         msgs = outgoing_messages(engine, segments, sizes[me])
         sends = [(m, r) for r in targets for m in msgs]
-    yield from call(engine, what, engine.plugin.exchange, sends, recvs)
+    yield from call(engine, what, "exchange", sends, recvs)
     return blobs
 
 
@@ -253,17 +253,17 @@ def _transfer_collective(engine: Engine, routes, sizes, segments, what: str) -> 
     if len(senders) == 1 and receivers == set(range(world)) - {senders[0]}:
         src = senders[0]
         blob = mine() if me == src else torch.empty(size, dtype=torch.uint8, device=dev)
-        yield from call(engine, what, engine.plugin.broadcast, blob, src)
+        yield from call(engine, what, "broadcast", blob, src)
         return {} if me == src else {src: blob}
     contribution = mine()
     if len(receivers) > 1:
         whole = torch.empty(world * size, dtype=torch.uint8, device=dev)
-        yield from call(engine, what, engine.plugin.all_gather_into_tensor, whole, contribution)
+        yield from call(engine, what, "all_gather_into_tensor", whole, contribution)
         parts: Any = whole.view(world, size)
     else:
         (dst,) = receivers
         parts = [torch.empty_like(contribution) for _ in range(world)] if me == dst else None
-        yield from call(engine, what, engine.plugin.gather, contribution, parts, dst)
+        yield from call(engine, what, "gather", contribution, parts, dst)
         if me != dst:
             return {}
     return {s: parts[s] for s in senders if (s, me) in routes}
@@ -278,7 +278,7 @@ def _round_two(
     senders = {s for s, _ in routes}
     sizes = {s: slots.sizes(s) for s in senders if slots.status(s) == TABLE}
     packed = sorted(s for s in senders if slots.status(s) == PACKED)
-    transport = engine.plugin.large_payload_transport
+    transport = engine.large_payload_transport
     if transport == "p2p":
         # every rank reads the same slots, so every rank chooses the same way
         blob_lengths = [layout(sizes[s])[1] for s in sizes]

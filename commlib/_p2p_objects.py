@@ -73,7 +73,7 @@ def send_object_list_steps(
     length = len(objects) if isinstance(objects, list) else -1
     out = prepare(slot_size, SEND, me, length, objects, ser, True, lambda: _list_length(objects))
     slot = engine.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
-    yield from call(engine, WHAT, engine.plugin.send, slot, dst)
+    yield from call(engine, WHAT, "send", slot, dst)
     if out.status in (FAILED, BAD_ARGUMENT):
         raise _failure(out.status, me, out.body().decode(errors="replace")) from out.error
     if out.status == PACKED:
@@ -99,7 +99,7 @@ def recv_object_list_steps(
     """
     me = engine.rank
     received = torch.empty(slot_size, dtype=torch.uint8, device=engine.device())
-    yield from call(engine, "recv_object_list", engine.plugin.recv, received, src)
+    yield from call(engine, "recv_object_list", "recv", received, src)
     slots = read_slots(received, slot_size, 1)
     status, op, _, _, length, _ = slots.heads[0]
     if op != SEND:

@@ -113,9 +113,7 @@ class _Slots:
         #: the row an engine that gathers the first row gathers (a view made once)
         self.first = self.sent.rows[0]
         #: whether the engine sends row j to rank j (then every row is sent)
-        self.apart = copies == engine.world_size and engine.plugin.sends_slot_rows_apart(
-            copies, size
-        )
+        self.apart = copies == engine.world_size and engine.sends_slot_rows_apart(size)
         #: the header the sent rows hold now: a call with the same one writes none
         self.header = b""
         self.layouts: dict[tuple[Any, ...], _Layout] = {}
@@ -385,7 +383,6 @@ def _round(
         areas.every.copy_(data)  # into every row at once
     size = slots.sent.size
     world = engine.world_size
-    plugin = engine.plugin
     if engine.on_cpu:
         raw = None
         if world * size <= _ZEROED_UP_TO:
@@ -402,7 +399,7 @@ def _round(
         lane = _lanes.round_lane(engine, size, slots.apart) if timeout is None else None
         if lane is None:
             rows = slots.sent.rows
-            engine.run(what, plugin.all_gather_slots, gathered, rows, timeout=timeout)
+            engine.run(what, "all_gather_slots", gathered, rows, timeout=timeout)
         elif slots.apart:  # the engine's own exchange of the rows, in one step
             engine.direct(what, lane, gathered, slots.sent.rows, [], [])
         else:  # the engine's own gather of the first row
@@ -411,8 +408,8 @@ def _round(
             return gathered, raw, size
     else:
         gathered = torch.empty(world * size, dtype=torch.uint8, device=engine.device())
-        mine = plugin.to_device(slots.sent.rows[0])
-        engine.run(what, plugin.all_gather_into_tensor, gathered, mine, timeout=timeout)
+        mine = engine.to_device(slots.sent.rows[0])
+        engine.run(what, "all_gather_into_tensor", gathered, mine, timeout=timeout)
     # large, or on a device: only the headers come back to be read
     heads = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
     return gathered, heads, _HEADER_BYTES

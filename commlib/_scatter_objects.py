@@ -145,7 +145,7 @@ def scatter_object_list_steps(
     dev = engine.device()
     mine = torch.empty(slot_size, dtype=torch.uint8, device=dev)
     sent = [engine.to_device(torch.frombuffer(p.slot, dtype=torch.uint8)) for p in parts]
-    yield from call(engine, WHAT, engine.plugin.scatter, mine, sent if me == src else None, src)
+    yield from call(engine, WHAT, "scatter", mine, sent if me == src else None, src)
     largest_table, largest_blob = _LARGEST.unpack_from(slots.body(src))
     if engine.large_payload_transport == "p2p":
         received = yield from _rest_p2p(engine, src, parts, mine, slot_size)
@@ -188,7 +188,7 @@ def _rest_p2p(
         packed = [r for r, p in enumerate(parts) if p.status == PACKED]
         table_sends = [(engine.to_device(uint8_view(parts[r].meta)), r) for r in packed]
         if table_sends:
-            yield from call(engine, WHAT, engine.plugin.exchange, table_sends, [])
+            yield from call(engine, WHAT, "exchange", table_sends, [])
         sends = [
             (msg, r)
             for r, p in enumerate(parts)
@@ -196,7 +196,7 @@ def _rest_p2p(
             for msg in outgoing_messages(engine, p.segments, p.sizes)
         ]
         if sends:
-            yield from call(engine, WHAT, engine.plugin.exchange, sends, [])
+            yield from call(engine, WHAT, "exchange", sends, [])
         return None
     part = read_slots(mine, slot_size, 1)
     if part.status(0) == INLINE:
@@ -232,7 +232,7 @@ def _rest_collective(
             sent = [torch.zeros_like(table) for _ in parts]
             for t, p in zip(sent, parts):
                 t[: len(p.meta)].copy_(uint8_view(p.meta))
-        yield from call(engine, WHAT, engine.plugin.scatter, table, sent, src)
+        yield from call(engine, WHAT, "scatter", table, sent, src)
         if status == PACKED:
             sizes = read_table(host_bytes(table))
     blob = torch.zeros(largest_blob, dtype=torch.uint8, device=dev)
@@ -245,7 +245,7 @@ def _rest_collective(
                 else torch.zeros_like(blob)
                 for p in parts
             ]
-        yield from call(engine, WHAT, engine.plugin.scatter, blob, blobs, src)
+        yield from call(engine, WHAT, "scatter", blob, blobs, src)
     if part is None:
         return None
     if status == INLINE:

@@ -16,11 +16,10 @@ the same engine calls on each group in the same order whenever its own
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from commlib.handle import ResultHandle
-from commlib.types import Work
 
 if TYPE_CHECKING:
     from commlib._engine import Engine, Pending
@@ -36,19 +35,19 @@ unfinished: list[tuple[Engine, ResultHandle[Any]]] = []
 
 
 def call(
-    engine: Engine, what: str, fn: Callable[..., Work | None], *args: Any, **kwargs: Any
+    engine: Engine, what: str, method: str, *args: Any, **kwargs: Any
 ) -> Generator[Pending, None, None]:
-    """One engine call as a step: start it, yield it, resume once it is waited for.
+    """The plugin's ``method`` as a step (:meth:`Engine.start`): start, yield, resume once waited.
 
     Examples:
         >>> def broadcast_twice(engine, t):
-        ...     yield from call(engine, "broadcast", engine.plugin.broadcast, t, 0)
-        ...     yield from call(engine, "broadcast", engine.plugin.broadcast, t, 0)
+        ...     yield from call(engine, "broadcast", "broadcast", t, 0)
+        ...     yield from call(engine, "broadcast", "broadcast", t, 0)
         ...     return t
         >>> run(engine, broadcast_twice(engine, torch.ones(2)))
         tensor([1., 1.])
     """
-    yield engine.start(what, fn, *args, **kwargs)
+    yield engine.start(what, method, *args, **kwargs)
 
 
 def run(engine: Engine, steps: Steps[T], timeout: datetime.timedelta | None = None) -> T:

@@ -215,6 +215,18 @@ class AcceleratorBackend(EngineGaps):
         """
         return self.current_device()
 
+    def waits_on_stream(self) -> bool:
+        """On a device (not a simulated one): torch's blocking wait orders the stream.
+
+        Seen on NCCL (an H200, torch 2.11): ``Work.wait(timeout)`` blocked the host
+        until the GPU finished, 1 ms at a time; HCCL and CNCL mirror its ``Work``.
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("nccl").waits_on_stream()  # GPU  # doctest: +SKIP
+            True
+        """
+        return self.accelerator_device().type == self.device_type
+
     def current_device(self) -> torch.device:
         """The current device of this type (e.g. ``cuda:1``).
 

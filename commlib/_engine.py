@@ -133,6 +133,9 @@ class Engine:
         self.backend_name = plugin.name
         # decided once: whether waits go in slices, watching for a failure announced
         self._sliced = bool(plugin.interruptible_wait) and group is not None
+        # or order the caller's stream, as torch's blocking call does (a timeout
+        # there would block the host until the device is done)
+        self._on_stream = not self._sliced and bool(plugin.waits_on_stream())
         # and whether a point-to-point wait may be ended by another thread's timed-out wait
         self._interrupt_p2p = bool(plugin.p2p_timeout_ends_group)
         # the plugin's methods the typed calls make, bound once
@@ -256,6 +259,8 @@ class Engine:
         """``work.wait(limit)``, ended early when another rank announces the group broke."""
         if self._sliced:
             _waiting.wait_watching(work, limit, self.group, self._interrupt_p2p)
+        elif self._on_stream:
+            work.wait()
         else:
             work.wait(limit)
 
@@ -366,7 +371,10 @@ class Engine:
             work = call(*args, lane.options)
             if work is not None:
                 if not self._sliced:
-                    work.wait(limit)
+                    if self._on_stream:
+                        work.wait()
+                    else:
+                        work.wait(limit)
                 elif limit > _waiting.FIRST_SLICE:
                     try:  # the one slice most waits need, inline
                         work.wait(_waiting.FIRST_SLICE)
@@ -407,6 +415,8 @@ class Engine:
             if work is not None:
                 if self._sliced:
                     _waiting.wait_point_to_point(work, limit, self.group, self._interrupt_p2p)
+                elif self._on_stream:
+                    work.wait()
                 else:
                     work.wait(limit)
         except BaseException as exc:

@@ -960,6 +960,20 @@ class Backend:
         """
         return False
 
+    def waits_on_stream(self) -> bool:
+        """Whether a blocking call's ``Work.wait()`` orders the caller's stream, not the host.
+
+        torch's NCCL: ``wait()`` makes the current stream wait for the collective and
+        returns at once; ``wait(timeout)`` blocks the host in 1 ms sleeps until the
+        device is done. ``True``: commlib waits as torch's blocking call does, and a
+        hang ends at the engine's own timeout (:meth:`set_timeout`, set per call).
+
+        Examples:
+            >>> commlib.plugins.resolve_backend("gloo").waits_on_stream()
+            False
+        """
+        return False
+
     def set_timeout(self, group: Group, timeout: datetime.timedelta) -> None:
         """Make the engine give up on ``group``'s operations issued from now on after ``timeout``.
 

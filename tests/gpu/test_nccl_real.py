@@ -8,8 +8,10 @@ the simulated devices of the CPU suite cannot show. What they check:
 
 - every tensor collective's result on the device, and that the steady call
   takes its lane (the direct path, ``asyncOp=False``);
-- a lane's NCCL call orders after work queued on the caller's current stream
-  and before work queued after it (torch's blocking call runs on that stream);
+- a blocking call orders after work queued on the caller's current stream
+  and before work queued after it, and returns without waiting for the GPU
+  (as torch's own blocking call: ``Work.wait()``, never ``wait(timeout)``,
+  which holds the host in 1 ms sleeps until the device is done);
 - async handles, the checked mode, object collectives and ``collect_results``
   with CUDA tensors inside;
 - DDP on ``commlib-nccl`` (torch's own traffic through a Communicator) trains
@@ -99,21 +101,45 @@ def _stream_order(comm: Any) -> list[float]:
     side = torch.cuda.Stream(device=dev)
     n = 1 << 22  # big enough that an unordered read would see the fill unfinished
     results = []
-    for _ in range(3):  # the learning call, then the lane
+    for _ in range(3):  # the learning call, then the steady ones
         with torch.cuda.stream(side):
             x = torch.zeros(n, device=dev)
             x.add_(1.0).mul_(3.0)  # queued on the side stream, not yet done
-            comm.all_reduce(x)
-            x.add_(1.0)  # after the collective, on the same stream
+            out = torch.empty(n * comm.world_size, device=dev)
+            # at world 1 all_reduce issues nothing; the gather is a real NCCL call
+            comm.all_gather_into_tensor(out, x)
+            out.add_(1.0)  # after the collective, on the same stream
         side.synchronize()
-        results.append(float(x.min()))
-        results.append(float(x.max()))
+        results += [float(out.min()), float(out.max())]
     return results
 
 
-def test_a_lane_orders_on_the_callers_current_stream(world):
+def test_a_blocking_call_orders_on_the_callers_current_stream(world):
     (got,) = world.run(_stream_order)
     assert got == [4.0] * 6
+
+
+def _host_free(comm: Any) -> dict[str, Any]:
+    dev = comm.device
+    x = torch.ones(1 << 10, device=dev)
+    out = torch.empty(x.numel() * comm.world_size, device=dev)
+    comm.all_gather_into_tensor(out, x)  # learnt
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of device time queued ahead
+    comm.all_gather_into_tensor(out, x)
+    after = torch.cuda.Event()
+    after.record()
+    # the call returned while the device was still busy with the sleep: the host
+    # was not held until the collective finished (torch's own blocking call)
+    pending = not after.query()
+    torch.cuda.synchronize()
+    on_stream = comm._engine._on_stream
+    return {"pending": pending, "waits_on_stream": on_stream, "out": out.sum().item()}
+
+
+def test_a_blocking_call_does_not_hold_the_host_until_the_gpu_is_done(world):
+    (got,) = world.run(_host_free)
+    assert got == {"pending": True, "waits_on_stream": True, "out": 1024.0}
 
 
 def _checked_and_objects(comm: Any) -> dict[str, Any]:

@@ -10,6 +10,11 @@ of two trees (run this in each) compares dispatch-level changes there.
 
 Usage:
     python benchmarks/count_dispatch.py [--nproc 8] [--calls 200] [--ops all_gather,gather]
+        [--backend nccl|hccl|cncl|module:Class] [--sides unchecked,observer,recorder]
+
+``--backend`` names the plugin as ``commlib bench --backend`` does (an absent
+accelerator over simulated devices); ``--sides`` the commlib sides counted,
+as the dispatch kind's (one no-op observer, the flight recorder).
 
 Needs valgrind on PATH. Each side: instructions per call (thousands), and
 commlib's count over torch's.
@@ -27,23 +32,31 @@ import sys
 import tempfile
 
 
-def _count(nproc: int, calls: int, ops: list[str], order_file: str) -> None:
+def _count(
+    nproc: int, calls: int, ops: list[str], order_file: str, backend: str | None, sides: list[str]
+) -> None:
     """The counted run (under callgrind): each side's calls between two ``getppid``."""
-    import commlib
+    from commlib.bench.dispatch import _Sides
     from commlib.bench.dispatch_cases import select_dispatch
     from commlib.bench.fake_world import dispatch_plugin, fake_world
+    from commlib.bench.named_plugin import simulated_if_absent
+    from commlib.bench.options import backend_plugin
 
     order = []
-    base = commlib.plugins.backend_for_group()
+    base = simulated_if_absent(backend_plugin(backend, dispatch=True))
+    observers = _Sides()
     with fake_world(nproc, dispatch_plugin(base)) as comm:
         for case in select_dispatch([f"{op}[dispatch]" for op in ops]):
-            for side, call in case.prepare(comm).items():
-                for _ in range(20):  # warm: lanes learnt, slots sized
-                    call()
-                os.getppid()  # a dump: the part that follows is this side's
-                for _ in range(calls):
-                    call()
-                os.getppid()
+            prepared = case.prepare(comm)
+            for side in ["torch", *sides]:
+                call = prepared["torch" if side == "torch" else "commlib"]
+                with observers.on(side):
+                    for _ in range(20):  # warm: lanes learnt, slots sized
+                        call()
+                    os.getppid()  # a dump: the part that follows is this side's
+                    for _ in range(calls):
+                        call()
+                    os.getppid()
                 order.append((case.op, side))
     with open(order_file, "w") as f:
         json.dump(order, f)
@@ -54,11 +67,14 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=8)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--ops", default="all_reduce,all_gather,gather")
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--sides", default="unchecked")
     parser.add_argument("--counted", metavar="ORDER_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ops = args.ops.split(",")
+    sides = args.sides.split(",")
     if args.counted:
-        _count(args.nproc, args.calls, ops, args.counted)
+        _count(args.nproc, args.calls, ops, args.counted, args.backend, sides)
         return
     with tempfile.TemporaryDirectory() as where:
         order_file = os.path.join(where, "order.json")
@@ -70,7 +86,8 @@ def main() -> None:
             sys.executable,
             __file__,
             *("--nproc", str(args.nproc), "--calls", str(args.calls), "--ops", args.ops),
-            *("--counted", order_file),
+            *("--sides", args.sides, "--counted", order_file),
+            *(("--backend", args.backend) if args.backend else ()),
         ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         parts = sorted(glob.glob(f"{where}/out.*"), key=lambda p: int(p.rsplit(".", 1)[1]))
@@ -84,10 +101,16 @@ def main() -> None:
     # parts: before the first side, then each side's calls and the gap after them
     per_call = {tuple(side): n / args.calls / 1000 for side, n in zip(order, totals[1::2])}
     print(f"# instructions a call (thousands), fake group of {args.nproc}, {args.calls} calls")
+    print(f"# backend {args.backend or 'this machine default'}")
     for op in ops:
-        torch_k, ours = per_call.get((op, "torch")), per_call.get((op, "commlib"))
-        if torch_k and ours:
-            print(f"{op:24s} torch {torch_k:8.1f}  commlib {ours:8.1f}  {ours / torch_k:5.2f}x")
+        torch_k = per_call.get((op, "torch"))
+        for side in sides:
+            ours = per_call.get((op, side))
+            if torch_k and ours:
+                print(
+                    f"{op:24s} {side:9s} torch {torch_k:8.1f}  commlib {ours:8.1f}"
+                    f"  {ours / torch_k:5.2f}x"
+                )
 
 
 if __name__ == "__main__":

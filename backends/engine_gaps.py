@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from commlib._lanes import vouched_for
 from commlib.backend import Backend, DirectCall, ThenWork
 from commlib.dtypes import byte_view
 from commlib.reductions import reduce_into, reduce_locally
@@ -248,7 +249,12 @@ class EngineGaps(Backend):
         if dtype is not None and not self._wire_ok(dtype):
             return None
         if collective == "scatter" and not self.native_scatter:
-            return None
+            # the root's whole list broadcast (see scatter): the broadcast's lane, where
+            # the broadcast scatter calls is the one this direct_call names
+            if not vouched_for(type(self), "broadcast"):
+                return None
+            found = self.direct_call("broadcast", group, src=key["src"], dtype=dtype)
+            return None if found is None or found.call is None else found._replace(via="broadcast")
         op = key.get("op")
         if op is not None and dtype is not None and not self.reduces_natively(op, dtype):
             return None

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 # them through __torch_function__): what the engine's direct calls take
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
+# the stride of a 1-dim contiguous tensor
+_FLAT = (1,)
 
 
 # -- the lane table -----------------------------------------------------------------------
@@ -192,17 +194,19 @@ class Lanes:
         engine: the communicator's engine (``None`` for a non-member: no lanes).
         checked: the collectives the communicator's argument check runs for
             (they never take a lane).
-        settings: what is read per call: ``check_finite`` (reductions that
-            check for NaN take no lane).
+        check_finite: the communicator's ``check_finite`` (reductions that
+            check for NaN take no lane), kept here by its setter: a value, not
+            the communicator (which holds this object: no reference cycle).
     """
 
-    __slots__ = ("checked", "engine", "native_avg", "settings")
+    __slots__ = ("check_finite", "checked", "engine", "gathers_checked", "native_avg")
 
-    def __init__(self, engine: Engine | None, checked: frozenset[str], settings: Any):
+    def __init__(self, engine: Engine | None, checked: frozenset[str], check_finite: bool):
         self.engine = engine
         self.checked = checked
-        self.settings = settings
+        self.check_finite = check_finite
         self.native_avg = engine is not None and engine.native_avg
+        self.gathers_checked = "all_gather_into_tensor" in checked
 
     def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
         lane = engine.lanes.get(key)
@@ -232,7 +236,7 @@ class Lanes:
         ):
             return False
         lane = self._lane(engine, ("all_reduce", op, tensor.dtype))
-        if lane is None or self.settings.check_finite or not serves(engine, lane, tensor):
+        if lane is None or self.check_finite or not serves(engine, lane, tensor):
             return False
         if op != "mean":
             engine.direct("all_reduce", lane, [tensor])
@@ -267,19 +271,40 @@ class Lanes:
         self, output: Any, tensor: Any, async_op: bool, timeout: Any
     ) -> bool:
         engine = self.engine
-        if engine is None or async_op or timeout is not None or type(tensor) not in PLAIN:
-            return False
-        lane = self._lane(engine, ("all_gather_into_tensor", tensor.dtype))
         if (
-            lane is None
+            engine is None
+            or async_op
+            or timeout is not None
+            or type(tensor) not in PLAIN
             or type(output) not in PLAIN
-            or output.dtype is not tensor.dtype
-            or output.dim() != 1
-            or tensor.dim() != 1
-            or output.numel() != tensor.numel() * engine.world_size
-            or not serves(engine, lane, tensor, output)
         ):
             return False
+        dtype = tensor.dtype
+        lane = engine.lanes.get(("all_gather_into_tensor", dtype))
+        if lane is None or _steps.unfinished or self.gathers_checked:
+            return False
+        # the fewest tensor attributes that say it all (each costs a torch getter): a
+        # stride of (1,) is one dimension, dense and contiguous; equal dtypes make the
+        # byte counts the element counts the communicator's check compares
+        try:
+            flat = tensor.stride() == _FLAT and output.stride() == _FLAT
+        except RuntimeError:  # a layout without strides (sparse, mkldnn): the whole way
+            return False
+        nbytes = tensor.nbytes
+        pending = lane.unless_in
+        if (
+            not flat
+            or output.dtype is not dtype
+            or output.nbytes != nbytes * engine.world_size
+            or not lane.min_bytes <= nbytes <= lane.max_bytes
+            or not (
+                (tensor.is_cpu and output.is_cpu)
+                if engine.on_cpu
+                else (tensor.device == engine.device_obj and output.device == engine.device_obj)
+            )
+            or (pending and engine.group in pending)
+        ):
+            return False  # (a wrong output size: the method's ValueError, before anything is sent)
         engine.direct("all_gather_into_tensor", lane, output, tensor)
         return True
 
@@ -337,7 +362,7 @@ class Lanes:
         ):
             return False
         lane = self._lane(engine, ("reduce", op, dst, tensor.dtype))
-        if lane is None or self.settings.check_finite or not serves(engine, lane, tensor):
+        if lane is None or self.check_finite or not serves(engine, lane, tensor):
             return False
         # the engine may use the buffer of a rank other than dst as scratch space
         engine.direct("reduce", lane, [tensor if engine.rank == dst else tensor.clone()])
@@ -358,15 +383,25 @@ class Lanes:
         lane = self._lane(engine, ("scatter", src, tensor.dtype))
         if lane is None or not serves(engine, lane, tensor):
             return False
-        if engine.rank != src:
-            engine.direct("scatter", lane, [tensor], [])
+        me = engine.rank
+        if me != src:
+            if lane.via is None:
+                engine.direct("scatter", lane, [tensor], [])
+            else:  # the root's list broadcast whole: this rank keeps its part
+                whole = tensor.new_empty((engine.world_size, *tensor.shape))
+                engine.direct("scatter", lane, [whole])
+                tensor.copy_(whole[me])
             return True
         if not _plain_like(scatter_list, engine.world_size, tensor):
             return False
         for t in scatter_list:
             if not takes(engine, t):
                 return False
-        engine.direct("scatter", lane, [tensor], [list(scatter_list)])
+        if lane.via is None:
+            engine.direct("scatter", lane, [tensor], [list(scatter_list)])
+        else:
+            engine.direct("scatter", lane, [torch.stack(scatter_list)])
+            tensor.copy_(scatter_list[me])
         return True
 
     @staticmethod

@@ -139,8 +139,7 @@ class Communicator:
         # sends the same bytes, and data in the slots stays aligned for every dtype
         self._slot_size = (slot_size + 15) // 16 * 16
         self._strict: bool | None = strict_from_env() if strict is None else bool(strict)
-        #: whether reductions first agree that no rank passes NaN or Inf (see above)
-        self.check_finite: bool = _finite.from_env() if check_finite is None else check_finite
+        self._check_finite: bool = _finite.from_env() if check_finite is None else check_finite
         self._distributed = group is not None or dist_ready()
         if group is not None and not dist_ready():
             raise ValueError("a process group was given but torch.distributed is not initialised")
@@ -183,7 +182,16 @@ class Communicator:
             self._slot_size,
             distributed=self._distributed,
         )
-        self._lanes = Lanes(self._engine, guard.checked, self)
+        self._lanes = Lanes(self._engine, guard.checked, self._check_finite)
+
+    @property
+    def check_finite(self) -> bool:
+        """Whether reductions first agree that no rank passes NaN or Inf (see above)."""
+        return self._check_finite
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        self._check_finite = self._lanes.check_finite = value
 
     # settings the check depends on: public, settable after construction
     @property
@@ -221,7 +229,7 @@ class Communicator:
         if self._engine is not None:
             self._engine.lanes.clear()  # their calls are the group's own bound methods
         self._engine = None
-        self._lanes = Lanes(None, frozenset(), self)
+        self._lanes = Lanes(None, frozenset(), self._check_finite)
         self.group = None
         self._exited = True
 

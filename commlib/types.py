@@ -97,6 +97,11 @@ class DirectCall(NamedTuple):
     group is a key of ``unless_in`` (torch's open coalescing managers) the
     plugin's method is called instead.
 
+    ``via``: the one engine call is another collective's, which the plugin's
+    method composes this one from: ``"broadcast"`` for a ``scatter`` its
+    engine lacks (the root's list broadcast whole, each rank keeping its part;
+    ``call`` and ``options`` then are the broadcast's from ``src``).
+
     Examples:
         >>> lane = DirectCall(None, None)   # a group of one: nothing to send
         >>> lane.min_bytes, lane.max_bytes
@@ -108,3 +113,4 @@ class DirectCall(NamedTuple):
     min_bytes: int = 0
     max_bytes: int = 2**63 - 1
     unless_in: Any = None
+    via: str | None = None

@@ -50,10 +50,23 @@ class Gapped(EngineGaps):
     reduce_ops = frozenset({"sum", "product", "min"})
 
 
+class NoScatter(EngineGaps):
+    """An EngineGaps plugin whose engine has no scatter (as hccl and cncl): a broadcast."""
+
+    name = "lanes-no-scatter"
+    torch_backend = "gloo"
+    device_type = "cpu"
+    wire_dtypes = STANDARD_DTYPES
+    reduce_dtypes = STANDARD_DTYPES
+    native_scatter = False
+
+
 def _calls(comm: commlib.Communicator) -> dict[str, Any]:
     t = torch.ones(4)
     out = torch.empty(32)
+    parts = [torch.ones(4) for _ in range(8)]
     return {
+        "scatter": lambda: comm.scatter(t, parts, src=0),
         "all_reduce": lambda: comm.all_reduce(t),
         "broadcast": lambda: comm.broadcast(t, src=0),
         "all_gather_into_tensor": lambda: comm.all_gather_into_tensor(out, t),
@@ -117,7 +130,7 @@ def simulated_report(kind: str) -> None:
 
 def _assert_the_default_s_lanes(report: dict[str, Any], *, all_ops: bool = True) -> None:
     taken = report["taken"]
-    for name in (*TIMED, "reduce", "all_to_all_single", "send", "recv"):
+    for name in (*TIMED, "reduce", "all_to_all_single", "send", "recv", "scatter"):
         assert taken[name] == 2, (name, taken)
     if all_ops:
         assert taken["all_reduce max"] == 2 and taken["all_reduce int32"] == 2, taken
@@ -138,6 +151,24 @@ def free_dist():
 )
 def test_a_torch_engine_plugin_takes_the_default_s_lanes(free_dist, base):
     _assert_the_default_s_lanes(lanes_taken(base))
+
+
+def test_a_scatter_its_engine_lacks_takes_the_broadcast_s_lane(free_dist):
+    # the plugin's scatter broadcasts the root's list: its lane is that broadcast
+    report = lanes_taken(NoScatter())
+    _assert_the_default_s_lanes(report)
+
+    class LoggedBroadcast(NoScatter):
+        def broadcast(self, tensor, src, group, async_op=False):
+            return super().broadcast(tensor, src, group, async_op)
+
+    # a broadcast of its own, which the scatter calls: neither takes a lane
+    with fake_world(8, dispatch_plugin(LoggedBroadcast())) as comm:
+        group = comm.group
+        plugin = comm.plugin
+        assert plugin.direct_call("scatter", group, src=0, dtype=torch.float32) is None
+        lane = NoScatter().direct_call("scatter", group, src=0, dtype=torch.float32)
+        assert lane is not None and lane.via == "broadcast"
 
 
 def test_engine_gaps_lanes_where_it_passes_through(free_dist):
@@ -164,10 +195,10 @@ def test_a_simulated_accelerator_takes_its_lanes(kind):
 # -- results through the lanes, 2 ranks: the minimal plugin on gloo, the simulated kinds ----
 
 
-def _on_lanes(world_comm: commlib.Communicator, minimal: bool) -> tuple[dict, list[str]]:
+def _on_lanes(world_comm: commlib.Communicator, plugin: str | None) -> tuple[dict, list[str]]:
     # unchecked (the lanes' condition); the simulated engines would check by default
-    backend = Minimal() if minimal else world_comm.backend
-    comm = commlib.Communicator(backend=backend, strict=False)
+    backend = {"minimal": Minimal, "no-scatter": NoScatter}[plugin]() if plugin else None
+    comm = commlib.Communicator(backend=backend or world_comm.backend, strict=False)
     me, world = comm.rank, comm.world_size
     got = {}
     for round_ in range(2):  # the first learns, the second takes the lane
@@ -181,11 +212,15 @@ def _on_lanes(world_comm: commlib.Communicator, minimal: bool) -> tuple[dict, li
         comm.all_gather_into_tensor(out, torch.full((2,), float(me + round_)))
         got[f"all_gather_into_tensor {round_}"] = out.tolist()
         got[f"all_gather {round_}"] = [t.tolist() for t in comm.all_gather(torch.ones(1) * me)]
+        part = torch.empty(2)
+        whole = [torch.full((2,), 10.0 * r + round_) for r in range(world)]
+        comm.scatter(part, whole if me == world - 1 else None, src=world - 1)
+        got[f"scatter {round_}"] = part.tolist()
     return got, sorted(k[0] for k, lane in comm._engine.lanes.items() if lane is not None)
 
 
 def _assert_results(outcomes: list[tuple[dict, list[str]]]) -> None:
-    for got, lanes in outcomes:
+    for rank, (got, lanes) in enumerate(outcomes):
         for round_ in range(2):
             assert got[f"all_reduce {round_}"] == [1.0 + round_] * 3
             assert got[f"broadcast {round_}"] == [10.0 + round_] * 3
@@ -196,11 +231,13 @@ def _assert_results(outcomes: list[tuple[dict, list[str]]]) -> None:
                 1.0 + round_,
             ]
             assert got[f"all_gather {round_}"] == [[0.0], [1.0]]
-        assert {"all_reduce", "broadcast", "all_gather_into_tensor"} <= set(lanes)
+            assert got[f"scatter {round_}"] == [10.0 * rank + round_] * 2  # root: rank 1
+        assert {"all_reduce", "broadcast", "all_gather_into_tensor", "scatter"} <= set(lanes)
 
 
-def test_the_minimal_plugin_s_results_through_its_lanes(world2):
-    _assert_results(world2.run(_on_lanes, True))
+@pytest.mark.parametrize("plugin", ["minimal", "no-scatter"])
+def test_the_minimal_plugin_s_results_through_its_lanes(world2, plugin):
+    _assert_results(world2.run(_on_lanes, plugin))
 
 
 @pytest.mark.slow
@@ -209,7 +246,7 @@ def test_a_simulated_accelerator_s_results_through_its_lanes(kind):
     from commlib.testing import World, simulated
 
     with World(2, backend=kind, setup=simulated.setup(kind, devices=2), timeout=60) as world:
-        _assert_results(world.run(_on_lanes, False))
+        _assert_results(world.run(_on_lanes, None))
 
 
 def test_a_lane_is_issued_as_torch_s_blocking_call(free_dist):

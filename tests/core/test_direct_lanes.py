@@ -144,6 +144,52 @@ def test_an_open_coalescing_manager_takes_the_whole_way(fake8):
     assert _lanes.serves(engine, lane, t)
 
 
+def test_all_gather_into_tensor_takes_its_lane_for_flat_dense_matching_tensors_only(fake8):
+    comm, engine = fake8, fake8._engine
+    t, out = torch.ones(4), torch.empty(32)
+    comm.all_gather_into_tensor(out, t)  # learnt
+    with _counted(engine) as direct:
+        comm.all_gather_into_tensor(out, t)
+        assert direct.call_count == 1
+        comm.all_gather_into_tensor(torch.empty(8, 4), t)  # 2-dim output: a flat view
+        comm.all_gather_into_tensor(torch.empty(64)[::2], t)  # strided output: a copy
+        comm.all_gather_into_tensor(out, torch.ones(4, 2)[:, 0])  # strided input
+        comm.all_gather_into_tensor(torch.empty(8, 4), torch.ones(1, 4))
+        assert direct.call_count == 1
+        sent = engine.seq
+        sparse = torch.ones(4).to_sparse()  # no strides to read: the method's refusal
+        with pytest.raises((TypeError, ValueError, RuntimeError)):
+            comm.all_gather_into_tensor(out, sparse)
+        with pytest.raises(ValueError, match="output has 33 elements"):
+            comm.all_gather_into_tensor(torch.empty(33), t)
+        with pytest.raises(TypeError, match=r"output dtype torch\.float64 differs"):
+            comm.all_gather_into_tensor(torch.empty(32, dtype=torch.float64), t)
+        assert direct.call_count == 1 and engine.seq == sent  # refused: nothing sent
+
+
+def test_a_dropped_communicator_is_freed_without_the_collector(fake8):
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()  # freed by reference counts alone: no cycle through its lanes
+    try:
+        comm = commlib.Communicator(group=fake8.group, backend=fake8.plugin, strict=False)
+        for call in _calls(comm).values():
+            call()
+            call()  # lanes learnt and taken
+        del call  # (it holds the communicator)
+        comm.check_finite = True
+        assert comm._lanes.check_finite is True
+        comm.strict = False  # a new guard and lanes keep the setting
+        assert comm._lanes.check_finite is True and comm.check_finite is True
+        freed, engine_freed = weakref.ref(comm), weakref.ref(comm._engine)
+        del comm
+        assert freed() is None and engine_freed() is None
+    finally:
+        gc.enable()
+
+
 def test_arguments_are_still_refused_after_a_lane_was_learnt(fake8):
     comm = fake8
     comm.all_reduce(torch.ones(4, dtype=torch.int32), op="band")

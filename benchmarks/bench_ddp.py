@@ -17,6 +17,15 @@ ratio to plain gloo's median, and the spread of the per-trial ratios
 Models: ``mlp`` (a small MLP, 26K parameters: the collectives' fixed cost
 shows) and ``25m`` (4 layers of 2500 x 2500, 25M parameters: the bytes do).
 
+It cannot hang silently: a rank that makes no progress for ``--stall-after``
+seconds (one trial, or the teardown of a model's groups) prints every
+thread's stack and exits, and the benchmark fails naming it. Each model's
+DDP copies are dropped before their groups are destroyed: the other way
+round, DDP's reducer frees the plain gloo group's last reference while
+holding the GIL, and gloo's worker thread, still dropping a finished
+work's tensors, waits for the GIL for ever (a run of both models stalled
+so with its ranks idle; torch's own bug, met by plain gloo alone).
+
 Usage::
 
     python benchmarks/bench_ddp.py                       # 2 ranks, both models
@@ -30,6 +39,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import statistics
 import sys
 import time
@@ -67,8 +77,17 @@ def _groups() -> dict[str, Any]:
     return groups
 
 
-def run_trials(comm: Any, model: str, trials: int, steps: int) -> dict[str, list[float]]:
+def _watch(stall_after: float) -> None:
+    # (re)armed before each trial: a rank stuck longer prints its threads' stacks and exits,
+    # so the benchmark fails naming it instead of waiting for ever
+    faulthandler.dump_traceback_later(stall_after, exit=True)
+
+
+def run_trials(
+    comm: Any, model: str, trials: int, steps: int, stall_after: float = 300.0
+) -> dict[str, list[float]]:
     """In each rank: every variant's step time (seconds) per trial, the slowest rank's."""
+    _watch(stall_after)
     groups = _groups()
     torch.manual_seed(0)
     base = _model(model)
@@ -82,6 +101,7 @@ def run_trials(comm: Any, model: str, trials: int, steps: int) -> dict[str, list
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for trial in range(trials + 1):  # the first is a warm-up
         order = VARIANTS[trial % 3 :] + VARIANTS[: trial % 3]
+        _watch(stall_after)
         for variant in order:
             net, opt = nets[variant], opts[variant]
             dist.barrier(groups["gloo"])
@@ -94,8 +114,13 @@ def run_trials(comm: Any, model: str, trials: int, steps: int) -> dict[str, list
             dist.all_reduce(took, op=dist.ReduceOp.MAX, group=groups["gloo"])
             if trial:
                 times[variant].append(float(took))
+    _watch(stall_after)
+    # the models first: a DDP model outliving its destroyed gloo group can hang the rank
+    # (see the module's docstring)
+    del nets, opts, net, opt
     for group in groups.values():
         dist.destroy_process_group(group)
+    faulthandler.cancel_dump_traceback_later()
     return times
 
 
@@ -120,6 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=["mlp", "25m"], choices=["mlp", "25m"])
     parser.add_argument("--trials", type=int, default=15, help="trials per variant")
     parser.add_argument("--steps", type=int, default=20, help="steps timed per trial")
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        default=300.0,
+        help="seconds without progress after which a rank prints its stacks and exits "
+        "(default 300)",
+    )
     args = parser.parse_args(argv)
     print(
         f"DDP step, {args.size} ranks on 127.0.0.1, {args.trials} trials of {args.steps} steps "
@@ -128,7 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  {'model':<5} {'variant':<10} {'median':>13}  {'ratio':>7}  spread of trial ratios")
     with World(args.size, timeout=3600, pg_timeout=600) as world:
         for model in args.models:
-            times = world.run(run_trials, model, args.trials, args.steps, timeout=3600)[0]
+            times = world.run(
+                run_trials, model, args.trials, args.steps, args.stall_after, timeout=36000
+            )[0]
             for row in report(model, times):
                 print(row)
             sys.stdout.flush()

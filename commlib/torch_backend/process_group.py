@@ -165,6 +165,24 @@ class CommlibProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return self._backend_name
 
+    def shutdown(self) -> None:
+        """torch's ``destroy_process_group(group)`` step: the plugin's own group ends with it.
+
+        torch registered :attr:`inner` as a group of its own, so without this
+        it outlived the destroyed group in torch's registry (its threads and
+        sockets: a program making and destroying groups leaked 3 threads and 5
+        sockets a group). Dropping the communicator breaks the cycle through
+        it, so the inner group goes with its last Python reference (whose
+        destructor, unlike a C++ owner's such as DDP's reducer, lets go of
+        the GIL while gloo's threads finish).
+
+        Examples:
+            >>> dist.destroy_process_group(group)   # calls this  # doctest: +SKIP
+        """
+        inner, self._comm = self.inner, None
+        if dist.is_initialized() and inner in torch_facts.group_map():
+            dist.destroy_process_group(inner)
+
     # torch names its groups through these; the C++ side of a Python group keeps no name
     def _set_group_name(self, name: str) -> None:
         self._name = name

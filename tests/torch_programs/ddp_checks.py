@@ -80,3 +80,35 @@ def differing_model(comm: Any, backend: str, init_sync: bool) -> tuple[str, str,
     except Exception as exc:
         return type(exc).__name__, str(exc), time.monotonic() - start
     return "no error", "", time.monotonic() - start
+
+
+def _engine_state() -> tuple[int, int]:
+    """How many groups torch knows, and this process's OS threads (gloo's live in groups)."""
+    import gc
+    import os
+
+    import torch.distributed.distributed_c10d as c10d
+
+    gc.collect()
+    return len(c10d._world.pg_map), len(os.listdir("/proc/self/task"))
+
+
+def make_and_destroy_groups(comm: Any, backend: str, rounds: int, with_ddp: bool) -> dict:
+    """``rounds`` times: a new group (DDP on it), a step, the group destroyed before the model.
+
+    The order a program that destroys its groups first meets (the model goes
+    when it goes out of scope): DDP's reducer then holds the group's last
+    reference. What torch knows and the threads, before and after.
+    """
+    before = _engine_state()
+    for _ in range(rounds):
+        group = dist.new_group(backend=backend)
+        t = torch.ones(3)
+        dist.all_reduce(t, group=group)
+        net = DDP(model(), process_group=group) if with_ddp else None
+        if net is not None:
+            net(torch.randn(4, 8)).sum().backward()
+        dist.destroy_process_group(group)
+        del group, t
+        del net  # the reducer's reference to the group was the last
+    return {"before": before, "after": _engine_state()}

@@ -140,3 +140,23 @@ def test_ddp_trains_on_commlib_mpi_as_on_gloo(size):
     reference = kit.call(size, ddp_checks.train_ddp, "gloo")
     results = kit.call(size, ddp_checks.train_ddp, "commlib-mpi")
     _check_ddp(results, reference)
+
+
+# -- a commlib group's end ------------------------------------------------------------------
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("with_ddp", [False, True], ids=["collectives", "ddp-outliving-it"])
+def test_a_destroyed_commlib_group_takes_its_engine_group_with_it(with_ddp):
+    # destroy_process_group(group) left the plugin's own gloo group in torch's registry
+    # (3 threads and 5 sockets a group). With DDP outliving the group, the reducer frees the
+    # group's last reference holding the GIL: a plain gloo group freed that way can hang
+    # for ever (torch's reducer does not let go of the GIL while gloo's threads finish,
+    # reproduced in the benchmark); a commlib group must go without a hang
+    world = get_world(2)
+    results = world.run(
+        ddp_checks.make_and_destroy_groups, "commlib-gloo", 6, with_ddp, timeout=150
+    )
+    for r in results:
+        groups_before, threads_before = r["before"]
+        groups_after, threads_after = r["after"]
+        assert groups_after == groups_before, r
+        assert threads_after <= threads_before + 1, r  # not 3 a group, 18

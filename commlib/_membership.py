@@ -6,6 +6,9 @@ from another one. What the child keeps of its parent is one record,
 the timeout, the first rounds' slot size, the argument check's strictness and
 ``check_finite``. The communicator derives every child from it in one place
 (``Communicator._derive``), so a setting added later reaches every child.
+The group changes' bodies are here too (``derive_new_group``, ``derive_split``,
+``derive_shrunk``, ``derive_grown``): the communicator's methods are their
+documentation and their frame.
 
 The argument checks the group changes share live here too, as functions of
 plain values: every rank computes the same answer from the same table.
@@ -25,9 +28,12 @@ import datetime
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+
 from commlib import _failure_notes, _guard, _newcomers, _split, _steps, _survivors
 from commlib import _validation as check
 from commlib._engine import Engine, engine_limit
+from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta
 from commlib._torch_groups import release_group
 from commlib.errors import CommError, NotInGroupError, RemoteArgumentError
@@ -35,6 +41,7 @@ from commlib.errors import CommError, NotInGroupError, RemoteArgumentError
 if TYPE_CHECKING:
     from commlib.backend import Backend
     from commlib.serialization import Serializer
+    from commlib.types import Timeout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,3 +364,151 @@ def grow(
     seconds = timeout.total_seconds(), engine.timeout.total_seconds()
     place = _newcomers.Place(name, engine.rank, size, engine.backend_name, *seconds)
     return _newcomers.form(engine.plugin, kv, place, timeout)
+
+
+# -- the group changes' bodies (Communicator.new_group, split, shrink, grow) ---------------
+# ``comm`` is the communicator called; every child comes from ``comm._derive``.
+def derive_new_group(
+    comm: Any,
+    ranks: Sequence[int],
+    timeout: Timeout,
+    members_only: bool,
+    distributed: bool,
+    world_engine: Callable[[datetime.timedelta], Engine | None],
+) -> Any:
+    """``comm.new_group(ranks, timeout, use_local_synchronization=members_only)``.
+
+    ``world_engine(limit)``: the engine of the world, whose ranks agree on ``ranks``.
+    """
+    if members_only:
+        ranks = list(ranks)
+        world_ranks = _world_ranks_in(comm, ranks, distributed) or []
+        if comm.rank not in ranks:
+            raise ValueError(
+                f"new_group(use_local_synchronization=True) is called by the members only; "
+                f"rank {comm.rank} is not in {ranks}"
+            )
+        limit = as_timedelta(timeout) or comm.timeout
+        return _members_only(comm, sorted(world_ranks), limit, distributed)
+    plan = plan_new_group(
+        ranks, timeout, comm.timeout, lambda r: _world_ranks_in(comm, r, distributed), distributed
+    )
+    if not distributed:
+        comm.plugin.new_group(plan.ranks, plan.limit)
+        return comm._derive(None, plan.limit)
+    world_ranks = agree_new_group(world_engine(plan.limit), plan, comm.serializer, comm.slot_size)
+    # a non-member of it can still divide it: its ranks in the group's order,
+    # ascending world ranks as torch numbers them
+    group = comm.plugin.new_group(world_ranks, plan.limit)
+    return comm._derive(group, plan.limit, outside_view=sorted(world_ranks))
+
+
+def derive_split(
+    comm: Any,
+    engine: Engine,
+    color: int | None,
+    key: int | None,
+    timeout: Timeout,
+    distributed: bool,
+) -> Any:
+    """``comm.split(color, key, timeout=timeout)``, ``engine`` its member's engine."""
+    offer = split_offer(color, key, engine.rank, timeout, comm.timeout)
+    said = offer.said
+    table = comm.all_gather_object(said, timeout=timeout) if comm.world_size > 1 else [said]
+    split_refusals(table, offer.refused)
+    known = comm.ranks
+    order = _split.members(table, offer.color)
+    if not order:
+        if distributed:
+            # torch names a members-only group after how many groups each member
+            # knows: a rank left out makes a group of its own, so that every rank
+            # of this split still knows as many as the others afterwards
+            comm.plugin.new_group([known[engine.rank]], offer.limit, members_only=True)
+        return None
+    # each group is made by its own members, all groups at once
+    return _members_only(
+        comm, [known[r] for r in order], offer.limit, distributed, keep_order=True
+    )
+
+
+def derive_shrunk(
+    comm: Any, engine: Engine, exclude: Sequence[int] | None, timeout: Timeout, distributed: bool
+) -> Any:
+    """``comm.shrink(exclude, timeout)``, ``engine`` its member's engine."""
+    excluded = shrink_excluded(exclude, engine.world_size, engine.rank)
+    if not distributed:
+        if engine.health.broken is None:  # a world of one: nothing can have been lost
+            raise ValueError(_survivors.nothing_lost(1))
+        return comm._derive(None)
+    group, _ = shrink(engine, comm.ranks, set(excluded), as_timedelta(timeout))
+    return comm._derive(group, whole_job=comm._whole_job)
+
+
+def derive_grown(
+    comm: Any,
+    engine: Engine,
+    count: int | None,
+    wait: Timeout,
+    timeout: Timeout,
+    distributed: bool,
+) -> Any:
+    """``comm.grow(count, wait, timeout)``: ``comm`` itself when nobody asked to join."""
+    refused = grow_refusal(count, distributed, comm._whole_job, comm.plugin)
+    if refused is not None:
+        raise refused
+    waiting = (as_timedelta(wait) if wait else None) or datetime.timedelta(0)
+    limit = as_timedelta(timeout) or comm.timeout
+    if grow(engine, comm.ranks, count, waiting, limit) is None:
+        return comm
+    return comm._derive(None)  # the new world
+
+
+def _members_only(
+    comm: Any,
+    world_ranks: list[int],
+    limit: datetime.timedelta,
+    distributed: bool,
+    *,
+    keep_order: bool = False,
+) -> Any:
+    """A communicator over ``world_ranks``, made by its members only, with ``comm``'s settings."""
+    if not distributed:
+        return comm._derive(None, limit)
+    group = comm.plugin.new_group(world_ranks, limit, members_only=True, keep_order=keep_order)
+    return comm._derive(group, limit, outside_view=list(world_ranks))
+
+
+def _world_ranks_in(comm: Any, ranks: list[int], distributed: bool) -> list[int] | None:
+    """``ranks`` of ``comm``'s group as world ranks, checked; ``None`` where unknown here.
+
+    A non-member checks them against the group new_group told it of.
+    """
+    member = comm.is_member
+    known = comm.ranks if member and distributed else comm._outside_view
+    size = comm.world_size if member else None if known is None else len(known)
+    return world_ranks_of(ranks, size, known, distributed)
+
+
+def member_slowly(engine: Engine | None, distributed: bool, exited: bool, what: str) -> Engine:
+    """A communicator's ``engine`` for ``what`` off the common path (``Communicator._member``).
+
+    A non-member (or a communicator let go at exit) gets its error; a world
+    of one under a launcher warns once; async object collectives started
+    earlier on the group finish first, keeping their place.
+    """
+    if engine is None:
+        if exited:
+            raise RuntimeError(
+                f"{what}: the interpreter is exiting; commlib let go of this "
+                "communicator's process group at exit"
+            )
+        raise NotInGroupError(
+            f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
+            "communicator's group"
+        )
+    if not distributed:
+        # under torchrun before init_dist each rank would compute alone: say so once
+        warn_if_launched_without_init()
+    if _steps.pending():
+        _steps.finish_pending(engine.group)
+    return engine

@@ -31,9 +31,7 @@ from commlib import (
     _plugin_choice,
     _ragged,
     _rooms,
-    _split,
     _steps,
-    _survivors,
     _uneven,
     _world,
 )
@@ -49,7 +47,6 @@ from commlib._guard import (
 )
 from commlib._host_copy import host_copy, stack_into
 from commlib._lanes import Lanes, learn_once
-from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, engine_group, is_destroyed
 from commlib.backend import Backend
@@ -90,24 +87,19 @@ class Communicator:
             The group's slot grows to what steady calls need (the docs'
             reliability page, "the check").
         strict: how much the ranks check that they pass matching arguments
-            (collective, dtypes, shapes, op, src/dst) before a collective; a
-            mismatch raises the same :class:`~commlib.errors.RemoteArgumentError`
-            on every rank, showing what each rank passed. ``None`` (the
-            default): the tensor collectives are checked where the backend's
-            engine would end the process on a mismatch
-            (:attr:`Backend.mismatch_aborts`, gloo). ``True`` (strict mode):
-            every collective is. ``False``: nothing is, for hot loops.
-            ``COMMLIB_STRICT=1`` / ``0`` set it for communicators that do not.
-            A check travels with small tensors (one round, as unchecked) and
-            costs one small round more for larger ones; see :attr:`checks`.
-        check_finite: before ``all_reduce`` and ``reduce``, every rank checks
-            that its floating-point tensor holds no NaN or Inf and the ranks
-            agree on it: if any does, every rank raises the same
-            :class:`~commlib.errors.NonFiniteError` naming those ranks and the
-            calling line, and nothing is reduced. The flag rides in the
-            argument check's round where that runs, and takes one small round
-            of its own elsewhere. ``None``: ``COMMLIB_CHECK_FINITE=1`` turns it
-            on; off by default (it reads every element of the tensor).
+            before a collective (a mismatch raises the same
+            :class:`~commlib.errors.RemoteArgumentError` on every rank, showing
+            what each passed): ``None`` (default), the tensor collectives where
+            the engine would end the process on a mismatch
+            (:attr:`Backend.mismatch_aborts`, gloo); ``True``, every collective;
+            ``False``, none (hot loops). ``COMMLIB_STRICT=1`` / ``0`` set it
+            where not given. See :attr:`checks` and the docs' reliability page.
+        check_finite: before ``all_reduce`` and ``reduce``, the ranks agree that
+            no floating-point tensor holds NaN or Inf; if one does, every rank
+            raises the same :class:`~commlib.errors.NonFiniteError` naming those
+            ranks and the calling line, and nothing is reduced (the flag rides in
+            the check's round where that runs). ``None``: ``COMMLIB_CHECK_FINITE=1``
+            turns it on; off by default (it reads every element).
 
     ``src`` and ``dst`` arguments are ranks *within* the group.
 
@@ -293,7 +285,7 @@ class Communicator:
         who = f"rank={self.rank}/{self.world_size}" if self.is_member else "not a member"
         return f"<Communicator backend={self.backend!r} {who}>"
 
-    # -- groups ------------------------------------------------------------------
+    # -- groups: their bodies in commlib._membership, a child made by _derive ------
     def new_group(
         self,
         ranks: Sequence[int],
@@ -303,28 +295,21 @@ class Communicator:
     ) -> Communicator:
         """A communicator for a subgroup; ``ranks`` are ranks of *this* group.
 
-        Like ``torch.distributed.new_group``, every rank of the world must call
-        it with the same ``ranks``, members or not (ranks that differ raise
-        :class:`~commlib.errors.RemoteArgumentError` on every rank, after one
-        small round over the world). The new group numbers its ranks in
-        ascending world-rank order, as torch does: ``new_group([3, 1])`` makes
-        world rank 1 its rank 0. Non-members get a communicator with
-        ``is_member=False`` whose collectives raise
-        :class:`~commlib.errors.NotInGroupError`; they can divide it further
-        (its ranks are known from this call), but not a communicator built on
-        a torch group they are not in (whose ranks they do not know: every
-        rank raises :class:`~commlib.errors.RemoteArgumentError` saying so).
-        The new communicator keeps this one's backend, serializer, slot size
-        and ``strict``.
+        As ``torch.distributed.new_group``: every rank of the world calls it
+        with the same ``ranks``, members or not (ranks that differ raise
+        :class:`~commlib.errors.RemoteArgumentError` on every rank after one
+        small round over the world), and the group numbers its ranks in
+        ascending world-rank order (``new_group([3, 1])``: world rank 1 is its
+        rank 0). A non-member gets ``is_member=False``: its collectives raise
+        :class:`~commlib.errors.NotInGroupError`; it can divide that further,
+        but not a torch group it is not in (every rank raises saying so). The
+        child keeps this one's settings (backend, serializer, slot size, checks).
 
-        With ``use_local_synchronization=True`` (torch's name), only the
-        members call it, all with the same ``ranks``, while the other ranks
-        go on with their own work; a rank outside ``ranks`` that calls it
-        gets a ``ValueError``. torch names such a group after its ranks and
-        the number of groups each member knows, so the members must have
-        made the same number of groups before (a classic ``new_group`` they
-        were left out of counts for its members only): members whose counts
-        differ wait for each other until the timeout.
+        ``use_local_synchronization=True`` (torch's name): only the members
+        call it, with the same ``ranks`` (another rank gets a ``ValueError``),
+        while the others go on; torch names such a group after the number of
+        groups each member knows, so members must have made as many before
+        (the docs' usage page, "groups").
 
         Examples:
             >>> evens = comm.new_group(range(0, comm.world_size, 2))
@@ -335,42 +320,13 @@ class Communicator:
             1
         """
         if use_local_synchronization:
-            return self._new_group_of_members(ranks, timeout)
-        plan = _membership.plan_new_group(
-            ranks, timeout, self.timeout, self._world_ranks_of, self._distributed
-        )
-        if not self._distributed:
-            self.plugin.new_group(plan.ranks, plan.limit)
-            return self._derive(None, plan.limit)
-        world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=plan.limit)
-        world_ranks = _membership.agree_new_group(
-            world._engine, plan, self._serializer, self._slot_size
-        )
-        # a non-member of it can still divide it: its ranks in the group's order,
-        # ascending world ranks as torch numbers them
-        group = self.plugin.new_group(world_ranks, plan.limit)
-        return self._derive(group, plan.limit, outside_view=sorted(world_ranks))
+            self._member("new_group")
+        local, distributed = use_local_synchronization, self._distributed
+        return _membership.derive_new_group(self, ranks, timeout, local, distributed, self._world)
 
-    def _new_group_of_members(self, ranks: Sequence[int], timeout: Timeout) -> Communicator:
-        """``new_group`` that only the members call (no round over the others)."""
-        self._member("new_group")
-        ranks = list(ranks)
-        world_ranks = self._world_ranks_of(ranks) or []
-        if self.rank not in ranks:
-            raise ValueError(
-                f"new_group(use_local_synchronization=True) is called by the members only; "
-                f"rank {self.rank} is not in {ranks}"
-            )
-        return self._child(sorted(world_ranks), as_timedelta(timeout) or self.timeout)
-
-    def _child(
-        self, world_ranks: list[int], limit: datetime.timedelta, *, keep_order: bool = False
-    ) -> Communicator:
-        """A communicator over ``world_ranks``, made by its members only, with these settings."""
-        if not self._distributed:
-            return self._derive(None, limit)
-        group = self.plugin.new_group(world_ranks, limit, members_only=True, keep_order=keep_order)
-        return self._derive(group, limit, outside_view=list(world_ranks))
+    def _world(self, limit: datetime.timedelta) -> Engine | None:
+        world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
+        return world._engine  # new_group's round goes over the world
 
     def _derive(
         self,
@@ -382,8 +338,7 @@ class Communicator:
     ) -> Communicator:
         """The one way a communicator is made from this one: over ``group``, with its settings.
 
-        Every setting carries over (:class:`commlib._membership.Settings`);
-        ``timeout`` is the child's own where the call that makes it names one.
+        Every setting carries over (:class:`commlib._membership.Settings`), ``timeout`` if given.
         """
         settings = _membership.Settings.of(self)
         if timeout is not None:
@@ -401,16 +356,13 @@ class Communicator:
     ) -> Communicator | None:
         """The communicator of the ranks that pass the same ``color`` (MPI_Comm_split).
 
-        Every rank of this group calls it once; ranks of one color form a new
-        group, ordered by ``key`` (by default a rank's rank here) and then by
-        their rank here, as ``MPI_Comm_split`` and torch's ``split_group``
-        do. A rank that passes ``color=None`` joins no group and gets
-        ``None`` (MPI's ``MPI_UNDEFINED``). One round over this group; then
-        each new group is made by its own members only, all at once (as
-        ``new_group(..., use_local_synchronization=True)``, with its note on
-        torch's naming: every rank of a split makes one group, so ranks that
-        went through the same splits stay able to meet). An
-        invalid color or key on any rank raises the same
+        Every rank of this group calls it once; ranks of one color form a
+        group ordered by ``key`` (by default their rank here), then by rank,
+        as ``MPI_Comm_split`` and torch's ``split_group``; ``color=None``
+        joins none and gets ``None`` (``MPI_UNDEFINED``). One round over this
+        group, then each group is made by its members alone (as
+        ``new_group(..., use_local_synchronization=True)``). An invalid color
+        or key on any rank raises the same
         :class:`~commlib.errors.RemoteArgumentError` on every rank.
 
         Examples:
@@ -422,30 +374,7 @@ class Communicator:
             0
         """
         engine = self._member("split")
-        offer = _membership.split_offer(color, key, engine.rank, timeout, self.timeout)
-        said = offer.said
-        table = self.all_gather_object(said, timeout=timeout) if self.world_size > 1 else [said]
-        _membership.split_refusals(table, offer.refused)
-        known = self.ranks
-        order = _split.members(table, offer.color)
-        if not order:
-            if self._distributed:
-                # torch names a members-only group after how many groups each member
-                # knows: a rank left out makes a group of its own, so that every rank
-                # of this split still knows as many as the others afterwards
-                self.plugin.new_group([known[engine.rank]], offer.limit, members_only=True)
-            return None
-        # each group is made by its own members, all groups at once
-        return self._child([known[r] for r in order], offer.limit, keep_order=True)
-
-    def _world_ranks_of(self, ranks: list[int]) -> list[int] | None:
-        """``ranks`` of this group as world ranks, checked; ``None`` where unknown here.
-
-        A non-member checks them against the group new_group told it of.
-        """
-        known = self.ranks if self.is_member and self._distributed else self._outside_view
-        size = self.world_size if self.is_member else None if known is None else len(known)
-        return _membership.world_ranks_of(ranks, size, known, self._distributed)
+        return _membership.derive_split(self, engine, color, key, timeout, self._distributed)
 
     @collective("shrink")
     def shrink(
@@ -453,24 +382,16 @@ class Communicator:
     ) -> Communicator:
         """A communicator over the ranks of this group still alive, renumbered in order.
 
-        After a failure (a rank died: :class:`~commlib.RankLostError`, a
-        collective timed out: :class:`~commlib.CommTimeoutError`) this
-        communicator is broken; every surviving rank calls ``shrink`` and gets
-        a new one over a new process group, without any process restarting;
-        the old group's engine resources are let go. Ranks named
-        in ``exclude`` (ranks of this group) and ranks that do not call
-        ``shrink`` within ``timeout`` are left out; by default it is as long
-        as another survivor may still be inside a call on this communicator
-        (its timeout, plus a few seconds). A rank that died on this machine is
-        known at once; one elsewhere only by not arriving. The new
-        ranks follow the old order: survivors 0, 2, 3 of four become 0, 1, 2.
-        Settings (backend, serializer, timeout, slot size, checks) carry over.
-        When no rank was lost (every one called ``shrink``, none excluded)
-        and the group broke on none of them, no group is made: every rank
-        raises the same ``ValueError``, and this communicator stays usable.
-
-        The ranks meet in the rendezvous store, so the store's host must be
-        alive: torchrun's agent, or rank 0's process with ``env://``.
+        After a :class:`~commlib.RankLostError` or
+        :class:`~commlib.CommTimeoutError` this communicator is broken; every
+        surviving rank calls ``shrink`` and gets one over a new process group
+        (survivors 0, 2, 3 of four become 0, 1, 2; settings carry over), no
+        process restarting. Ranks in ``exclude`` and ranks that do not call it
+        within ``timeout`` (by default this communicator's, plus a few
+        seconds) are left out. When no rank was lost and the group broke on
+        none, every rank raises the same ``ValueError`` and this communicator
+        stays usable. The ranks meet in the rendezvous store, whose host must
+        be alive (the docs' reliability page, "After a failure: shrink").
 
         Examples:
             >>> try:  # doctest: +SKIP
@@ -481,13 +402,7 @@ class Communicator:
             3
         """
         engine = self._member("shrink")
-        excluded = _membership.shrink_excluded(exclude, engine.world_size, engine.rank)
-        if not self._distributed:
-            if engine.health.broken is None:  # a world of one: nothing can have been lost
-                raise ValueError(_survivors.nothing_lost(1))
-            return self._derive(None)
-        group, _ = _membership.shrink(engine, self.ranks, set(excluded), as_timedelta(timeout))
-        return self._derive(group, whole_job=self._whole_job)
+        return _membership.derive_shrunk(self, engine, exclude, timeout, self._distributed)
 
     @collective("grow")
     def grow(
@@ -498,25 +413,18 @@ class Communicator:
     ) -> Communicator:
         """A communicator over this group and the newcomers that asked to join (``commlib.join``).
 
-        Every member calls it. ``count`` newcomers are awaited for up to
-        ``wait`` (seconds or a timedelta), and at most ``count`` are taken;
-        ``count=None`` takes whoever has asked when ``wait`` ends (by
-        default at once: those already waiting). When nobody asked, the
-        same communicator comes back, untouched and usable: calling ``grow``
-        every few steps costs a look at the store. Otherwise members keep
-        their order (ranks ``0 .. world_size - 1``) and newcomers follow in
-        the order they asked; the new communicator is over a new world that
-        replaces this process's: this communicator, and every other of the
-        old world, cannot be used again.
-
-        A process that dies or cannot connect while the group forms (within
-        ``timeout``, by default this communicator's) is left out: the others
-        form the smaller group, renumbered in order, so a failed grow ends
-        in a clean group; the same ``CommError`` on every process only when
-        forming fails three times.
-
-        Only the whole job grows: call it on the world's communicator or on
-        what :meth:`shrink` made of it.
+        Every member calls it; ``count`` newcomers are awaited for up to
+        ``wait`` (seconds or a timedelta) and at most ``count`` taken
+        (``count=None``: whoever asked by then; by default at once).
+        When nobody asked, this communicator comes back untouched, so calling
+        ``grow`` every few steps costs a look at the store. Otherwise members
+        keep their ranks, newcomers follow in the order they asked, and the
+        new communicator's world replaces this process's: no communicator of
+        the old world can be used again. A process that dies or cannot
+        connect within ``timeout`` is left out (the same ``CommError`` on
+        every process only when forming fails three times). Only the whole
+        job grows: the world's communicator or what :meth:`shrink` made of it
+        (the docs' reliability page, "Growing back").
 
         Examples:
             >>> comm = comm.shrink(timeout=10)      # a rank died  # doctest: +SKIP
@@ -525,14 +433,7 @@ class Communicator:
             4
         """
         engine = self._member("grow")
-        refused = _membership.grow_refusal(count, self._distributed, self._whole_job, self.plugin)
-        if refused is not None:
-            raise refused
-        waiting = (as_timedelta(wait) if wait else None) or datetime.timedelta(0)
-        limit = as_timedelta(timeout) or self.timeout
-        if _membership.grow(engine, self.ranks, count, waiting, limit) is None:
-            return self
-        return self._derive(None)  # the new world
+        return _membership.derive_grown(self, engine, count, wait, timeout, self._distributed)
 
     # -- composition helpers --------------------------------------------------------
     def _member(self, what: str) -> Engine:
@@ -540,42 +441,20 @@ class Communicator:
         engine = self._engine
         if engine is not None and self._distributed and not _steps.unfinished:
             return engine  # the common case, in three tests
-        return self._member_slowly(what)
-
-    def _member_slowly(self, what: str) -> Engine:
-        if self._engine is None:
-            if self._exited:
-                raise RuntimeError(
-                    f"{what}: the interpreter is exiting; commlib let go of this "
-                    "communicator's process group at exit"
-                )
-            raise NotInGroupError(
-                f"{what}: this process (world rank {dist.get_rank()}) is not a member of the "
-                "communicator's group"
-            )
-        if not self._distributed:
-            # under torchrun before init_dist each rank would compute alone: say so once
-            warn_if_launched_without_init()
-        # an async object collective started earlier on this group keeps its place
-        if _steps.pending():
-            _steps.finish_pending(self._engine.group)
-        return self._engine
+        return _membership.member_slowly(self._engine, self._distributed, self._exited, what)
 
     @contextlib.contextmanager
     def refusing(self, what: str) -> Iterator[None]:
         """Argument errors found in the block, before collective ``what``, raised on every rank.
 
         For helpers built on the collectives (``pad_to_largest_tensor``,
-        ``collect_results``, a root rank only this rank got wrong): when a
-        ``ValueError`` or ``TypeError`` only this rank raises comes before the
-        helper's first collective, the other ranks are waiting in it; the
-        refusal joins its first round, and every rank raises a
-        :class:`~commlib.errors.RemoteArgumentError` naming this rank (or, when
-        every rank made the same mistake, its own error). A
-        :class:`~commlib.errors.CommError` passes unchanged (agreed already);
-        so does an error before a call without a first round to join (point
-        to point). A process outside the group gets
-        :class:`~commlib.errors.NotInGroupError`, as from the collective.
+        ``collect_results``): a ``ValueError`` or ``TypeError`` only this rank
+        raises before the helper's first collective joins that collective's
+        first round, where the other ranks wait, and every rank raises a
+        :class:`~commlib.errors.RemoteArgumentError` naming this rank (its own
+        error where every rank made it). A :class:`~commlib.errors.CommError`
+        passes unchanged, as does an error before point to point (no round to
+        join); outside the group, :class:`~commlib.errors.NotInGroupError`.
 
         Examples:
             >>> with comm.refusing("gather_object"):
@@ -770,11 +649,9 @@ class Communicator:
 
         Ranks may pass tensors of different shapes (same number of dims, same
         dtype); each rank receives every rank's true tensor. Results are on the
-        caller's device. Tensors that fit the communicator's ``slot_size`` travel
-        with their shapes in one round; larger ones take a second round, except
-        when the last calls gathered tensors at least as large (up to 1 MiB per
-        rank): the slot grows to what they needed, on every rank alike, so a
-        loop of steady shapes costs one round per call from its second call on.
+        caller's device. Tensors that fit ``slot_size`` travel with their
+        shapes in one round, larger ones in two; the slot learns steady shapes
+        (up to 1 MiB per rank), so a loop of them costs one round per call.
 
         This rank's own entry is ``tensor`` itself, not a copy, so autograd
         flows through it (a metric used as a loss keeps its gradient, as with
@@ -1612,9 +1489,7 @@ class Communicator:
             ...     h = comm.isend(torch.ones(2), dst=1)
             ...     h.wait()        # the other side: irecv(x, src=0)
         """
-        handle = self._p2p("send", tensor, dst, tag, True, timeout)
-        assert handle is not None
-        return handle
+        return cast(Handle, self._p2p("send", tensor, dst, tag, True, timeout))
 
     @collective("irecv")
     def irecv(
@@ -1628,9 +1503,7 @@ class Communicator:
             ...     h = comm.irecv(x, src=0)
             ...     h.wait()        # x holds what rank 0 sent
         """
-        handle = self._p2p("recv", tensor, src, tag, True, timeout)
-        assert handle is not None
-        return handle
+        return cast(Handle, self._p2p("recv", tensor, src, tag, True, timeout))
 
     def _p2p(
         self,

@@ -5,7 +5,7 @@ from another one. What the child keeps of its parent is one record,
 :class:`Settings` (torchcomms' options record): the backend, the serializer,
 the timeout, the first rounds' slot size, the argument check's strictness and
 ``check_finite``. The communicator derives every child from it in one place
-(``Communicator._derive``), so a setting added later reaches every child.
+(:func:`derive`), so a setting added later reaches every child.
 The group changes' bodies are here too (``derive_new_group``, ``derive_split``,
 ``derive_shrunk``, ``derive_grown``): the communicator's methods are their
 documentation and their frame.
@@ -367,7 +367,36 @@ def grow(
 
 
 # -- the group changes' bodies (Communicator.new_group, split, shrink, grow) ---------------
-# ``comm`` is the communicator called; every child comes from ``comm._derive``.
+# ``comm`` is the communicator called; every child comes from :func:`derive`.
+def derive(
+    comm: Any,
+    group: Any,
+    timeout: datetime.timedelta | None = None,
+    *,
+    outside_view: list[int] | None = None,
+    whole_job: bool | None = None,
+) -> Any:
+    """The one way a communicator is made from ``comm``: over ``group``, with its settings.
+
+    Every setting carries over (:class:`Settings`); ``timeout`` is the
+    child's own where the call that makes it names one.
+
+    Examples:
+        >>> child = derive(comm, None, datetime.timedelta(seconds=5))
+        >>> child.timeout, child.slot_size == comm.slot_size
+        (datetime.timedelta(seconds=5), True)
+    """
+    settings = Settings.of(comm)
+    if timeout is not None:
+        settings = settings.replace(timeout=timeout)
+    child = type(comm)(group, **settings.keywords())
+    if outside_view is not None:
+        child._outside_view = outside_view
+    if whole_job is not None:
+        child._whole_job = whole_job
+    return child
+
+
 def derive_new_group(
     comm: Any,
     ranks: Sequence[int],
@@ -395,12 +424,12 @@ def derive_new_group(
     )
     if not distributed:
         comm.plugin.new_group(plan.ranks, plan.limit)
-        return comm._derive(None, plan.limit)
+        return derive(comm, None, plan.limit)
     world_ranks = agree_new_group(world_engine(plan.limit), plan, comm.serializer, comm.slot_size)
     # a non-member of it can still divide it: its ranks in the group's order,
     # ascending world ranks as torch numbers them
     group = comm.plugin.new_group(world_ranks, plan.limit)
-    return comm._derive(group, plan.limit, outside_view=sorted(world_ranks))
+    return derive(comm, group, plan.limit, outside_view=sorted(world_ranks))
 
 
 def derive_split(
@@ -439,9 +468,9 @@ def derive_shrunk(
     if not distributed:
         if engine.health.broken is None:  # a world of one: nothing can have been lost
             raise ValueError(_survivors.nothing_lost(1))
-        return comm._derive(None)
+        return derive(comm, None)
     group, _ = shrink(engine, comm.ranks, set(excluded), as_timedelta(timeout))
-    return comm._derive(group, whole_job=comm._whole_job)
+    return derive(comm, group, whole_job=comm._whole_job)
 
 
 def derive_grown(
@@ -460,7 +489,7 @@ def derive_grown(
     limit = as_timedelta(timeout) or comm.timeout
     if grow(engine, comm.ranks, count, waiting, limit) is None:
         return comm
-    return comm._derive(None)  # the new world
+    return derive(comm, None)  # the new world
 
 
 def _members_only(
@@ -473,9 +502,9 @@ def _members_only(
 ) -> Any:
     """A communicator over ``world_ranks``, made by its members only, with ``comm``'s settings."""
     if not distributed:
-        return comm._derive(None, limit)
+        return derive(comm, None, limit)
     group = comm.plugin.new_group(world_ranks, limit, members_only=True, keep_order=keep_order)
-    return comm._derive(group, limit, outside_view=list(world_ranks))
+    return derive(comm, group, limit, outside_view=list(world_ranks))
 
 
 def _world_ranks_in(comm: Any, ranks: list[int], distributed: bool) -> list[int] | None:

@@ -285,7 +285,7 @@ class Communicator:
         who = f"rank={self.rank}/{self.world_size}" if self.is_member else "not a member"
         return f"<Communicator backend={self.backend!r} {who}>"
 
-    # -- groups: their bodies in commlib._membership, a child made by _derive ------
+    # -- groups: their bodies in commlib._membership (every child: _membership.derive) --
     def new_group(
         self,
         ranks: Sequence[int],
@@ -327,28 +327,6 @@ class Communicator:
     def _world(self, limit: datetime.timedelta) -> Engine | None:
         world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
         return world._engine  # new_group's round goes over the world
-
-    def _derive(
-        self,
-        group: Group,
-        timeout: datetime.timedelta | None = None,
-        *,
-        outside_view: list[int] | None = None,
-        whole_job: bool | None = None,
-    ) -> Communicator:
-        """The one way a communicator is made from this one: over ``group``, with its settings.
-
-        Every setting carries over (:class:`commlib._membership.Settings`), ``timeout`` if given.
-        """
-        settings = _membership.Settings.of(self)
-        if timeout is not None:
-            settings = settings.replace(timeout=timeout)
-        child = Communicator(group, **settings.keywords())
-        if outside_view is not None:
-            child._outside_view = outside_view
-        if whole_job is not None:
-            child._whole_job = whole_job
-        return child
 
     @collective("split")
     def split(

@@ -137,8 +137,9 @@ def process_group_lane(
     Backend, ``base`` the class whose methods are the defaults: ``Backend``,
     handed in so this module stays below ``commlib.backend``); the options
     are built here, once per key. A group of one rank issues nothing for the
-    reductions, broadcast and barrier (``call=None``); its gathers and
-    exchanges copy, in the plugin's methods (no lane). ``None`` where the
+    reductions, broadcast and barrier (``call=None``); on a CPU engine its
+    gathers and exchanges copy, in the plugin's methods (no lane), on an
+    accelerator they take the engine's call as at any size. ``None`` where the
     default method does more than that one call (see the module's notes), or
     for a group that is not a ProcessGroup.
 
@@ -187,8 +188,10 @@ def process_group_lane(
             return None
         opts = build_options(c10d.BarrierOptions, _BLOCKING, device=torch.device("cpu"))
         return DirectCall(None if alone else pg.barrier, opts, unless_in=COALESCING)
-    if alone:
-        return None  # a copy: the plugin's method
+    if alone and plugin.device_type == "cpu":
+        # a copy: the plugin's method (an accelerator's engine call is cheaper than its
+        # method's async issue, and orders on the caller's stream)
+        return None
     if collective == "scatter":
         opts = build_options(c10d.ScatterOptions, _BLOCKING, rootRank=key["src"])
         return DirectCall(pg.scatter, opts, unless_in=COALESCING)

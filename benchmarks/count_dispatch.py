@@ -14,7 +14,12 @@ Usage:
 
 ``--backend`` names the plugin as ``commlib bench --backend`` does (an absent
 accelerator over simulated devices); ``--sides`` the commlib sides counted,
-as the dispatch kind's (one no-op observer, the flight recorder).
+as the dispatch kind's (one no-op observer, the flight recorder), and
+``checked``: a ``strict=True`` communicator's calls. On the fake group every
+rank's slot comes back as this rank's own, so the check passes and what is
+counted is its host work (the slot, the header, the comparison, the copy
+out), the engine's round being free there:
+``python benchmarks/count_dispatch.py --nproc 2 --sides unchecked,checked``.
 
 Needs valgrind on PATH. Each side: instructions per call (thousands), and
 commlib's count over torch's.
@@ -36,6 +41,7 @@ def _count(
     nproc: int, calls: int, ops: list[str], order_file: str, backend: str | None, sides: list[str]
 ) -> None:
     """The counted run (under callgrind): each side's calls between two ``getppid``."""
+    from commlib import Communicator
     from commlib.bench.dispatch import _Sides
     from commlib.bench.dispatch_cases import select_dispatch
     from commlib.bench.fake_world import dispatch_plugin, fake_world
@@ -45,11 +51,16 @@ def _count(
     order = []
     base = simulated_if_absent(backend_plugin(backend, dispatch=True))
     observers = _Sides()
-    with fake_world(nproc, dispatch_plugin(base)) as comm:
+    plugin = dispatch_plugin(base)
+    with fake_world(nproc, plugin) as comm:
+        # the fake group hands every rank's slot back as this rank's: the check passes
+        strict = Communicator(backend=plugin, strict=True) if "checked" in sides else None
         for case in select_dispatch([f"{op}[dispatch]" for op in ops]):
             prepared = case.prepare(comm)
+            if strict is not None:
+                prepared["checked"] = case.prepare(strict)["commlib"]
             for side in ["torch", *sides]:
-                call = prepared["torch" if side == "torch" else "commlib"]
+                call = prepared[side if side in ("torch", "checked") else "commlib"]
                 with observers.on(side):
                     for _ in range(20):  # warm: lanes learnt, slots sized
                         call()

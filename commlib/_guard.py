@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import torch
 
-from commlib import _catalog, _lanes, _objects, _ragged, _steps
+from commlib import _catalog, _lanes, _objects, _ragged, _rooms, _steps
 from commlib._host_copy import host_copy, stack_into
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
@@ -93,6 +93,12 @@ def _head(description: str) -> bytes:
     return _HEAD.pack(_MAGIC, fingerprint(description))
 
 
+@functools.lru_cache(maxsize=4096)
+def _header(description: str, nbytes: int, inline: bool) -> bytes:
+    # the whole header of a slot, built once per kind of call
+    return _head(description) + _TAIL.pack(nbytes, int(inline))
+
+
 class _HostSlots:
     """One engine's outgoing and gathered slots in host memory, reused call after call.
 
@@ -107,6 +113,9 @@ class _HostSlots:
         self.apart = apart
         copies = world if apart else copies_of(world, slot_size, on_cpu=True)
         self.sent = SentSlot(copies, slot_size, _DATA)
+        #: the header the sent rows hold now: a loop of one call writes it once
+        self.written = b""
+        self.first = self.sent.rows[0]  # what an engine that gathers one row sends
         self.every_raw = bytearray(world * slot_size)
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
@@ -184,16 +193,18 @@ def exchange(
     on_cpu = engine.on_cpu
     host = _slots(engine, slot_size) if on_cpu else None
     like = data[0] if apart and data is not None else data  # what one row carries
-    nbytes = 0 if like is None else like.numel() * like.element_size()
+    nbytes = 0 if like is None else like.nbytes
     # every rank decides alike: on the slot, the engine and the declared size
     inline = (
         like is not None
         and nbytes <= slot_size - _DATA
         and (not apart or (host is not None and host.apart))
     )
-    header = _head(description) + _TAIL.pack(nbytes, int(inline))
+    header = _header(description, nbytes, inline)
     if host is not None:
-        host.sent.head(header)
+        if header != host.written:  # only this module writes the rows' headers
+            host.sent.head(header)
+            host.written = header
         if inline and nbytes and data is not None and like is not None:
             areas = host.sent.areas(like, nbytes)
             if apart:
@@ -211,7 +222,7 @@ def exchange(
             if host.apart:
                 engine.direct(what, lane, every, host.sent.rows, [], [])
             else:
-                engine.direct(what, lane, every, host.sent.rows[0])
+                engine.direct(what, lane, every, host.first)
         else:
             engine.run(what, "all_gather_slots", every, host.sent.rows, timeout=timeout)
     else:
@@ -228,11 +239,14 @@ def exchange(
         engine.run(what, "all_gather_into_tensor", every, mine, timeout=timeout)
     if host is not None:
         raw = host.every_raw
-        heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
+        # the common case compares in place; the rows' headers are cut out on a mismatch
+        agreed = all(raw.startswith(header, start) for start in host.starts)
+        heads = [] if agreed else [raw[start : start + _HEADER_SIZE] for start in host.starts]
     else:
         gathered = rows[:, :_HEADER_SIZE].cpu().numpy()
         heads = [gathered[r].tobytes() for r in range(world)]
-    if any(h != header for h in heads):
+        agreed = all(h == header for h in heads)
+    if not agreed:
         # every rank saw the same slots, so every rank takes this path
         strangers = [r for r, h in enumerate(heads) if _HEAD.unpack_from(h)[0] != _MAGIC]
         if strangers:
@@ -335,6 +349,31 @@ def finished(
         return Handle(None, finish, None, value=value)
     finish()
     return None
+
+
+def _match_pairs(what: str, table: list[list[int]], world: int) -> None:
+    """Raise unless rank ``i`` sends rank ``j`` what ``j`` expects from ``i``, for every pair.
+
+    ``table[r]``: rank ``r``'s elements sent to each rank, then expected from
+    each. Every rank holds the same table, so every rank raises alike.
+
+    Examples:
+        >>> _match_pairs("all_to_all", [[1, 2, 1, 3], [3, 1, 2, 1]], 2)
+    """
+    wrong = [
+        (i, j) for i in range(world) for j in range(world) if table[i][j] != table[j][world + i]
+    ]
+    if wrong:
+        i, j = wrong[0]
+        raise RemoteArgumentError(
+            what,
+            {
+                r: f"sends {table[r][:world]} elements, expects {table[r][world:]}"
+                for r in range(world)
+            },
+            f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
+            f"rank {j} expects {table[j][world + i]}",
+        )
 
 
 class Guard:
@@ -462,25 +501,93 @@ class Guard:
         )
         if parts is None:  # a world too large for one slot
             return
+        _match_pairs(what, [p.tolist() for p in parts], engine.world_size)
+
+    def check_pairs_riding(
+        self,
+        engine: Engine,
+        what: str,
+        describe: Callable[[], str],
+        chunks: Sequence[torch.Tensor],
+        expects: Sequence[int],
+        timeout: Timeout,
+    ) -> list[torch.Tensor] | None:
+        """:meth:`check_pairs` where each rank's sizes travel with its chunks.
+
+        ``chunks[j]``: what this rank sends rank ``j`` (contiguous, one dtype);
+        ``expects[j]``: elements it expects from rank ``j``. Where the engine
+        sends row ``j`` of the check's slots to rank ``j`` alone
+        (:meth:`~commlib.backend.Backend.sends_slot_rows_apart`, on the host),
+        every row carries this rank's whole table of sizes and, when every
+        chunk of this rank fits the rest of the row, the chunk for that row's
+        rank: every rank receives every rank's table, so all compare the same
+        pairs and raise alike, and where every chunk of every rank fitted,
+        the result is every rank's chunk for this rank (flat, in rank order,
+        views valid until the engine's next call): one round instead of two.
+        Otherwise ``None``, and the caller runs the engine's collective.
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> print(guard.check_pairs_riding(engine, "all_to_all_single", lambda: "",
+            ...                                [torch.ones(1)], [1], None))
+            None
+        """
+        if what not in self.checked:
+            return None
         world = engine.world_size
-        table = [p.tolist() for p in parts]
-        wrong = [
-            (i, j)
-            for i in range(world)
-            for j in range(world)
-            if table[i][j] != table[j][world + i]
+        sends = [c.numel() for c in chunks]
+        rooms = rooms_of(engine)
+        slot = rooms.slot_bytes(self.slot_size)
+        # the room every rank declares alike: what the slot has learnt, so the round
+        # teaches it nothing new by itself
+        room = slot - _rooms.HEADER
+        table_bytes = 16 * world  # int64 sends and expects: aligned for every dtype
+        if (
+            what not in self.completed_by_check
+            or not engine.on_cpu
+            or room < table_bytes
+            or not engine.plugin.sends_slot_rows_apart(world, slot)
+        ):
+            self.check_pairs(engine, what, describe, sends, expects, timeout)
+            return None
+        table = torch.tensor([*sends, *expects], dtype=torch.int64).view(torch.uint8)
+        sizes = [c.nbytes for c in chunks]
+        fits = max(sizes) <= room - table_bytes
+
+        def write(rows: torch.Tensor) -> None:
+            rows[:, :table_bytes].copy_(table)  # into every row at once
+            if fits:
+                for row, chunk, size in zip(rows.unbind(0), chunks, sizes):
+                    if size:
+                        host_copy(row[table_bytes : table_bytes + size], byte_view(chunk))
+
+        parts = self.check(
+            engine,
+            what,
+            describe,
+            torch.empty(1, room, dtype=torch.uint8).expand(world, room),
+            timeout,
+            completes=False,
+            write=write,
+            apart=True,
+        )
+        if parts is None:  # not carried after all: the sizes in a round of their own
+            self.check_pairs(engine, what, describe, sends, expects, timeout)
+            return None
+        tables = [p[:table_bytes].view(torch.int64).tolist() for p in parts]
+        _match_pairs(what, tables, world)
+        # every rank's table is known to every rank: all decide alike from here
+        item = chunks[0].element_size()
+        largest = max(max(t[:world]) for t in tables) * item
+        if largest > room - table_bytes:
+            need = need_of(table_bytes + largest, what in _catalog.EVERYONE_NEEDS_ALL)
+            if engine.plugin.sends_slot_rows_apart(world, rooms.slot_for(need, self.slot_size)):
+                rooms.learn(need, world)  # the next such call rides
+            return None
+        me, dtype = engine.rank, chunks[0].dtype
+        return [
+            p[table_bytes : table_bytes + t[me] * item].view(dtype) for p, t in zip(parts, tables)
         ]
-        if wrong:
-            i, j = wrong[0]
-            raise RemoteArgumentError(
-                what,
-                {
-                    r: f"sends {table[r][:world]} elements, expects {table[r][world:]}"
-                    for r in range(world)
-                },
-                f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
-                f"rank {j} expects {table[j][world + i]}",
-            )
 
     def check_all_to_all(
         self,
@@ -499,8 +606,10 @@ class Guard:
         part for rank ``j`` travels in the row that goes to ``j``
         (``exchange(apart=True)``), so a small all_to_all completes in one
         round. The result is then every rank's part for this rank, in rank
-        order (views valid until the engine's next call). Otherwise, and
-        where descriptions differ because some rank's lists are uneven while
+        order (views valid until the engine's next call). Other lists' sizes
+        ride with their parts (:meth:`check_pairs_riding`): the result is then
+        every rank's part shaped as this rank's output for it. Where
+        descriptions differ because some rank's lists are of one shape while
         this rank's are not, every rank compares the sizes pair by pair
         (:meth:`check_pairs`, one round more on that path only).
 
@@ -517,11 +626,16 @@ class Guard:
         sends = [t.numel() for t in inputs]
         expects = [t.numel() for t in outputs]
         try:
-            if not one_shape:
-                self.check_pairs(
-                    engine, what, lambda: f"{dtype}, {world} tensors", sends, expects, timeout
+            if not one_shape:  # the sizes ride with the parts: all of them, if they fit
+                got = self.check_pairs_riding(
+                    engine,
+                    what,
+                    lambda: f"{dtype}, {world} tensors",
+                    [t.contiguous() for t in inputs],
+                    expects,
+                    timeout,
                 )
-                return None
+                return None if got is None else [p.view(o.shape) for p, o in zip(got, outputs)]
             first = inputs[0]
             rows = first.expand(world, *first.shape)  # declares each row's dtype and shape
             return self.check(

@@ -10,6 +10,7 @@ unchecked, small tensors in one round.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +74,9 @@ def _mismatch(c: Communicator, what: str) -> None:
         # only the last rank's own pair disagrees: a local error would part the ranks
         sends = [1] * (w - 1) + [2] if last else [1] * w
         c.all_to_all_single(torch.empty(w), torch.ones(sum(sends)), [1] * w, sends)
+    elif what == "all_to_all_single-splits-large":  # past the slot: the table still rides
+        sends = [3001] + [3000] * (w - 1) if last else [3000] * w
+        c.all_to_all_single(torch.empty(3000 * w), torch.ones(sum(sends)), None, sends)
     elif what == "all_to_all_single-even":
         # even splits: the last rank's rows are larger; the shapes must agree
         rows = 2 * w if last else w
@@ -123,6 +127,7 @@ MISMATCHES = [
     "scatter-shape-large",
     "all_to_all_single-splits",
     "all_to_all_single-self",
+    "all_to_all_single-splits-large",
     "all_to_all_single-even",
     "all_to_all_single-even-rows",
     "all_to_all_single-even-large",
@@ -142,6 +147,9 @@ def test_mismatched_arguments_raise_the_same_error_on_every_rank(multi_world, wh
     elif what.startswith("all_to_all_single-even"):  # the shapes say it all
         assert "ranks passed different arguments" in errors[0], errors[0]
         assert "even splits" in errors[0], errors[0]
+    elif what == "all_to_all_single-splits-large":
+        last = multi_world.size - 1
+        assert f"rank {last} sends rank 0 3001 elements, rank 0 expects 3000" in errors[0]
     elif what.startswith("all_to_all"):  # sizes that must match pair by pair
         assert (
             f"rank {multi_world.size - 1} sends rank 0 2 elements, rank 0 expects 1" in (errors[0])
@@ -280,7 +288,7 @@ def test_a_small_checked_collective_is_one_round(multi_world):
     rounds = multi_world.run(_on_rounds)[0]
     assert rounds == {
         "checked small even all_to_all_single": 1,  # the input travelled with the check
-        "checked small uneven all_to_all_single": 2,  # the table of sizes, then the data
+        "checked small uneven all_to_all_single": 1,  # the chunks rode with the sizes
         "checked small scatter": 1,  # src's list travelled in its slot
         "checked large scatter": 2,
         "checked large broadcast": 2,
@@ -302,7 +310,7 @@ def test_a_small_checked_collective_is_one_round(multi_world):
         "unchecked huge all_reduce": 1,
         "unchecked barrier": 1,
         "strict small even all_to_all_single": 1,
-        "strict small uneven all_to_all_single": 2,
+        "strict small uneven all_to_all_single": 1,
         "strict small scatter": 1,
         "strict large scatter": 2,
         "strict large broadcast": 2,
@@ -724,3 +732,119 @@ def test_all_to_all_lists_of_one_shape_meet_uneven_lists(multi_world):
         assert kind == "error" and "sizes do not match" in text, text
     for kind, text in multi_world.run(_on_lists_of_kinds, "self pair"):
         assert kind == "error" and "sizes do not match" in text, text
+
+
+# -- all_to_all_single with uneven splits: the sizes ride with the chunks ----------------
+# (dtype, rows of, the most rows a rank sends one rank, rounds of the first and second call)
+_UNEVEN = {
+    "float32 in the slot": (torch.float32, (), 7, [1, 1]),
+    "int16 rows of (3,) in the slot": (torch.int16, (3,), 5, [1, 1]),
+    "complex128 in the slot": (torch.complex128, (), 9, [1, 1]),
+    "bool in the slot": (torch.bool, (2,), 11, [1, 1]),
+    "float64 past the slot, learnt": (torch.float64, (), 700, [2, 1]),
+    "uint8 past what goes apart": (torch.uint8, (), 600_000, [2, 2]),
+}
+
+
+def _uneven_sizes(w: int, r: int, j: int, most: int) -> int:
+    # rows rank r sends rank j: odd, different for every pair, some none
+    return (r * 7 + j * 3 + 1) % (most + 1) if (r + j) % 3 else most
+
+
+def _uneven_call(c: Communicator, dtype: torch.dtype, rows_of: tuple[int, ...], most: int):
+    w, r = c.world_size, c.rank
+    sends = [_uneven_sizes(w, r, j, most) for j in range(w)]
+    expects = [_uneven_sizes(w, j, r, most) for j in range(w)]
+    n = sum(sends)
+    values = torch.arange(n * max(1, math.prod(rows_of)), dtype=torch.float64) + 1000 * r
+    x = (values % 251).to(dtype).view(n, *rows_of)
+    out = torch.zeros(sum(expects), *rows_of, dtype=dtype)
+    before = c._engine.seq
+    c.all_to_all_single(out, x, expects, sends)
+    return c._engine.seq - before, out
+
+
+def _on_uneven(comm, case: str):
+    dtype, rows_of, most, _ = _UNEVEN[case]
+    w = comm.world_size
+    checked = Communicator(timeout=TIMEOUT).new_group(range(w))  # nothing learnt
+    unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(w))
+    (first, got), (again, got_again) = (_uneven_call(checked, dtype, rows_of, most) for _ in "12")
+    _, want = _uneven_call(unchecked, dtype, rows_of, most)
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+    assert torch.equal(got_again, want)
+    return [first, again]
+
+
+@pytest.mark.parametrize("case", list(_UNEVEN))
+def test_uneven_all_to_all_single_rides_with_its_sizes(world, case):
+    # every rank's row carries its table of sizes and, when all fit, its chunk for
+    # that row's rank: one round, the same bits as unchecked
+    rounds = world.run(_on_uneven, case, timeout=120)
+    if world.size > 1:
+        assert rounds == [_UNEVEN[case][3]] * world.size
+
+
+def _on_uneven_refusal(comm, kind: str):
+    w, r = comm.world_size, comm.rank
+    c = Communicator(timeout=TIMEOUT)
+    sends = [1] * w
+    if kind == "a rank declares another dtype":
+        dtype = torch.float64 if r == w - 1 else torch.float32
+    else:  # "rows of another shape": the same elements, rows of (2,) on the last rank
+        dtype = torch.float32
+    rows_of = (2,) if kind != "a rank declares another dtype" and r == w - 1 else (1,)
+    x = torch.ones(sum(sends), *rows_of, dtype=dtype)
+    try:
+        c.all_to_all_single(torch.empty(w, *rows_of, dtype=dtype), x, sends, sends)
+    except RemoteArgumentError as exc:
+        error = str(exc)
+    else:
+        error = "no error"
+    y = torch.ones(2)
+    c.all_reduce(y)  # nothing broke
+    return error, y[0].item()
+
+
+@pytest.mark.parametrize("kind", ["a rank declares another dtype", "rows of another shape"])
+def test_uneven_all_to_all_single_refuses_on_every_rank(multi_world, kind):
+    for error, total in multi_world.run(_on_uneven_refusal, kind, timeout=120):
+        assert "ranks passed different arguments" in error, error
+        assert total == multi_world.size
+
+
+def _uneven_lists_call(c: Communicator, dtype: torch.dtype, rows_of: tuple[int, ...], most: int):
+    w, r = c.world_size, c.rank
+
+    def size(i: int, j: int) -> int:  # rows rank i sends rank j: the most to itself alone
+        return most if i == j else (i * 7 + j * 3 + 1) % most
+
+    def made(n: int, j: int) -> torch.Tensor:
+        values = torch.arange(n * max(1, math.prod(rows_of)), dtype=torch.float64)
+        return ((values + 100 * j + 1000 * r) % 251).to(dtype).view(n, *rows_of)
+
+    ins = [made(size(r, j), j) for j in range(w)]
+    outs = [torch.zeros(size(j, r), *rows_of, dtype=dtype) for j in range(w)]
+    before = c._engine.seq
+    c.all_to_all(outs, ins)
+    return c._engine.seq - before, outs
+
+
+def _on_uneven_lists(comm, case: str):
+    dtype, rows_of, most, _ = _UNEVEN[case]
+    w = comm.world_size
+    checked = Communicator(timeout=TIMEOUT).new_group(range(w))  # nothing learnt
+    unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(w))
+    calls = [_uneven_lists_call(checked, dtype, rows_of, most) for _ in "12"]
+    _, want = _uneven_lists_call(unchecked, dtype, rows_of, most)
+    for _, got in calls:
+        for part, expected in zip(got, want):
+            assert part.dtype == expected.dtype and torch.equal(part, expected), (part, expected)
+    return [rounds for rounds, _ in calls]
+
+
+@pytest.mark.parametrize("case", list(_UNEVEN))
+def test_all_to_all_lists_of_several_shapes_ride_with_their_sizes(world, case):
+    rounds = world.run(_on_uneven_lists, case, timeout=120)
+    if world.size > 1:
+        assert rounds == [_UNEVEN[case][3]] * world.size

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import torch
 
-from commlib import _catalog, _lanes, _objects, _ragged, _rooms, _steps
+from commlib import _catalog, _lanes, _objects, _pair_check, _ragged, _steps
 from commlib._host_copy import host_copy, stack_into
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
@@ -351,31 +351,6 @@ def finished(
     return None
 
 
-def _match_pairs(what: str, table: list[list[int]], world: int) -> None:
-    """Raise unless rank ``i`` sends rank ``j`` what ``j`` expects from ``i``, for every pair.
-
-    ``table[r]``: rank ``r``'s elements sent to each rank, then expected from
-    each. Every rank holds the same table, so every rank raises alike.
-
-    Examples:
-        >>> _match_pairs("all_to_all", [[1, 2, 1, 3], [3, 1, 2, 1]], 2)
-    """
-    wrong = [
-        (i, j) for i in range(world) for j in range(world) if table[i][j] != table[j][world + i]
-    ]
-    if wrong:
-        i, j = wrong[0]
-        raise RemoteArgumentError(
-            what,
-            {
-                r: f"sends {table[r][:world]} elements, expects {table[r][world:]}"
-                for r in range(world)
-            },
-            f"sizes do not match: rank {i} sends rank {j} {table[i][j]} elements, "
-            f"rank {j} expects {table[j][world + i]}",
-        )
-
-
 class Guard:
     """One communicator's argument check and refusals, with what can be decided once.
 
@@ -501,7 +476,7 @@ class Guard:
         )
         if parts is None:  # a world too large for one slot
             return
-        _match_pairs(what, [p.tolist() for p in parts], engine.world_size)
+        _pair_check.match_pairs(what, [p.tolist() for p in parts], engine.world_size)
 
     def check_pairs_riding(
         self,
@@ -509,85 +484,30 @@ class Guard:
         what: str,
         describe: Callable[[], str],
         chunks: Sequence[torch.Tensor],
-        expects: Sequence[int],
+        into: Sequence[torch.Tensor],
         timeout: Timeout,
-    ) -> list[torch.Tensor] | None:
-        """:meth:`check_pairs` where each rank's sizes travel with its chunks.
+    ) -> bool:
+        """:meth:`check_pairs` with the sizes riding with the parts (:func:`_pair_check.riding`).
 
-        ``chunks[j]``: what this rank sends rank ``j`` (contiguous, one dtype);
-        ``expects[j]``: elements it expects from rank ``j``. Where the engine
-        sends row ``j`` of the check's slots to rank ``j`` alone
-        (:meth:`~commlib.backend.Backend.sends_slot_rows_apart`, on the host),
-        every row carries this rank's whole table of sizes and, when every
-        chunk of this rank fits the rest of the row, the chunk for that row's
-        rank: every rank receives every rank's table, so all compare the same
-        pairs and raise alike, and where every chunk of every rank fitted,
-        the result is every rank's chunk for this rank (flat, in rank order,
-        views valid until the engine's next call): one round instead of two.
-        Otherwise ``None``, and the caller runs the engine's collective.
+        ``chunks[j]``: what this rank sends rank ``j``; ``into[j]``: where the
+        part from rank ``j`` goes. True where every part rode: then they are in
+        ``into``; otherwise the caller runs the engine's collective.
 
         Examples:
             >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
-            >>> print(guard.check_pairs_riding(engine, "all_to_all_single", lambda: "",
-            ...                                [torch.ones(1)], [1], None))
-            None
+            >>> guard.check_pairs_riding(engine, "all_to_all_single", lambda: "",
+            ...                          [torch.ones(1)], [torch.empty(1)], None)
+            False
         """
         if what not in self.checked:
-            return None
-        world = engine.world_size
-        sends = [c.numel() for c in chunks]
-        rooms = rooms_of(engine)
-        slot = rooms.slot_bytes(self.slot_size)
-        # the room every rank declares alike: what the slot has learnt, so the round
-        # teaches it nothing new by itself
-        room = slot - _rooms.HEADER
-        table_bytes = 16 * world  # int64 sends and expects: aligned for every dtype
-        if (
-            what not in self.completed_by_check
-            or not engine.on_cpu
-            or room < table_bytes
-            or not engine.plugin.sends_slot_rows_apart(world, slot)
-        ):
-            self.check_pairs(engine, what, describe, sends, expects, timeout)
-            return None
-        table = torch.tensor([*sends, *expects], dtype=torch.int64).view(torch.uint8)
-        sizes = [c.nbytes for c in chunks]
-        fits = max(sizes) <= room - table_bytes
-
-        def write(rows: torch.Tensor) -> None:
-            rows[:, :table_bytes].copy_(table)  # into every row at once
-            if fits:
-                for row, chunk, size in zip(rows.unbind(0), chunks, sizes):
-                    if size:
-                        host_copy(row[table_bytes : table_bytes + size], byte_view(chunk))
-
-        parts = self.check(
-            engine,
-            what,
-            describe,
-            torch.empty(1, room, dtype=torch.uint8).expand(world, room),
-            timeout,
-            completes=False,
-            write=write,
-            apart=True,
-        )
-        if parts is None:  # not carried after all: the sizes in a round of their own
-            self.check_pairs(engine, what, describe, sends, expects, timeout)
-            return None
-        tables = [p[:table_bytes].view(torch.int64).tolist() for p in parts]
-        _match_pairs(what, tables, world)
-        # every rank's table is known to every rank: all decide alike from here
-        item = chunks[0].element_size()
-        largest = max(max(t[:world]) for t in tables) * item
-        if largest > room - table_bytes:
-            need = need_of(table_bytes + largest, what in _catalog.EVERYONE_NEEDS_ALL)
-            if engine.plugin.sends_slot_rows_apart(world, rooms.slot_for(need, self.slot_size)):
-                rooms.learn(need, world)  # the next such call rides
-            return None
-        me, dtype = engine.rank, chunks[0].dtype
-        return [
-            p[table_bytes : table_bytes + t[me] * item].view(dtype) for p, t in zip(parts, tables)
-        ]
+            return False
+        expects = [t.numel() for t in into]
+        got = _pair_check.riding(self, engine, what, describe, chunks, expects, timeout)
+        if got is None:
+            return False
+        for target, part in zip(into, got):
+            host_copy(target, part.view(target.shape))
+        return True
 
     def check_all_to_all(
         self,
@@ -627,7 +547,8 @@ class Guard:
         expects = [t.numel() for t in outputs]
         try:
             if not one_shape:  # the sizes ride with the parts: all of them, if they fit
-                got = self.check_pairs_riding(
+                got = _pair_check.riding(
+                    self,
                     engine,
                     what,
                     lambda: f"{dtype}, {world} tensors",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import math
 import operator
 import os
 from collections.abc import Iterator, Sequence
@@ -1317,7 +1316,7 @@ class Communicator:
         out_splits = check.split_sizes(output_split_sizes, world, output.shape[0], "output")
         in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
         me = engine.rank
-        in_t = engine.to_device(input)
+        in_t, out_t = engine.to_device(input), engine.to_device(output)
         guard = self._guard
         checked = "all_to_all_single" in guard.checked
         parts = None
@@ -1348,19 +1347,14 @@ class Communicator:
                 # the pair this rank forms with itself is compared with every other
                 # pair, on every rank alike: raised here alone, the ranks would part;
                 # each chunk rides in the row that goes to its rank when all fit
-                row = math.prod(input.shape[1:])
-                got = guard.check_pairs_riding(
+                if guard.check_pairs_riding(
                     engine,
                     "all_to_all_single",
                     lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
                     in_t.contiguous().split(rows_out),
-                    [n * row for n in rows_in],
+                    out_t.split(rows_in),
                     timeout,
-                )
-                if got is not None:
-                    out_t = engine.to_device(output)
-                    for piece, part in zip(out_t.split(rows_in), got):
-                        host_copy(piece, part.view(piece.shape))
+                ):
                     return finished(lambda: copy_back(out_t, output, world), async_op, [output])
         # after the check, on every rank alike: raised before it alone, the ranks would part
         if sends_me != expects_me:  # the one pair this rank alone can see
@@ -1368,7 +1362,6 @@ class Communicator:
                 f"all_to_all_single: rank {me} sends itself {sends_me} rows of input but "
                 f"expects {expects_me} rows of output from itself"
             )
-        out_t = engine.to_device(output)
         if parts is not None:  # every rank's chunk for this rank
             stack_into(out_t.view(world, expects_me, *input.shape[1:]), parts)
             return finished(lambda: copy_back(out_t, output, world), async_op, [output])

@@ -9,8 +9,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from commlib import _completions as completions
 from commlib._settings import as_timedelta
-from commlib._world import world
 from commlib.types import Work
 
 
@@ -69,8 +69,10 @@ class Handle:
         that chains on it (``.then(...)``, a DDP communication hook) works;
         an error of the collective is the future's. commlib's part of the
         call (``mean``'s division, copies back) is done before it completes.
-        Unless the call has completed already, a thread looks for its end
-        (within the communicator's timeout, which ends the engine's work);
+        Unless the call has completed already, the process's one watcher
+        looks for its end (within the communicator's timeout, which ends the
+        engine's work) and a reused pool thread completes the future, running
+        its callbacks there (a callback may wait for another commlib future);
         a :meth:`wait` meanwhile keeps its own ``timeout``.
 
         Examples:
@@ -89,20 +91,12 @@ class Handle:
             else:
                 future.set_result(self.value)
 
-        def look_then_complete() -> None:
-            # never blocked inside the engine: a thread there when the interpreter
-            # exits aborts the process; nor holding the lock a wait() needs
-            pause = 0.0005
-            while not self.is_completed():
-                if world.exiting.wait(pause):
-                    return
-                pause = min(2 * pause, 0.005)
-            complete()
-
         if self.is_completed():
             complete()
         else:
-            threading.Thread(target=look_then_complete, name="commlib-future", daemon=True).start()
+            # one watcher per process looks for every such call's end (never blocked inside
+            # the engine, nor holding the lock a wait() needs): no thread per call
+            completions.watch(self, complete)
         return future
 
     @property

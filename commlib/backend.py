@@ -62,43 +62,9 @@ _device = functools.cache(torch.device)
 class Backend:
     """Base class of every backend plugin.
 
-    Class attributes a subclass sets:
-
-    * ``name`` (``"gloo"``, ``"mybackend"``), ``torch_backend`` (or ``None``),
-      ``device_type`` (``"cpu"``, ``"cuda"``, ...), ``description``,
-      ``native_avg`` and ``large_payload_transport``: as their own notes below say;
-    * ``mismatch_aborts``: the engine ends the process, beyond any caller's
-      reach, when ranks call the same collective with different sizes (gloo
-      throws on its own I/O thread); commlib then checks the arguments of the
-      tensor collectives by default (see :attr:`commlib.Communicator.strict`).
-      ``True`` unless a backend knows better: a check costs less than a lost job;
-    * ``interruptible_wait``: the ``Work`` of the engine's collectives only
-      waits in ``wait(timeout)`` (when the timeout passes the operation goes
-      on, nothing else changes), so commlib waits in slices and looks in
-      between for a failure another rank announced: a rank waiting on a live
-      peer that gave up learns it within a moment rather than at its own
-      timeout. Point-to-point works (a :class:`WorkList`) are not sliced (gloo
-      ends a receive whose wait timed out); see ``p2p_timeout_ends_group``;
-    * ``p2p_timeout_ends_group``: a point-to-point ``Work.wait(timeout)`` that
-      times out ends every operation pending on the group, and with it any
-      other thread's wait on them (gloo closes the group's connections:
-      "Application timeout caused pair closure"). commlib relies on it to
-      watch a point-to-point wait without a thread handoff: the caller waits
-      on the work in its own thread, and a watcher thread that finds the
-      group announced broken elsewhere ends that wait with a wait of a
-      millisecond on the same work. ``False`` (not known to hold): a waiter
-      thread waits on the work while the caller's thread watches, tens of
-      microseconds a wait;
-    * ``completed_by_check``: the collectives whose small results the
-      argument check may compute from its own round (it gathers every rank's
-      data anyway) instead of calling this backend's method, one round
-      instead of two. A subclass that overrides one of these methods drops it
-      from the set, unless it sets ``completed_by_check`` itself: an
-      overridden collective is always called;
-    * ``completed_by_check_bytes``: up to how many bytes of a rank's data
-      complete in the check's round (``None``: as many as the slot learns):
-      for an engine whose own collective moves larger data with fewer
-      copies than the round and the local step after it (MPI's shared memory).
+    A subclass sets the class attributes below (``name``, ``torch_backend`` and
+    ``device_type`` are required; each says what commlib does with it) and
+    overrides the methods its engine does differently.
 
     Examples:
         >>> class LoggingGloo(Backend):
@@ -131,17 +97,28 @@ class Backend:
     all_gather / gather / broadcast) or ``"p2p"`` (send/recv between the ranks that need them).
     """
     mismatch_aborts: ClassVar[bool] = True
-    """Whether the engine kills the process on mismatched sizes; ``True``: commlib checks
-    arguments across ranks by default.
+    """The engine ends the process, beyond any caller's reach, when ranks call the same
+    collective with different sizes (gloo throws on its own I/O thread); commlib then checks
+    the arguments of the tensor collectives by default (see
+    :attr:`commlib.Communicator.strict`). ``True`` unless a backend knows better: a check
+    costs less than a lost job.
     """
     interruptible_wait: ClassVar[bool] = False
-    """Whether ``Work.wait(timeout)`` only waits; ``True``: commlib watches for failures announced
-    elsewhere while it waits.
+    """The ``Work`` of the engine's collectives only waits in ``wait(timeout)`` (when the timeout
+    passes the operation goes on, nothing else changes), so commlib waits in slices and looks
+    in between for a failure another rank announced: a rank waiting on a live peer that gave
+    up learns it within a moment rather than at its own timeout. Point-to-point works (a
+    :class:`WorkList`) are not sliced (gloo ends a receive whose wait timed out); see
+    ``p2p_timeout_ends_group``.
     """
     p2p_timeout_ends_group: ClassVar[bool] = False
-    """Whether a point-to-point wait that times out ends the group's pending operations;
-    ``True``: commlib ends a watched point-to-point wait that way instead of handing it to a
-    waiter thread.
+    """A point-to-point ``Work.wait(timeout)`` that times out ends every operation pending on the
+    group, and with it any other thread's wait on them (gloo closes the group's connections:
+    "Application timeout caused pair closure"). commlib relies on it to watch a point-to-point
+    wait without a thread handoff: the caller waits on the work in its own thread, and a
+    watcher thread that finds the group announced broken elsewhere ends that wait with a wait
+    of a millisecond on the same work. ``False`` (not known to hold): a waiter thread waits on
+    the work while the caller's thread watches, tens of microseconds a wait.
     """
     own_rendezvous: ClassVar[bool] = False
     """Whether the engine finds its ranks itself (MPI under ``mpiexec``): :func:`commlib.init_dist`
@@ -149,12 +126,15 @@ class Backend:
     :meth:`init_process_group` gets neither ``init_method`` nor ``rank``.
     """
     completed_by_check: ClassVar[frozenset[str]] = frozenset()
-    """Collectives whose small results the argument check may compute from its own round; a
-    subclass overriding one drops it, so its method is called.
+    """The collectives whose small results the argument check may compute from its own round (it
+    gathers every rank's data anyway) instead of calling this backend's method, one round
+    instead of two. A subclass that overrides one of these methods drops it from the set,
+    unless it sets ``completed_by_check`` itself: an overridden collective is always called.
     """
     completed_by_check_bytes: ClassVar[int | None] = None
-    """Up to how many bytes of a rank's data ``completed_by_check`` holds; ``None``: as many as
-    the check's slot learns.
+    """Up to how many bytes of a rank's data complete in the check's round (``None``: as many as
+    the slot learns): for an engine whose own collective moves larger data with fewer copies
+    than the round and the local step after it (MPI's shared memory).
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

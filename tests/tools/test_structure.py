@@ -196,6 +196,14 @@ def _code_strings_and_names(tree: ast.AST) -> list[tuple[int, str]]:
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
+            # an attribute's docstring: the string right after its assignment
+            for before, stmt in zip(body, body[1:]):
+                if (
+                    isinstance(before, (ast.Assign, ast.AnnAssign))
+                    and isinstance(stmt, ast.Expr)
+                    and isinstance(stmt.value, ast.Constant)
+                ):
+                    docstrings.add(id(stmt.value))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

@@ -125,7 +125,7 @@ def riding(
         what not in guard.completed_by_check
         or not engine.on_cpu
         or room < table_bytes
-        or not engine.plugin.sends_slot_rows_apart(world, slot)
+        or not engine.sends_slot_rows_apart(slot)
     ):
         guard.check_pairs(engine, what, describe, sends, expects, timeout)
         return None
@@ -160,7 +160,7 @@ def riding(
     largest = max(max(t[:world]) for t in tables) * item
     if largest > room - table_bytes:
         need = need_of(table_bytes + largest, what in _catalog.EVERYONE_NEEDS_ALL)
-        if engine.plugin.sends_slot_rows_apart(world, rooms.slot_for(need, guard.slot_size)):
+        if engine.sends_slot_rows_apart(rooms.slot_for(need, guard.slot_size)):
             rooms.learn(need, world)  # the next such call rides
         return None
     me, dtype = engine.rank, chunks[0].dtype

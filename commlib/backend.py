@@ -32,7 +32,7 @@ The minimum a plugin implements:
   ``all_to_all_single``, ``barrier``, ``send``, ``recv``,
   ``batch_isend_irecv`` and ``shrink_group`` (only for fault-tolerant
   shrinking); ``to_device`` too when its tensors live elsewhere. The
-  ``single`` backend (``backends/single.py``) is such an engine and
+  ``single`` backend (``commlib_backends/single.py``) is such an engine and
   overrides all but ``shrink_group``.
 """
 

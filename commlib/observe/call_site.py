@@ -19,12 +19,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-# commlib's own directory, and the built-in backends' (backends/ in a checkout,
-# commlib_backends/ when installed): frames there are commlib's, not the caller's
+# commlib's own directory, and the built-in backends' (commlib_backends/): frames
+# there are commlib's, not the caller's
 _COMMLIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ROOTS = tuple(
     os.path.join(os.path.dirname(_COMMLIB), name) + os.sep
-    for name in ("commlib", "backends", "commlib_backends")
+    for name in ("commlib", "commlib_backends")
 )
 # ... except `commlib bench`: a program written against commlib, as a user's is; its
 # calls' sites are its own lines (else each call would walk up to the console script)

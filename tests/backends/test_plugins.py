@@ -232,4 +232,4 @@ def test_every_package_is_installed_by_pyproject():
         ".".join(p.parent.relative_to(root).parts) for p in (root / "commlib").rglob("__init__.py")
     }
     assert found <= listed, sorted(found - listed)
-    assert "commlib_backends" in listed and (root / "backends" / "__init__.py").exists()
+    assert "commlib_backends" in listed and (root / "commlib_backends" / "__init__.py").exists()

@@ -139,7 +139,7 @@ def collective_name_sets() -> list[str]:
 def engine_plugin_sites() -> list[str]:
     """``engine.plugin.X`` outside ``commlib/_engine.py`` (the protocols call the engine)."""
     found = []
-    for path in sorted([*CORE.rglob("*.py"), *(ROOT / "backends").rglob("*.py")]):
+    for path in sorted([*CORE.rglob("*.py"), *(ROOT / "commlib_backends").rglob("*.py")]):
         if path == CORE / "_engine.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):

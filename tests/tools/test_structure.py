@@ -6,7 +6,7 @@
 * imports inside functions only in the entry points that must load light;
 * no module uses another module's private names;
 * only the communicator reaches into a communicator's internals;
-* the core names no device or vendor: that knowledge lives in ``backends/``;
+* the core names no device or vendor: that knowledge lives in ``commlib_backends/``;
 * what each collective is lives in one row of ``commlib/_catalog.py``: no other
   module keeps a set of collective names (``tests/tools/structure_counts.py``
   counts this and the other figures of the layout).
@@ -136,13 +136,13 @@ def test_no_module_uses_another_modules_private_names():
     # an internal module is imported whole (``from commlib import _guard``); what it
     # lends others is public inside it
     offenders = []
-    for path in [*CORE.rglob("*.py"), *(ROOT / "backends").rglob("*.py")]:
+    for path in [*CORE.rglob("*.py"), *(ROOT / "commlib_backends").rglob("*.py")]:
         tree = ast.parse(path.read_text())
         modules: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("commlib"):
                 for alias in node.names:
-                    full = f"{node.module}.{alias.name}".replace("commlib_backends", "backends")
+                    full = f"{node.module}.{alias.name}"
                     is_module = (ROOT / (full.replace(".", "/") + ".py")).exists() or (
                         ROOT / full.replace(".", "/")
                     ).is_dir()
@@ -170,7 +170,7 @@ _INTERNALS = {"_engine", "_member", "_strict", "_distributed", "_collective", "_
 
 def test_no_module_outside_the_communicator_reaches_into_it():
     offenders = []
-    for path in [*CORE.rglob("*.py"), *(ROOT / "backends").rglob("*.py")]:
+    for path in [*CORE.rglob("*.py"), *(ROOT / "commlib_backends").rglob("*.py")]:
         if path.name == "communicator.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,6 +1,6 @@
 """How the installed torch was built for devices: the device half of ``commlib._torch_facts``.
 
-The core names no device (device knowledge lives in ``backends/``), so the
+The core names no device (device knowledge lives in ``commlib_backends/``), so the
 facts that do, which engine ``"nccl"`` means and whether torch has NCCL at
 all, are here, probed from torch as the core's are.
 

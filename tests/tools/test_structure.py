@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -197,7 +198,7 @@ def _code_strings_and_names(tree: ast.AST) -> list[tuple[int, str]]:
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
             # an attribute's docstring: the string right after its assignment
-            for before, stmt in zip(body, body[1:]):
+            for before, stmt in itertools.pairwise(body):
                 if (
                     isinstance(before, (ast.Assign, ast.AnnAssign))
                     and isinstance(stmt, ast.Expr)

@@ -10,7 +10,9 @@ plugin: its argument check, timeout, observers and flight recorder.
 * :mod:`~commlib.torch_backend.registration`: the names and how torch finds
   them (its ``torch.distributed.backends`` entry points on 2.14+, ``import
   commlib`` before), shared with the mpi plugin's ``mpi4py`` group;
-* :mod:`~commlib.torch_backend.process_group`: the group torch calls.
+* :mod:`~commlib.torch_backend.process_group`: the group torch calls;
+* :mod:`~commlib.torch_backend.shrinking`: :func:`shrink`, a torch group over
+  the ranks still alive after a failure.
 
 Examples:
     >>> import torch.distributed as dist
@@ -27,6 +29,7 @@ from typing import Any
 from commlib._torch_groups import engine_group as engine_group
 from commlib._torch_groups import is_served as is_served
 from commlib.torch_backend.registration import PREFIX, commlib_name, plugin_of, register_all
+from commlib.torch_backend.shrinking import shrink
 
 __all__ = [
     "PREFIX",
@@ -36,6 +39,7 @@ __all__ = [
     "is_served",
     "plugin_of",
     "register_all",
+    "shrink",
 ]
 
 

@@ -34,7 +34,7 @@ from commlib.backend import Backend
 from commlib.communicator import Communicator
 from commlib.errors import BackendUnavailableError
 from commlib.handle import Handle
-from commlib.torch_backend import registration
+from commlib.torch_backend import registration, shrinking
 
 __all__ = ["CommlibProcessGroup", "CommlibWork", "create"]
 
@@ -141,12 +141,13 @@ class CommlibProcessGroup(dist.ProcessGroup):
         rank: int,
         size: int,
         timeout: datetime.timedelta,
+        comm: Communicator | None = None,
     ):
         super().__init__(rank, size)
         self._backend_name = name
         #: the plugin serving the group, and its own group the communicator serves
         self.plugin, self.inner, self.timeout = plugin, inner, timeout
-        self._comm: Communicator | None = None
+        self._comm: Communicator | None = comm  # given: a shrunk communicator, adopted
         self._lock = threading.Lock()
 
     @property
@@ -381,6 +382,9 @@ def create(name: str, options: Any, backend_options: Any) -> CommlibProcessGroup
     if plugin.device_type not in devices:
         devices.append(plugin.device_type)
     size, rank, timeout = options.group_size, options.group_rank, options.timeout
+    shrunk = shrinking.adopted()
+    if shrunk is not None:  # torch_backend.shrink: the survivors' communicator serves it
+        return CommlibProcessGroup(name, plugin, shrunk.group, rank, size, timeout, shrunk)
     members = list(options.global_ranks_in_group)
     group_name: Any = getattr(c10d, "GroupName", str)(f"{options.group_id}/{engine}")
     inner, _ = torch_facts.new_process_group_helper()(

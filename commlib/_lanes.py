@@ -337,14 +337,28 @@ class Lanes:
             or type(op) is not str
         ):
             return False
-        lane = self._lane(engine, ("reduce_scatter", op, output.dtype))
+        dtype = output.dtype
+        lane = self._lane(engine, ("reduce_scatter", op, dtype))
+        if lane is None:
+            return False
+        # as all_gather_into_tensor's entry: strides, byte counts, devices
+        try:
+            flat = output.stride() == _FLAT and input.stride() == _FLAT
+        except RuntimeError:  # a layout without strides: the whole way
+            return False
+        nbytes = output.nbytes
+        pending = lane.unless_in
         if (
-            lane is None
-            or input.dtype is not output.dtype
-            or output.dim() != 1
-            or input.dim() != 1
-            or input.numel() != output.numel() * engine.world_size
-            or not serves(engine, lane, output, input)
+            not flat
+            or input.dtype is not dtype
+            or input.nbytes != nbytes * engine.world_size
+            or not lane.min_bytes <= nbytes <= lane.max_bytes
+            or not (
+                (output.is_cpu and input.is_cpu)
+                if engine.on_cpu
+                else (output.device == engine.device_obj and input.device == engine.device_obj)
+            )
+            or (pending and engine.group in pending)
         ):
             return False
         engine.direct("reduce_scatter", lane, output, input)

@@ -167,6 +167,24 @@ def test_all_gather_into_tensor_takes_its_lane_for_flat_dense_matching_tensors_o
         assert direct.call_count == 1 and engine.seq == sent  # refused: nothing sent
 
 
+def test_reduce_scatter_takes_its_lane_for_flat_dense_matching_tensors_only(fake8):
+    comm, engine = fake8, fake8._engine
+    out, x = torch.empty(4), torch.ones(32)
+    comm.reduce_scatter(out, x)  # learnt
+    with _counted(engine) as direct:
+        comm.reduce_scatter(out, x)
+        assert direct.call_count == 1
+        comm.reduce_scatter(out, torch.ones(8, 4))  # 2-dim input: a flat view
+        comm.reduce_scatter(torch.empty(8)[::2], x)  # strided output
+        assert direct.call_count == 1
+        sent = engine.seq
+        with pytest.raises(ValueError):
+            comm.reduce_scatter(out, torch.ones(33))
+        with pytest.raises((TypeError, ValueError)):
+            comm.reduce_scatter(out, torch.ones(32, dtype=torch.float64))
+        assert direct.call_count == 1 and engine.seq == sent  # refused: nothing sent
+
+
 def test_a_dropped_communicator_is_freed_without_the_collector(fake8):
     import gc
     import weakref

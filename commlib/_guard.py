@@ -40,7 +40,7 @@ import torch
 from commlib import _catalog, _lanes, _objects, _pair_check, _ragged, _steps
 from commlib._host_copy import host_copy, stack_into
 from commlib._rooms import need_of, rooms_of
-from commlib._sent_slots import LAYOUTS, SentSlot, copies_of
+from commlib._sent_slots import LAYOUTS, SentSlot
 from commlib._settings import as_timedelta
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
@@ -111,7 +111,9 @@ class _HostSlots:
         self.slot_size = slot_size
         #: whether the engine sends row ``j`` to rank ``j`` (``sends_slot_rows_apart``)
         self.apart = apart
-        copies = world if apart else copies_of(world, slot_size, on_cpu=True)
+        # rows apart: one slot per rank; otherwise the engine gathers the first row
+        # alone (Backend.all_gather_slots), so the others would be copies never sent
+        copies = world if apart else 1
         self.sent = SentSlot(copies, slot_size, _DATA)
         #: the header the sent rows hold now: a loop of one call writes it once
         self.written = b""
@@ -179,7 +181,9 @@ def exchange(
     travels in its own row and the result is, from every rank ``r``, the
     part ``r`` meant for this rank: the slot needs the room of one part, not
     of ``data``. ``write`` then fills all the rows (``(world, *part)``).
-    Elsewhere nothing rides: ``None``.
+    Where every rank gets every row (on the host), the parts travel whole,
+    when all of ``data`` fits the slot, with the same result; off the host
+    nothing rides: ``None``.
 
     Examples:
         >>> parts = exchange(engine, "all_reduce", "all_reduce(op=sum, torch.float32, (2,))",
@@ -192,6 +196,11 @@ def exchange(
     floor, slot_size = slot_size, rooms.slot_bytes(slot_size)
     on_cpu = engine.on_cpu
     host = _slots(engine, slot_size) if on_cpu else None
+    # parts for each rank where the engine sends every rank every row: the parts
+    # travel whole in the sender's slot, and each rank takes its own of each
+    whole = apart and host is not None and not host.apart
+    if whole:
+        apart = False
     like = data[0] if apart and data is not None else data  # what one row carries
     nbytes = 0 if like is None else like.nbytes
     # every rank decides alike: on the slot, the engine and the declared size
@@ -278,9 +287,10 @@ def exchange(
     if like is None or not inline:
         return None
     if not nbytes:
-        return [torch.empty_like(like) for _ in range(world)]
+        return [torch.empty_like(like[0] if whole else like) for _ in range(world)]
     if host is not None:
-        return list(host.gathered(like, nbytes))
+        got = host.gathered(like, nbytes)
+        return [every_part[engine.rank] for every_part in got] if whole else list(got)
     assert data is not None  # not apart: off the host, parts never ride
     # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)

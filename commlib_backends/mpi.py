@@ -489,7 +489,9 @@ class MPIBackend(MPICalls):
     # complete from its round, one allgather. Callgrind, rank 0 of 2, instructions a
     # call (riding | MPI's own collective after the round): 4 KiB all_reduce 144K |
     # 259K, reduce 153K | 274K, all_gather_into_tensor 176K | 237K; at 64 KiB the
-    # copies into and out of the slot cost more (all_reduce 424K | 356K)
+    # copies into and out of the slot cost more (all_reduce 424K | 356K). A scatter's
+    # list and an all_to_all's parts ride whole (MPI sends every rank every slot) and
+    # each rank takes its own
     completed_by_check = frozenset(
         {
             "all_reduce",
@@ -498,6 +500,9 @@ class MPIBackend(MPICalls):
             "all_gather_into_tensor",
             "gather",
             "reduce_scatter",
+            "scatter",
+            "all_to_all_single",
+            "all_to_all",
         }
     )
     completed_by_check_bytes = 4 << 10

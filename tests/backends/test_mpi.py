@@ -202,6 +202,26 @@ def _checked_rounds(comm) -> list[str]:
             comm.reduce_scatter(mine, torch.ones(mine.numel() * world))
             if mine[-1] != world:
                 wrong.append(f"reduce_scatter {n}: {mine[-1]}")
+            # the parts ride whole in the sender's slot (MPI sends every rank every slot)
+            piece = max(n // world, 1) + 1  # odd sizes
+            sent = [torch.full((piece,), float(10 * j + 1)) for j in range(world)]
+            got = torch.zeros(piece)
+            comm.scatter(got, sent if rank == world - 1 else None, src=world - 1)
+            if got.tolist() != [float(10 * rank + 1)] * piece:
+                wrong.append(f"scatter {n}: {got[:3]}")
+            ins = torch.arange(world * piece, dtype=torch.float64) + 1000 * rank
+            outs = torch.zeros(world * piece, dtype=torch.float64)
+            comm.all_to_all_single(outs, ins)
+            want = [1000 * j + rank * piece + i for j in range(world) for i in range(piece)]
+            if outs.tolist() != [float(v) for v in want]:
+                wrong.append(f"all_to_all_single {n}")
+            lists = [torch.zeros(piece, dtype=torch.int32) for _ in range(world)]
+            comm.all_to_all(
+                lists,
+                [torch.full((piece,), 10 * rank + j, dtype=torch.int32) for j in range(world)],
+            )
+            if [int(t[-1]) for t in lists] != [10 * j + rank for j in range(world)]:
+                wrong.append(f"all_to_all {n}")
     if world > 1:
         # up to completed_by_check_bytes the result comes from the check's round alone
         comm.all_reduce(torch.ones(1024))  # 4 KiB: the slot learns it
@@ -209,6 +229,38 @@ def _checked_rounds(comm) -> list[str]:
             ("all_reduce 4K", lambda: comm.all_reduce(torch.ones(1024)), 1),
             ("broadcast 16 B", lambda: comm.broadcast(torch.ones(4), src=0), 1),
             ("all_reduce 8K", lambda: comm.all_reduce(torch.ones(2048)), 2),
+            (
+                "scatter 2 x 8 B",
+                lambda: (
+                    comm.scatter(torch.empty(2), [torch.ones(2)] * world, src=0)
+                    if rank == 0
+                    else comm.scatter(torch.empty(2), None, src=0)
+                ),
+                1,
+            ),
+            (
+                "all_to_all_single 16 B each",
+                lambda: comm.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world)),
+                1,
+            ),
+            (
+                "all_to_all 16 B each",
+                lambda: comm.all_to_all(
+                    [torch.empty(4) for _ in range(world)], [torch.ones(4)] * world
+                ),
+                1,
+            ),
+            (  # 8 KiB in all: past what the round carries, MPI's own follows
+                "scatter 8K",
+                lambda: (
+                    comm.scatter(
+                        torch.empty(2048 // world), [torch.ones(2048 // world)] * world, src=0
+                    )
+                    if rank == 0
+                    else comm.scatter(torch.empty(2048 // world), None, src=0)
+                ),
+                2,
+            ),
         ):
             before = comm._engine.seq
             call()
@@ -221,6 +273,22 @@ def _checked_rounds(comm) -> list[str]:
             ("all_reduce", lambda: comm.all_reduce(torch.ones(8 + rank))),
             ("broadcast", lambda: comm.broadcast(torch.ones(8), src=rank)),
             ("reduce", lambda: comm.reduce(torch.ones(8), dst=rank)),
+            (
+                "scatter",
+                lambda: (
+                    comm.scatter(torch.empty(4 + rank), None, src=world - 1)
+                    if rank != world - 1
+                    else comm.scatter(
+                        torch.empty(4 + rank), [torch.ones(4 + rank)] * world, src=world - 1
+                    )
+                ),
+            ),
+            (
+                "all_to_all_single",
+                lambda: comm.all_to_all_single(
+                    torch.empty(world * (1 + rank)), torch.ones(world * (1 + rank))
+                ),
+            ),
         ):
             try:
                 call()

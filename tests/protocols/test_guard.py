@@ -848,3 +848,37 @@ def test_all_to_all_lists_of_several_shapes_ride_with_their_sizes(world, case):
     rounds = world.run(_on_uneven_lists, case, timeout=120)
     if world.size > 1:
         assert rounds == [_UNEVEN[case][3]] * world.size
+
+
+def _on_whole(comm):
+    """Parts ride whole where the slot is too large for its rows to go apart."""
+    from commlib._rooms import rooms_of
+
+    w, r = comm.world_size, comm.rank
+    c = Communicator(timeout=TIMEOUT).new_group(range(w))
+    c.all_reduce(torch.ones(300_000 // w))  # the slot learns 1.2 MB / w: world x slot > 1 MiB
+    assert not c._engine.sends_slot_rows_apart(rooms_of(c._engine).slot_bytes(c.slot_size))
+    rounds = []
+    got = torch.zeros(5)
+    before = c._engine.seq
+    c.scatter(got, [torch.full((5,), 10.0 * j) for j in range(w)] if r == 0 else None, src=0)
+    rounds.append(c._engine.seq - before)
+    assert got.tolist() == [10.0 * r] * 5
+    x = torch.arange(3 * w, dtype=torch.int64) + 100 * r
+    out = torch.zeros(3 * w, dtype=torch.int64)
+    before = c._engine.seq
+    c.all_to_all_single(out, x)
+    rounds.append(c._engine.seq - before)
+    assert out.tolist() == [100 * j + 3 * r + i for j in range(w) for i in range(3)]
+    outs = [torch.zeros(2) for _ in range(w)]
+    before = c._engine.seq
+    c.all_to_all(outs, [torch.full((2,), float(10 * r + j)) for j in range(w)])
+    rounds.append(c._engine.seq - before)
+    assert [t.tolist() for t in outs] == [[float(10 * j + r)] * 2 for j in range(w)]
+    return rounds
+
+
+def test_parts_ride_whole_where_rows_do_not_go_apart(multi_world):
+    # every rank gets every rank's slot: a scatter's list and an all_to_all's parts
+    # travel whole in the sender's slot, each rank taking its own: still one round
+    assert multi_world.run(_on_whole, timeout=120) == [[1, 1, 1]] * multi_world.size

@@ -123,6 +123,7 @@ class _HostSlots:
         self.rows = self.every.view(world, slot_size)
         self.starts = range(0, world * slot_size, slot_size)  # where each gathered row begins
         self.layouts: dict[tuple[torch.dtype, torch.Size], list[torch.Tensor]] = {}
+        self.own: dict[tuple[torch.dtype, torch.Size, int], list[torch.Tensor]] = {}
 
     def gathered(self, data: torch.Tensor, nbytes: int) -> list[torch.Tensor]:
         """Every rank's data area in the gathered slots, typed and shaped like ``data``."""
@@ -134,6 +135,16 @@ class _HostSlots:
             found = self.layouts[key] = [
                 _typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows.unbind(0)
             ]
+        return found
+
+    def own_parts(self, data: torch.Tensor, nbytes: int, rank: int) -> list[torch.Tensor]:
+        """Part ``rank`` of every rank's ``data`` (``(world, *part)``) in the gathered slots."""
+        key = (data.dtype, data.shape, rank)
+        found = self.own.get(key)
+        if found is None:
+            if len(self.own) >= LAYOUTS:
+                self.own.clear()
+            found = self.own[key] = [every[rank] for every in self.gathered(data, nbytes)]
         return found
 
 
@@ -289,8 +300,9 @@ def exchange(
     if not nbytes:
         return [torch.empty_like(like[0] if whole else like) for _ in range(world)]
     if host is not None:
-        got = host.gathered(like, nbytes)
-        return [every_part[engine.rank] for every_part in got] if whole else list(got)
+        if whole:
+            return list(host.own_parts(like, nbytes, engine.rank))
+        return list(host.gathered(like, nbytes))
     assert data is not None  # not apart: off the host, parts never ride
     # slot sizes are multiples of 16 (Communicator, Rooms): rows aligned for every dtype
     block = rows.narrow(1, _DATA, nbytes)

@@ -586,6 +586,19 @@ mpi_group.MPIProcessGroup.calls = MPIProcessGroupCalls
 mpi_group.register()
 
 
+def register_torch_backend() -> None:
+    """torch 2.14+'s entry point for ``mpi4py``: importing this module registered it.
+
+    The entry point names this module, not :mod:`commlib_backends.mpi_group`,
+    so a program that names the backend without importing commlib gets the
+    groups' calls with it (the group module then needs no import back here).
+
+    Examples:
+        >>> register_torch_backend()          # torch's entry point  # doctest: +SKIP
+    """
+    mpi_group.register()
+
+
 @hookimpl
 def commlib_backends():
     return [MPIBackend]

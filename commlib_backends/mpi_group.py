@@ -409,9 +409,11 @@ def _create(options: Any, backend_options: Any) -> MPIProcessGroup:
     ``Comm.Create_group`` needs: the others take no part.
     """
     if MPIProcessGroup.calls is None:
-        # a program that named the backend without importing commlib (torch 2.14+'s entry
-        # point): the plugin module gives the groups their calls
-        import commlib_backends.mpi  # noqa: F401
+        # torch's entry point loads the plugin module, which gives the groups their calls
+        raise RuntimeError(
+            "the mpi4py torch backend is commlib's mpi plugin: import commlib_backends.mpi "
+            "(or commlib) before torch.distributed makes an mpi4py group"
+        )
     MPI = start_mpi()
     world = _world_comm()
     ranks = list(options.global_ranks_in_group or range(options.group_size))
@@ -444,7 +446,7 @@ def register() -> None:
     The one way commlib's torch backends reach torch
     (:mod:`commlib.torch_backend.registration`): the plugin module registers
     it when imported, and torch 2.14+ finds it through its
-    ``torch.distributed.backends`` entry points without that.
+    ``torch.distributed.backends`` entry point (which loads that module).
 
     Examples:
         >>> register()                      # commlib's mpi plugin does, on init  # doctest: +SKIP

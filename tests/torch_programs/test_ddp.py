@@ -40,7 +40,7 @@ def test_the_names_are_torch_entry_points_of_this_distribution():
     found = {ep.name: ep.value for ep in entry_points(group="torch.distributed.backends")}
     for name in ("commlib", "commlib-gloo", "commlib-mpi"):
         assert found.get(name) == "commlib.torch_backend.registration:register_all", found
-    assert found.get("mpi4py") == "commlib_backends.mpi_group:register", found
+    assert found.get("mpi4py") == "commlib_backends.mpi:register_torch_backend", found
 
 
 def test_a_name_says_its_plugin_and_a_colon_is_no_name():

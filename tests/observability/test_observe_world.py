@@ -196,8 +196,11 @@ def test_trace_names_the_rank_killed_mid_collective(traced_world):
     _files(directory, 2)
     found = diagnosis.diagnose(directory)
     assert found["missing_files"] == [2]
-    (verdict,) = found["verdict"]
-    assert verdict.startswith("rank 2 left no trace file")
+    # on a loaded machine the survivors' files may tell more (one gave up before the
+    # other arrived: a "late" line); the killed rank's line must be there, whole
+    lines = [v for v in found["verdict"] if v.startswith("rank 2 left no trace file")]
+    assert len(lines) == 1, found["verdict"]
+    (verdict,) = lines
     assert "all_reduce #" in verdict and "ranks 0, 1" in verdict
     assert f" at {_at('the stream')}" in verdict
 

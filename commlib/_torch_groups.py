@@ -151,3 +151,31 @@ def engine_group(group: Any) -> Any:
         True
     """
     return group.inner if is_served(group) else group
+
+
+class TorchNamed:
+    """The name and description torch gives a group written in Python.
+
+    torch names its groups through ``_set_group_name`` / ``_set_group_desc``
+    and reads them back as properties; the C++ side of a Python group keeps
+    neither. Listed before ``ProcessGroup`` among a group class's bases.
+
+    Examples:
+        >>> class Named(TorchNamed): ...
+        >>> g = Named(); g._set_group_name("3"); g.group_name, g.group_desc
+        ('3', '')
+    """
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_desc", "")

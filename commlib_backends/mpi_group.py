@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commlib._torch_groups import TorchNamed
+
 #: the torch.distributed backend name the process groups register under
 TORCH_BACKEND = "mpi4py"
 
@@ -295,7 +297,7 @@ class _TorchWork(dist.Work):
         return future
 
 
-class MPIProcessGroup(dist.ProcessGroup):
+class MPIProcessGroup(TorchNamed, dist.ProcessGroup):  # type: ignore[misc]  # names: see TorchNamed
     """A torch ``ProcessGroup`` whose collectives are MPI's, on :attr:`comm`.
 
     ``calls`` is the commlib ``mpi`` plugin: its methods issue the MPI calls,
@@ -318,21 +320,6 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return TORCH_BACKEND
-
-    # torch names its groups through these; the C++ side of a Python group keeps no name
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def group_name(self) -> str:
-        return getattr(self, "_name", "")
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_desc", "")
 
     def _work(self, work: Any, tensors: list[torch.Tensor]) -> _TorchWork:
         return _TorchWork(work, tensors, self.timeout)

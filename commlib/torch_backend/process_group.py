@@ -30,6 +30,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from commlib import _torch_facts as torch_facts
 from commlib import plugins
+from commlib._torch_groups import TorchNamed
 from commlib.backend import Backend
 from commlib.communicator import Communicator
 from commlib.errors import BackendUnavailableError
@@ -118,7 +119,7 @@ def _done(tensors: list[torch.Tensor]) -> CommlibWork:
     return CommlibWork(None, tensors)
 
 
-class CommlibProcessGroup(dist.ProcessGroup):
+class CommlibProcessGroup(TorchNamed, dist.ProcessGroup):  # type: ignore[misc]  # see TorchNamed
     """A torch ``ProcessGroup`` whose collectives :attr:`communicator` performs.
 
     Made by torch (``init_process_group("commlib-gloo")``, ``new_group(...,
@@ -183,21 +184,6 @@ class CommlibProcessGroup(dist.ProcessGroup):
         inner, self._comm = self.inner, None
         if dist.is_initialized() and inner in torch_facts.group_map():
             dist.destroy_process_group(inner)
-
-    # torch names its groups through these; the C++ side of a Python group keeps no name
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def group_name(self) -> str:
-        return getattr(self, "_name", "")
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_desc", "")
 
     # -- collectives, as torch calls them ---------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CommlibWork:

@@ -1,9 +1,11 @@
 """Every rank of a fault raises a clear error, and every process then exits by itself, soon.
 
-Ranks are plain subprocesses (``tests/reliability/fault_rank.py``), not a reusable world:
-what is measured is the process ending. The process group's own timeout is 30
-minutes, so a process can exit in time only because commlib bounds the
-engine's wait by the communicator's timeout. Each rank prints when its error
+Each rank is a process of its own running ``tests/reliability/fault_rank.py`` as a
+script, not a rank of a reusable world: what is measured is the process ending, through
+the interpreter's own exit. The ranks are forked from one process that imported torch
+once (:mod:`tests.reliability.preimported`), so none pays torch's import. The process
+group's own timeout is 30 minutes, so a process can exit in time only because commlib
+bounds the engine's wait by the communicator's timeout. Each rank prints when its error
 was raised; the test records when its process ended. The seconds are printed
 (``pytest -s``) for the reliability report; the bounds asserted are loose (the
 2 shared cores of CI), the printed numbers are the measurement.
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
-import subprocess
-import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +26,9 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-# slow: each test starts its ranks as fresh processes and waits for them to exit; the
+from tests.reliability.preimported import Preimported
+
+# slow: each test starts its ranks as processes of their own and waits for them to exit; the
 # limit lets a run's own deadline (START + 3 * TIMEOUT + EXIT_WITHIN) speak first
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 
@@ -43,7 +47,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(scenario: str, world: int) -> list[dict]:
+@pytest.fixture(scope="module")
+def launcher():
+    """Rank processes forked from one that imported torch once (:mod:`preimported`)."""
+    with Preimported() as server:
+        yield server
+
+
+def _run(launcher: Preimported, scenario: str, world: int) -> list[dict]:
     """Start ``world`` ranks of ``scenario``; each rank's records, exit code and end time."""
     store = None
     if scenario == "store_host_dies":
@@ -58,45 +69,42 @@ def _run(scenario: str, world: int) -> list[dict]:
             wait_for_workers=False,
         )
         port = store.port
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), scenario, str(r), str(world), str(port), str(TIMEOUT)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for r in range(world)
-    ]
-    ended: dict[int, float] = {}
-    deadline = time.monotonic() + START + 3 * TIMEOUT + EXIT_WITHIN
-    try:
-        while len(ended) < world and time.monotonic() < deadline:
-            for r, p in enumerate(procs):
-                if r not in ended and p.poll() is not None:
-                    ended[r] = time.time()
-            time.sleep(0.02)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()  # ours, by pid: a process that did not end is the failure
-    out = []
-    for r, p in enumerate(procs):
-        stdout, stderr = p.communicate(timeout=30)
-        records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-        out.append(
-            {
-                "rank": r,
-                "records": records,
-                "errors": [x for x in records if "error_type" in x],
-                "returncode": p.returncode,
-                "ended_at": ended.get(r),
-                "stderr": stderr[-3000:],
-                # torch's C++ warnings: each call on a dead store logs one with its stack
-                "warnings": sum("[W" in line for line in stderr.splitlines()),
-                "stderr_lines": len(stderr.splitlines()),
-            }
-        )
+    with tempfile.TemporaryDirectory() as tmp:
+        outputs = [(Path(tmp, f"{r}.out"), Path(tmp, f"{r}.err")) for r in range(world)]
+        pids = [
+            launcher.spawn(
+                SCRIPT,
+                [scenario, str(r), str(world), str(port), str(TIMEOUT)],
+                dict(os.environ),
+                ROOT,
+                *outputs[r],
+            )
+            for r in range(world)
+        ]
+        deadline = time.monotonic() + START + 3 * TIMEOUT + EXIT_WITHIN
+        ended = launcher.wait(pids, deadline)
+        if len(ended) < world:
+            launcher.kill(pids)  # a process that did not end is the failure
+            killed = launcher.wait(pids, time.monotonic() + 30)
+        else:
+            killed = ended
+        out = []
+        for r, pid in enumerate(pids):
+            stdout, stderr = (path.read_text() for path in outputs[r])
+            records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+            out.append(
+                {
+                    "rank": r,
+                    "records": records,
+                    "errors": [x for x in records if "error_type" in x],
+                    "returncode": killed.get(pid, (None, None))[0],
+                    "ended_at": ended[pid][1] if pid in ended else None,
+                    "stderr": stderr[-3000:],
+                    # torch's C++ warnings: each call on a dead store logs one with its stack
+                    "warnings": sum("[W" in line for line in stderr.splitlines()),
+                    "stderr_lines": len(stderr.splitlines()),
+                }
+            )
     del store
     return out
 
@@ -141,9 +149,9 @@ def _ended_by_itself(rank: dict) -> None:
 # Each scenario at an even and an odd size (2 and 3; stuck at 3 and 4, where the ranks
 # are in three different calls): every process here is a fresh one, started for it
 @pytest.mark.parametrize("world", [2, 3])
-def test_baseline_exit_after_a_plain_error(world):
+def test_baseline_exit_after_a_plain_error(launcher, world):
     # what any process takes here to exit after an error: the yardstick for the others
-    ranks = _run("baseline", world)
+    ranks = _run(launcher, "baseline", world)
     _report("baseline", ranks)
     for r in ranks:
         _ended_by_itself(r)
@@ -151,8 +159,8 @@ def test_baseline_exit_after_a_plain_error(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_mismatched_arguments_raise_everywhere_and_nothing_aborts(world):
-    ranks = _run("mismatch", world)
+def test_mismatched_arguments_raise_everywhere_and_nothing_aborts(launcher, world):
+    ranks = _run(launcher, "mismatch", world)
     _report("mismatch", ranks)
     messages = set()
     for r in ranks:
@@ -166,8 +174,8 @@ def test_mismatched_arguments_raise_everywhere_and_nothing_aborts(world):
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_stuck_in_different_collectives_times_out_then_exits(world):
-    ranks = _run("stuck", world)
+def test_stuck_in_different_collectives_times_out_then_exits(launcher, world):
+    ranks = _run(launcher, "stuck", world)
     _report("stuck", ranks)
     for r in ranks:
         _ended_by_itself(r)
@@ -177,8 +185,8 @@ def test_stuck_in_different_collectives_times_out_then_exits(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_retry_after_a_timeout_raises_at_once_and_late_ranks_do_not_pair(world):
-    ranks = _run("retry", world)
+def test_retry_after_a_timeout_raises_at_once_and_late_ranks_do_not_pair(launcher, world):
+    ranks = _run(launcher, "retry", world)
     _report("retry", ranks)
     first, again = ranks[0]["errors"]
     assert (first["phase"], first["error_type"]) == ("first", "CommTimeoutError"), ranks[0]
@@ -196,8 +204,8 @@ def test_retry_after_a_timeout_raises_at_once_and_late_ranks_do_not_pair(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_killed_rank_lets_every_survivor_raise_and_exit(world):
-    ranks = _run("killed", world)
+def test_a_killed_rank_lets_every_survivor_raise_and_exit(launcher, world):
+    ranks = _run(launcher, "killed", world)
     _report("killed", ranks)
     victim = ranks[-1]
     assert victim["returncode"] == -9 and not victim["errors"], victim
@@ -214,8 +222,8 @@ def test_a_killed_rank_lets_every_survivor_raise_and_exit(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_killed_rank_0_is_named_too(world):
-    ranks = _run("killed_first", world)
+def test_a_killed_rank_0_is_named_too(launcher, world):
+    ranks = _run(launcher, "killed_first", world)
     _report("killed-first", ranks)
     assert ranks[0]["returncode"] == -9 and not ranks[0]["errors"], ranks[0]
     for r in ranks[1:]:
@@ -229,8 +237,8 @@ def test_a_killed_rank_0_is_named_too(world):
 
 
 @pytest.mark.parametrize("world", [3])
-def test_shrink_says_when_the_store_died_with_rank_0(world):
-    ranks = _run("store_host_dies", world)
+def test_shrink_says_when_the_store_died_with_rank_0(launcher, world):
+    ranks = _run(launcher, "store_host_dies", world)
     _report("store-host-dies", ranks)
     assert ranks[0]["returncode"] == -9
     for r in ranks[1:]:
@@ -245,7 +253,7 @@ def test_shrink_says_when_the_store_died_with_rank_0(world):
 @pytest.mark.parametrize(
     "scenario", ["held_then_destroyed", "held_at_exit", "future_pending_at_exit"]
 )
-def test_a_communicator_held_until_exit_lets_the_process_exit_cleanly(scenario):
+def test_a_communicator_held_until_exit_lets_the_process_exit_cleanly(launcher, scenario):
     # a communicator the script still holds when it exits used to be the last
     # reference to its group, destroyed during C++ teardown: SIGABRT ("terminate
     # called without an active exception") in about half of the runs; commlib
@@ -253,7 +261,7 @@ def test_a_communicator_held_until_exit_lets_the_process_exit_cleanly(scenario):
     # run at once: their ranks' waits (the group's start, the exit) overlap, and the
     # race was seen more often on a busy machine, not less
     with ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(lambda _: _run(scenario, 2), range(3)))
+        runs = list(pool.map(lambda _: _run(launcher, scenario, 2), range(3)))
     aborted = [r for ranks in runs for r in ranks if r["returncode"] != 0]
     if scenario == "future_pending_at_exit":
         # gloo's work still pending in its own thread when the process ends: on a loaded

@@ -57,18 +57,28 @@ def _ddp(seconds: float) -> tuple[DDP, torch.optim.Optimizer]:
     return net, torch.optim.SGD(net.parameters(), lr=0.1)
 
 
-def _one_rank_elsewhere(comm) -> str:
-    ddp, opt = _ddp(8.0)
+def _one_rank_elsewhere(comm, directory: str) -> str:
+    ddp, opt = _ddp(5.0)
     for _ in range(2):  # steps every rank takes (DDP orders its buckets after the first)
         ddp(torch.randn(4, 8)).sum().backward()
         opt.step()
+    gave_up = [Path(directory, f"gave-up-{r}") for r in (0, 1)]
     if dist.get_rank() == 2:
-        time.sleep(20)  # rank 2 is elsewhere
+        # away until ranks 0 and 1 gave up, then a second more: their errors come up once
+        # this rank wrote its file for them (or their patience ran out), and its watcher
+        # answers within a poll (0.5 s). Not a fixed sleep: as long as needed, no longer
+        deadline, leave = time.monotonic() + 90, None
+        while time.monotonic() < (leave or deadline):
+            if leave is None and all(p.exists() for p in gave_up):
+                leave = time.monotonic() + 1.0
+            time.sleep(0.05)  # rank 2 is elsewhere
         return "slept"
     try:
         ddp(torch.randn(4, 8)).sum().backward()  # the step rank 2 misses
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
+    finally:
+        gave_up[dist.get_rank()].touch()
     return "no error"
 
 
@@ -76,7 +86,7 @@ def test_trace_of_a_hung_ddp_step_names_the_bucket_all_reduce_and_where_the_rank
     traced, capsys
 ):
     world, directory = traced
-    results = world.run(_one_rank_elsewhere, timeout=120)
+    results = world.run(_one_rank_elsewhere, str(directory), timeout=120)
     assert results[2] == "slept"
     for text in results[:2]:
         assert "CommTimeoutError" in text and "all_reduce" in text and "rank 2" in text, text

@@ -351,7 +351,8 @@ class MPICalls(EngineGaps):
             self._counted(send, in_sizes), self._counted(into, out_sizes)
         )
         then = None if run is not None else _copy_out(into, output_list, out_sizes)
-        return finish(MPIWork([request], then, keep=(send, into)), async_op)
+        # (every rank calls Ialltoallv, whatever its sizes: MPI needs the same call on all)
+        return finish(MPIWork([request], then, keep=(send, into), busy=True), async_op)
 
     def all_to_all_single(
         self,
@@ -366,13 +367,14 @@ class MPICalls(EngineGaps):
         world = comm.Get_size()
         out_sizes = _split_bytes(output, output_split_sizes, world)
         in_sizes = _split_bytes(input, input_split_sizes, world)
-        if output_split_sizes is None and input_split_sizes is None:
+        even = output_split_sizes is None and input_split_sizes is None
+        if even:
             request = comm.Ialltoall(self._raw(input), self._raw(output))
         else:
             request = comm.Ialltoallv(
                 self._counted(input, in_sizes), self._counted(output, out_sizes)
             )
-        return finish(MPIWork([request], keep=(output, input)), async_op)
+        return finish(MPIWork([request], keep=(output, input), busy=not even), async_op)
 
     def _counted(self, tensor: torch.Tensor, sizes: list[int]) -> list[Any]:
         raw = self._raw(tensor)

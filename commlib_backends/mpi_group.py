@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import math
 import os
 import socket
 import sys
@@ -133,6 +134,9 @@ def launched_by_mpi() -> bool:
 # -- work handles ----------------------------------------------------------------------
 #: from this many bytes a wait polls at most _LARGE_PAUSE apart (see MPIWork._poll)
 _LARGE, _LARGE_PAUSE = 256 << 10, 50e-6
+#: a wait spins this long before it pauses between polls; a ``busy`` work's waits
+#: yield the core between polls (no sleep) for their first _BUSY_FOR seconds
+_SPIN, _BUSY_FOR = 1e-3, 0.1
 
 
 def _bytes_of(kept: Any) -> int:
@@ -157,6 +161,9 @@ class MPIWork:
     complete or the time is up; then it raises ``RuntimeError("... Operation
     timed out ...")`` and the requests stay pending: only the wait gave up
     (commlib's ``interruptible_wait``). ``then`` runs once, when they completed.
+    ``busy``: MPI moves the request's data only while it is polled, a step a
+    poll (MPICH's ``Ialltoallv``), so its wait yields the core between polls
+    instead of sleeping.
 
     Examples:
         >>> work = MPIWork([mpi().COMM_SELF.Ibarrier()])  # doctest: +SKIP
@@ -165,14 +172,22 @@ class MPIWork:
     """
 
     interruptible = True
-    __slots__ = ("keep", "requests", "then")
+    __slots__ = ("keep", "requests", "then", "yield_until")
 
     def __init__(
-        self, requests: Sequence[Any], then: Callable[[], Any] | None = None, keep: Any = None
+        self,
+        requests: Sequence[Any],
+        then: Callable[[], Any] | None = None,
+        keep: Any = None,
+        *,
+        busy: bool = False,
     ):
         self.requests = list(requests)
         self.then = then
         self.keep = keep  # buffers MPI reads or writes until the requests complete
+        # a busy request's waits yield until this time (set when first polled): over all
+        # its waits, the engine's slices each being one
+        self.yield_until = math.inf if busy else 0.0
 
     def _done(self) -> bool:
         if not self.requests:
@@ -203,6 +218,9 @@ class MPIWork:
     def _poll(self, seconds: float) -> None:
         start = time.monotonic()
         deadline = start + seconds
+        if self.yield_until == math.inf:
+            self.yield_until = start + _BUSY_FOR
+        yield_until = self.yield_until
         pause = 0.0
         longest: float | None = None
         while not self._done():
@@ -216,9 +234,13 @@ class MPIWork:
             # spin for the first millisecond (small collectives end within it), then
             # sleep a little longer each time, so waiting ranks leave the cores to others;
             # MPI moves data only inside its calls (MPICH's shared memory, in chunks), so
-            # a large transfer polls often: at most 50 us apart, not 1 ms (a 16 MiB
-            # Ialltoallv took ten times Wait's time at 1 ms)
-            if now - start > 0.001:
+            # a large transfer polls often: at most 50 us apart, not 1 ms. A busy request
+            # advances a step a poll: any sleep between polls gates it (raw mpi4py, 2
+            # ranks, 16 MiB Ialltoallv: polls 20 us apart 98 ms, yielding 9 ms, Wait 3-7
+            # ms; Ialltoall polled 20 us apart 2 ms), so it yields the core instead
+            if now < yield_until:
+                _yield()
+            elif now - start > _SPIN:
                 if longest is None:
                     longest = _LARGE_PAUSE if _bytes_of(self.keep) >= _LARGE else 1e-3
                 pause = min(max(pause * 2, 20e-6), longest, max(deadline - now, 0.0))
@@ -226,6 +248,10 @@ class MPIWork:
 
     def is_completed(self) -> bool:
         return self._done()
+
+
+#: give the core to another runnable thread or process, if any, and come back at once
+_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def finish(work: MPIWork, async_op: bool) -> MPIWork | None:

@@ -31,6 +31,7 @@ if importlib.util.find_spec("mpi4py") is None:
     pytest.skip("mpi4py is not installed (pip install 'commlib[mpi]')", allow_module_level=True)
 
 from commlib_backends import mpi as mpi_backend
+from commlib_backends import mpi_group
 from commlib_backends.mpi import MPIBackend
 
 
@@ -112,6 +113,66 @@ def test_tensors_back_to_back_in_one_buffer_travel_in_place():
     assert run is not None and run.data_ptr() == whole.data_ptr() and run.numel() == 48
     assert mpi_backend._run_of([torch.ones(4), torch.ones(4)]) is None
     assert mpi_backend._run_of(list(whole.view(4, 3).t().unbind(0))) is None
+
+
+class _Request:
+    """An MPI request that completes at its ``polls``-th ``Test``."""
+
+    def __init__(self, polls: int):
+        self.left = polls
+
+    def Test(self) -> bool:
+        self.left -= 1
+        return self.left <= 0
+
+
+class _Clock:
+    """``time`` for MPIWork's polls: each look at the clock is ``step`` seconds later."""
+
+    def __init__(self, step: float):
+        self.now, self.step, self.slept = 0.0, step, []
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _polled(monkeypatch, work, *waits: float) -> tuple[_Clock, list[int], list[str]]:
+    clock, yields, outcomes = _Clock(step=0.5e-3), [], []
+    monkeypatch.setattr(mpi_group, "time", clock)
+    monkeypatch.setattr(mpi_group, "_yield", lambda: yields.append(1))
+    for seconds in waits:
+        try:
+            work.wait(datetime.timedelta(seconds=seconds))
+            outcomes.append("done")
+        except RuntimeError as exc:
+            outcomes.append("timed out" if "timed out" in str(exc) else str(exc))
+    return clock, yields, outcomes
+
+
+def test_a_busy_request_is_polled_without_sleeps_and_others_sleep_between_polls(monkeypatch):
+    # MPICH's Ialltoallv moves a step a poll: a sleep between polls gates it
+    busy = mpi_group.MPIWork([_Request(polls=100)], busy=True)
+    clock, yields, outcomes = _polled(monkeypatch, busy, 10.0)
+    assert outcomes == ["done"] and clock.slept == [] and len(yields) >= 90
+    plain = mpi_group.MPIWork([_Request(polls=100)])
+    clock, yields, outcomes = _polled(monkeypatch, plain, 10.0)
+    assert outcomes == ["done"] and yields == [] and len(clock.slept) > 90
+    assert max(clock.slept) == 1e-3  # a small transfer: up to 1 ms a pause
+
+
+def test_a_busy_request_yields_for_a_while_over_all_its_waits_then_sleeps(monkeypatch):
+    # the engine waits in slices, each one wait: the yielding ends _BUSY_FOR after the first
+    work = mpi_group.MPIWork([_Request(polls=2_000)], busy=True)
+    clock, yields, outcomes = _polled(monkeypatch, work, 0.05, 0.05, 10.0)
+    assert outcomes == ["timed out", "timed out", "done"]
+    most = mpi_group._BUSY_FOR / clock.step
+    assert 0.9 * most <= len(yields) <= most
+    assert clock.slept and min(clock.slept) > 0
 
 
 # -- the conformance kit, one mpiexec per world size -------------------------------------

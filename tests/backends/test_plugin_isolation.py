@@ -5,7 +5,8 @@ Three really installed distributions (dist-info on a temporary path, found by
 raises ImportError, one whose hook raises, and two that offer the same backend
 name. Each becomes a row of ``commlib info`` saying why, and an error only for
 whoever selects it; gloo, single and ``init_dist`` keep working, in worlds of
-1 to 4 ranks (each rank a process that found the broken plugins).
+1, 2 and 3 ranks (each rank a process that found the broken plugins: one rank, and
+an even and an odd world; 4 ranks proved nothing 3 did not, for 4 more processes).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_selecting_a_broken_backend_is_the_only_error(site, world):
     port = str(_free_port())
     procs = [

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlib import _lanes
+from commlib import _lanes, _steps
 from commlib._rooms import HEADER, Rooms, learn_cap, need_of
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     import datetime
 
     from commlib._engine import Engine
+    from commlib._lanes import Lanes
+    from commlib.backend import DirectCall
 
 MAX_DIMS = 31
 _HEADER = 36  # int64 fields: ok, dtype, ndim, nbytes, dims...; 288 bytes keeps data aligned
@@ -54,6 +56,7 @@ _COMPACT = 2
 # gathered slots up to this many bytes land in a bytearray, larger ones in torch.empty
 _ZEROED_UP_TO = 64 << 10
 _HEADS = struct.Struct(f"<{_HEADER}q")
+_STRIDED = torch.strided
 _ROOT = _HEADER - 1  # the field after the largest shape: a gather's dst
 
 
@@ -66,13 +69,25 @@ class _Layout:
     makes its own once per layout).
     """
 
-    __slots__ = ("areas", "compact", "header", "nbytes", "offset", "sizes", "status", "strides")
+    __slots__ = (
+        "areas",
+        "compact",
+        "header",
+        "key",
+        "nbytes",
+        "offset",
+        "sizes",
+        "status",
+        "strides",
+    )
 
     def __init__(
         self, tensor: torch.Tensor, status: int, dst: int | None, slot: SentSlot, world: int
     ):
         ok = tensor.dim() <= MAX_DIMS
         nbytes = tensor.numel() * tensor.element_size()
+        #: the kind of call, as :meth:`_Slots.layout` and :func:`steady` look it up
+        self.key = (tensor.dtype, tensor.shape, status, dst)
         status = status if ok else TOO_MANY_DIMS
         fields = [status, dtype_code(tensor.dtype), tensor.dim(), nbytes]
         fields += list(tensor.shape) if ok else []
@@ -105,7 +120,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Slots:
     """One engine's sent slot (:class:`SentSlot`) and the layouts of the calls seen."""
 
-    __slots__ = ("apart", "cap", "first", "header", "layouts", "sent", "spare", "world")
+    __slots__ = ("apart", "cap", "first", "header", "layouts", "sent", "spare", "steady", "world")
 
     def __init__(self, engine: Engine, size: int):
         copies = copies_of(engine.world_size, size, engine.on_cpu)
@@ -123,6 +138,8 @@ class _Slots:
         #: a small host landing buffer (bytes, tensor) no result refers to, for the
         #: next round: a call whose results are views of its buffer keeps it instead
         self.spare: tuple[bytearray, torch.Tensor] | None = None
+        #: the prepared rounds of steady calls (:class:`_Steady`), by kind of call
+        self.steady: dict[tuple[Any, ...], _Steady] = {}
 
     def give_back(self, gathered: torch.Tensor, raw: Any) -> None:
         """Keep ``gathered`` (over ``raw``) for the next round: nothing refers to it now."""
@@ -248,12 +265,239 @@ def exchange(
                 layout.sizes, layout.strides, layout.offset
             )
             if layout.compact:
+                if timeout is None and rooms is not None and isinstance(raw, bytearray):
+                    # the next such call takes this round's buffer and views as they are
+                    _prepare(engine, slots, layout, rooms, need, size, room, raw, gathered, every)
+                else:
+                    slots.give_back(gathered, raw)
                 every = every.clone()  # one op: the results no longer hold the slots
-                slots.give_back(gathered, raw)
             return shapes, list(every.unbind(0)), tensor.dtype
     heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
     return _settle(
         engine, tensor, what, heads, gathered, size, rooms, shapes_only, adapt_empty, dst
+    )
+
+
+class _Steady:
+    """A steady kind of call's round, prepared: the next such call sends and reads it as is.
+
+    Made by :func:`exchange` after a call whose every rank sent this rank's
+    header with data that rode in a compact slot (its results are copies),
+    over the engine's own round (a direct call): the gathered buffer, the view
+    of every rank's data in it and what reads every rank's header from it are
+    kept, so the next call of that kind (:func:`steady`) costs the copy into
+    the slot, the round, one comparison of the headers and the copy out.
+    Valid while the slot's size is the same: the same learnt room and the
+    same communicator slot.
+    """
+
+    __slots__ = (
+        "area",
+        "args",
+        "every",
+        "expected",
+        "gathered",
+        "header",
+        "heads",
+        "lane",
+        "learnt",
+        "need",
+        "raw",
+        "room",
+        "rooms",
+        "teaches",
+    )
+
+    def __init__(
+        self,
+        slots: _Slots,
+        layout: _Layout,
+        lane: DirectCall,
+        rooms: Rooms,
+        need: int,
+        room: int,
+        raw: bytearray,
+        gathered: torch.Tensor,
+        every: torch.Tensor,
+    ):
+        assert layout.areas is not None  # (the data rides in the slot)
+        self.header, self.area, self.lane, self.rooms = (
+            layout.header,
+            layout.areas.every,
+            lane,
+            rooms,
+        )
+        #: the slot's size follows from these two: a call with others sizes it anew
+        self.learnt, self.room = rooms.learnt, room
+        self.need = need
+        #: whether a steady call still teaches the rooms (see exchange): they shrink
+        self.teaches = not need <= rooms.learnt <= 2 * need or need > slots.cap
+        self.raw, self.gathered, self.every = raw, gathered, every
+        #: the direct call's arguments: the engine's exchange of the rows, or its gather
+        #: of the first
+        self.args: tuple[Any, ...] = (
+            (gathered, slots.sent.rows, [], []) if slots.apart else (gathered, slots.first)
+        )
+        world, size = slots.world, slots.sent.size
+        #: every rank's header in the gathered slots, read in one step, and this rank's
+        #: header as often: equal when every rank made this call
+        gap = size - _HEADER_BYTES
+        self.heads = struct.Struct(f"{_HEADER_BYTES}s{gap}x" * (world - 1) + f"{_HEADER_BYTES}s")
+        self.expected = (layout.header,) * world
+
+
+def _prepare(
+    engine: Engine,
+    slots: _Slots,
+    layout: _Layout,
+    rooms: Rooms,
+    need: int,
+    size: int,
+    room: int,
+    raw: bytearray,
+    gathered: torch.Tensor,
+    every: torch.Tensor,
+) -> None:
+    """Keep this steady round (``gathered`` over ``raw``, ``every`` its data) for the next one."""
+    lane = _lanes.round_lane(engine, size, slots.apart)
+    if lane is None or rooms.slot_bytes(_HEADER_BYTES + room) != size:
+        slots.give_back(gathered, raw)  # sized anew next call: nothing to prepare
+        return
+    steady = slots.steady
+    if len(steady) >= LAYOUTS:
+        steady.clear()
+    steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, raw, gathered, every)
+
+
+def steady_gather(
+    lanes: Lanes, tensor: Any, dst: Any, timeout: Any, slot_size: int
+) -> list[torch.Tensor] | tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype] | None:
+    """``Communicator.gather``'s fast entry: :func:`steady` where it may serve the call.
+
+    A blocking call with the communicator's timeout, a plain strided CPU
+    tensor, ``dst`` an int (a kind found prepared was validated before).
+
+    Examples:
+        >>> steady_gather(comm._lanes, torch.ones(2), 0, None, comm.slot_size) is None
+        True
+    """
+    engine = lanes.engine
+    if (
+        engine is None
+        or timeout is not None
+        or type(tensor) not in _lanes.PLAIN
+        or type(dst) is not int
+        or _steps.unfinished
+        or not tensor.is_cpu
+        or tensor.layout is not _STRIDED
+    ):
+        return None
+    return steady(engine, tensor, "gather", GATHER_TO, dst, slot_size)
+
+
+def steady_all_gather(
+    lanes: Lanes, tensor: Any, timeout: Any, adapt_empty: bool, slot_size: int
+) -> list[torch.Tensor] | tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype] | None:
+    """``Communicator.all_gather``'s fast entry: :func:`steady` where it may serve the call.
+
+    As :func:`steady_gather`, for a communicator that does not check
+    ``all_gather``; this rank's own entry of the result is ``tensor`` itself.
+
+    Examples:
+        >>> steady_all_gather(comm._lanes, torch.ones(2), None, False, comm.slot_size) is None
+        True
+    """
+    engine = lanes.engine
+    if (
+        engine is None
+        or timeout is not None
+        or type(tensor) not in _lanes.PLAIN
+        or _steps.unfinished
+        or "all_gather" in lanes.checked
+        or not tensor.is_cpu
+        or tensor.layout is not _STRIDED
+    ):
+        return None
+    status = GATHER_ADAPTING if adapt_empty else GATHER
+    found = steady(engine, tensor, "all_gather", status, None, slot_size)
+    if type(found) is list:
+        found[engine.rank] = tensor  # autograd flows through this rank's own entry
+    return found
+
+
+def steady(
+    engine: Engine, tensor: torch.Tensor, what: str, status: int, dst: int | None, slot_size: int
+) -> list[torch.Tensor] | tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype] | None:
+    """A call of a steady kind in its prepared round, or ``None`` (nothing sent).
+
+    ``tensor``: a plain, strided CPU tensor on an engine on the CPU, the
+    call's timeout the communicator's; ``status`` and ``dst`` as
+    :func:`exchange` sends them, ``slot_size`` the communicator's. Returns
+    every rank's tensor (new tensors; ``[]`` on a gather's other ranks) when
+    every rank sent this rank's header, as :func:`exchange` would have; where
+    one did not, what :func:`exchange` returns for the round, for the caller
+    to go on from (or the same error on every rank). ``None``: no prepared
+    round for this kind and slot: the caller goes the whole way.
+
+    Examples:
+        >>> steady(engine, torch.ones(2), "all_gather", GATHER, None, 4096) is None  # none yet
+        True
+    """
+    slots: _Slots | None = engine.kept.get("ragged")
+    if slots is None:
+        return None
+    key = (tensor.dtype, tensor.shape, status, dst)
+    found = slots.steady.get(key)
+    if found is None:
+        return None
+    rooms, lane = found.rooms, found.lane
+    pending = lane.unless_in
+    if (
+        rooms.learnt != found.learnt
+        or (slot_size - _HEADER_BYTES) // 16 * 16 != found.room
+        or (pending and engine.group in pending)
+    ):
+        return None
+    if found.header is not slots.header:
+        slots.head(found.header)
+    # (a tensor that requires grad is sent as its data, as Engine.to_device does)
+    found.area.copy_(tensor.detach() if tensor.requires_grad else tensor)
+    engine.direct(what, lane, *found.args)
+    if found.heads.unpack_from(found.raw) != found.expected:
+        # the results may be views of this buffer: it is theirs now
+        del slots.steady[key]
+        return _unsteady(engine, tensor, what, found, slots.sent.size, status, dst)
+    if rooms.smaller or found.teaches:
+        rooms.learn(found.need, engine.world_size)
+    if dst is not None and engine.rank != dst:
+        return []
+    return list(found.every.clone().unbind(0))
+
+
+def _unsteady(
+    engine: Engine,
+    tensor: torch.Tensor,
+    what: str,
+    found: _Steady,
+    size: int,
+    status: int,
+    dst: int | None,
+) -> tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype]:
+    """:func:`steady`'s round where some rank sent another header: as :func:`exchange` ends."""
+    raw = found.raw
+    heads = [_HEADS.unpack_from(raw, at) for at in range(0, len(raw), size)]
+    adapt_empty = status == GATHER_ADAPTING
+    return _settle(
+        engine,
+        tensor.detach(),
+        what,
+        heads,
+        found.gathered,
+        size,
+        found.rooms,
+        False,
+        adapt_empty,
+        dst,
     )
 
 

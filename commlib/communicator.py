@@ -647,6 +647,11 @@ class Communicator:
             [tensor([0])]
             >>> # on 2 ranks, each rank gets: [tensor([0]), tensor([0, 1])]
         """
+        found = _ragged.steady_all_gather(
+            self._lanes, tensor, timeout, adapt_empty, self._slot_size
+        )
+        if isinstance(found, list):  # a steady kind of call: its prepared round
+            return found
         engine = self._member("all_gather")
         if not isinstance(tensor, torch.Tensor):
             return _nested.all_gather(self, tensor, timeout)
@@ -661,7 +666,8 @@ class Communicator:
         )
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
-        shapes, out, dtype = _ragged.exchange(
+        # (a prepared round that found shapes that differ: its exchange, to go on from)
+        shapes, out, dtype = found or _ragged.exchange(
             engine,
             work_t,
             "all_gather",
@@ -776,13 +782,17 @@ class Communicator:
             >>> comm.gather(torch.arange(comm.rank + 1))   # uneven: [tensor([0]), tensor([0, 1])]
             [tensor([0])]
         """
+        found = _ragged.steady_gather(self._lanes, tensor, dst, timeout, self._slot_size)
+        if isinstance(found, list):  # a steady kind of call: its prepared round
+            return found
         engine = self._member("gather")
         check.tensor(tensor, "tensor")
         check.rank_in_range(dst, engine.world_size, "dst")
         work_t = engine.to_device(tensor)
         is_dst = engine.rank == dst
         limit = as_timedelta(timeout)
-        shapes, parts, _ = _ragged.exchange(
+        # (a prepared round that found shapes that differ: its exchange, to go on from)
+        shapes, parts, _ = found or _ragged.exchange(
             engine,
             work_t,
             "gather",

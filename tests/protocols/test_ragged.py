@@ -311,3 +311,93 @@ def test_what_the_direct_call_does_not_take(fake8):
         assert direct.call_count == 0
     if _fake_fills_all_to_all(comm):  # what was sent, where torch's fake group sends at all
         assert [t.tolist() for t in uneven] == [[2.0] * (j + 1) for j in range(8)]
+
+
+# -- a steady kind of call: its prepared round (commlib._ragged.steady) -------------------
+
+
+def _on_steady_then_changed(comm: Communicator):
+    # every rank prepares the round of a steady kind; then one rank alone changes its
+    # shape, its dtype, or refuses: the ranks still in the prepared round find out from
+    # the headers and end the call as the whole way would
+    comm = Communicator(comm.group, strict=False)
+    r, n = comm.rank, comm.world_size
+    last = n - 1
+    out: dict = {}
+
+    def equal(step: int) -> torch.Tensor:
+        return torch.arange(3.0) + 10 * r + 100 * step
+
+    def listed(tensors):
+        return [t.tolist() for t in tensors]
+
+    for step in range(3):
+        out.setdefault("steady", []).append(
+            (listed(comm.all_gather(equal(step))), listed(comm.gather(equal(step), dst=0)))
+        )
+    longer = torch.arange(5.0) + 10 * r if r == last else equal(0)
+    out["uneven"] = (listed(comm.all_gather(longer)), listed(comm.gather(longer, dst=0)))
+    comm.all_gather(equal(0))
+    comm.gather(equal(0), dst=0)
+    odd = equal(0).double() if r == last else equal(0)
+    out["dtype"] = (_caught(comm.all_gather, odd), _caught(comm.gather, odd, dst=0))
+    comm.gather(equal(0), dst=0)
+    out["refused"] = _caught(comm.gather, "not a tensor" if r == 0 else equal(0), dst=0)
+    comm.gather(equal(0), dst=0)
+    out["dst"] = _caught(comm.gather, equal(0), dst=last if r == last else 0)
+    # after each of them the kind is steady again, its own entry the caller's tensor
+    mine = equal(7).requires_grad_()
+    got = comm.all_gather(mine)
+    got = comm.all_gather(mine)
+    out["own"] = got[r] is mine
+    sum(t.sum() for t in got).backward()
+    out["grad"] = mine.grad.tolist()
+    out["after"] = listed(got), listed(comm.gather(equal(7), dst=last))
+    comm.slot_size = 8192  # another slot: the prepared round is not this call's
+    out["slot"] = listed(comm.all_gather(equal(8)))
+    return out
+
+
+def test_a_steady_kind_meets_a_rank_that_changed(world):
+    n = world.size
+    for r, got in enumerate(world.run(_on_steady_then_changed)):
+        for step, (gathered, to_zero) in enumerate(got["steady"]):
+            every = [(torch.arange(3.0) + 10 * q + 100 * step).tolist() for q in range(n)]
+            assert gathered == every and to_zero == (every if r == 0 else [])
+        uneven = [(torch.arange(5.0 if q == n - 1 else 3.0) + 10 * q).tolist() for q in range(n)]
+        assert got["uneven"] == (uneven, uneven if r == 0 else [])
+        after = [(torch.arange(3.0) + 10 * q + 700).tolist() for q in range(n)]
+        assert got["after"] == (after, after if r == n - 1 else [])
+        assert got["own"] and got["grad"] == [1.0, 1.0, 1.0]
+        assert got["slot"] == [(torch.arange(3.0) + 10 * q + 800).tolist() for q in range(n)]
+        if n == 1:
+            assert got["dtype"] == (None, None) and got["dst"] is None
+            assert got["refused"][0] == "TypeError"
+            continue
+        for caught in got["dtype"]:
+            assert caught[0] == "remote" and "torch.float64" in caught[1]
+        assert got["refused"][0] == "remote" and "rank 0 refused" in got["refused"][1]
+        assert got["dst"][0] == "remote" and f"dst={n - 1}" in got["dst"][1]
+
+
+def test_a_steady_kind_takes_its_prepared_round(fake8):
+    from commlib import _ragged
+
+    comm, engine = fake8, fake8._engine
+    x = torch.arange(4.0)
+    comm.all_gather(x)
+    comm.gather(x, 0)
+    with (
+        _counted(engine) as direct,
+        mock.patch.object(_ragged, "exchange", wraps=_ragged.exchange) as whole,
+    ):
+        for _ in range(3):
+            got = comm.all_gather(x)
+            assert got[0] is x and [t.tolist() for t in got[1:]] == [x.tolist()] * 7
+            # results are copies: none holds the round's buffer, kept for the next call
+            assert all(t.untyped_storage().nbytes() == 8 * x.nbytes for t in got[1:])
+            assert [t.tolist() for t in comm.gather(x, 0)] == [x.tolist()] * 8
+        assert direct.call_count == 6 and whole.call_count == 0
+        comm.all_gather(x, timeout=5)  # a timeout of its own: the whole way
+        comm.all_gather(x.to(torch.float64))  # a kind not seen yet: the whole way
+        assert whole.call_count == 2

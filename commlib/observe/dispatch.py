@@ -23,7 +23,6 @@ collective goes on.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import sys
@@ -43,7 +42,7 @@ from commlib._manager import registered_at, registrations
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle, ResultHandle
 from commlib.observe import builtin
-from commlib.observe.call_site import CallSite, caller_of
+from commlib.observe.call_site import caller_of
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
 if TYPE_CHECKING:
@@ -255,17 +254,11 @@ class _Arguments:
         return find
 
 
-# every field of an event with its default, in the class's order: what each new
-# event's attributes start from (peers, whose default is a new dict, is set per event)
-_EVENT_DEFAULTS: dict[str, Any] = {
-    f.name: None if f.default is dataclasses.MISSING else f.default
-    for f in dataclasses.fields(CollectiveEvent)
-}
-_new_event = CollectiveEvent.__new__
-# where an engine keeps a collective's event template (Engine.kept), before its name
+# where an engine keeps a collective's event facts (Engine.kept), before its name
 _TEMPLATES = "commlib.observe.event:"
 # a position no call's arguments reach: the argument was not passed positionally
 _NOWHERE = sys.maxsize
+_POINT_TO_POINT = _catalog.POINT_TO_POINT
 
 # time.time() at a time.perf_counter() reading is the reading plus this offset,
 # taken again each second (the wall clock may be set meanwhile): an event's start
@@ -283,37 +276,34 @@ def _wall_time(t: float) -> float:
     return t + _wall_offset
 
 
-def _bases(engine: Engine, collective: _Collective) -> dict[Any, dict[str, Any]]:
+#: what every event of a collective on an engine shares, in the order
+#: :meth:`_Live.__call__` unpacks it: name, group, group ranks, rank, uniform,
+#: shapes, dtypes, bytes
+_Facts = tuple[str, str, tuple[int, ...], int, bool, tuple[Any, ...], tuple[str, ...], int]
+
+
+def _bases(engine: Engine, collective: _Collective) -> dict[Any, _Facts]:
     """Where ``collective``'s events on ``engine`` start from, made once per engine.
 
-    Under ``None``: the attributes every event shares (group, ranks, name,
-    the defaults); under a tensor payload's ``(shape, dtype)``: the same with
-    that tensor's facts, made the first time a call passes it (bytes are
-    elements times element size whatever the strides, so the two say it all).
+    Under ``None``: the facts every event shares (group, ranks, name, rank,
+    uniform) with no payload; under a tensor payload's ``(shape, dtype)``: the
+    same with that tensor's facts, made the first time a call passes it (bytes
+    are elements times element size whatever the strides, so the two say it all).
     """
     group, ranks = _group_label(engine)
-    shared = dict(_EVENT_DEFAULTS)
-    shared.update(
-        name=collective.name,
-        group=group,
-        group_ranks=ranks,
-        rank=engine.rank,
-        uniform=collective.uniform,
-    )
-    found = engine.kept[collective.key] = {None: shared}
+    shared: _Facts = (collective.name, group, ranks, engine.rank, collective.uniform, (), (), 0)
+    found: dict[Any, _Facts] = {None: shared}
+    engine.kept[collective.key] = found
     return found
 
 
-def _with_facts(
-    bases: dict[Any, dict[str, Any]], key: Any, tensor: torch.Tensor
-) -> dict[str, Any]:
-    """The base of events passing ``tensor`` (``key``: its shape and dtype), made now."""
+def _with_facts(bases: dict[Any, _Facts], key: Any, tensor: torch.Tensor) -> _Facts:
+    """The facts of events passing ``tensor`` (``key``: its shape and dtype), made now."""
     if len(bases) > _BASES_KEPT:  # shapes that keep changing: start again
         shared = bases[None]
         bases.clear()
         bases[None] = shared
-    found = bases[None].copy()
-    found["shapes"], found["dtypes"], found["nbytes"] = payload_facts(tensor)
+    found = bases[None][:5] + payload_facts(tensor)
     bases[key] = found
     return found
 
@@ -399,17 +389,19 @@ class _Collective:
         if engine is None or engine.observed is not None:
             # a non-member (the method raises), or a collective inside another
             return self.guarded(comm, *args, **kwargs)
-        # the span's attributes set here, not in an __init__: one Python call less
-        span = _new_span(_Span)
-        span.t0 = t0 = _perf_counter()
-        span.collective, span.observers, span.engine = self, observers, engine
-        span.comm, span.args, span.kwargs = comm, args, kwargs
-        span.event = None
+        # the event is made now and is the span until the collective starts (the
+        # engine calls it back at its first call): one object a call, its slots set
+        # here, not in an __init__ (one Python call less)
+        live = _new_live(_Live)
+        live._t0 = t0 = _perf_counter()
+        live._collective, live._observers, live._engine = self, observers, engine
+        live.communicator, live._args, live._kwargs = comm, args, kwargs
+        live.state = ""  # not started (yet)
         # from the wrapper's caller: a program's direct call is found at once
-        span.site = caller_of(sys._getframe(2)) if observers.call_sites else None
-        engine.observed = span
+        live.call_site = caller_of(sys._getframe(2)) if observers.call_sites else None
+        engine.observed = live
         if observers.any:
-            engine.on_call = span.begin
+            engine.on_call = live
         refuse = self.refuse
         before = engine.seq
         try:
@@ -433,85 +425,87 @@ class _Collective:
                     refuse(comm, engine, exc, kwargs)
                 except BaseException as refused:
                     engine.observed = engine.on_call = None
-                    span.end(refused)
+                    live._end(refused)
                     raise
             engine.observed = engine.on_call = None
-            span.end(exc)
+            live._end(exc)
             raise
         engine.observed = engine.on_call = None
-        event = span.event
-        if event is None:
-            return result  # nothing reached the engine, or only the profiler watches
+        if live.state != "started":
+            # nothing reached the engine (or only the profiler watches), or its
+            # observers could not be told
+            live._args = live._kwargs = ()
+            return result
         if result is not None:
             if isinstance(result, Handle):  # an async collective ends in its wait()
                 return Handle(
-                    functools.partial(span.wait, result), None, result, value=result.value
+                    functools.partial(live._wait, result), None, result, value=result.value
                 )
             if isinstance(result, ResultHandle):  # an async object collective ends in wait()
-                result.add_done_callback(span.end)
+                result.add_done_callback(live._end)
                 return result
-        if event.state == "started":
-            # span.end(None), written out: the common case
-            event.duration = _perf_counter() - t0
-            event.state = "completed"
-            for plugin, function in observers.ends:
-                if _disabled and id(plugin) in _disabled:
-                    continue
-                try:
-                    function(event)
-                except Exception as exc:  # an observer must never break a collective
-                    _disable(plugin, exc)
+        # live._end(None), written out: the common case
+        live.duration = _perf_counter() - t0
+        live.state = "completed"
+        for plugin, function in observers.ends:
+            if _disabled and id(plugin) in _disabled:
+                continue
+            try:
+                function(live)
+            except Exception as exc:  # an observer must never break a collective
+                _disable(plugin, exc)
         return result
 
 
-class _Span:
-    """A user-level collective in progress: its event once the engine was reached.
+class _Live(CollectiveEvent):
+    """A user-level collective's event, which is also its span while it runs.
 
-    Made by :meth:`_Collective.call`, which sets every attribute.
+    Made by :meth:`_Collective.call` (which sets the span's slots and
+    ``communicator`` / ``call_site``) and called by the engine at the
+    collective's first engine call (``Engine.on_call``), which fills in the
+    event's fields and tells the start hooks. Observers see it as the
+    :class:`CollectiveEvent` it is (``dataclasses.fields`` lists the event's
+    fields only); the extra slots are the dispatcher's.
     """
 
-    __slots__ = (
-        "args",
-        "collective",
-        "comm",
-        "engine",
-        "event",
-        "kwargs",
-        "observers",
-        "site",
-        "t0",
-    )
+    __slots__ = ("_args", "_collective", "_engine", "_kwargs", "_observers", "_t0")
 
-    collective: _Collective
-    observers: _Observers
-    engine: Engine
-    comm: Any
-    args: Any
-    kwargs: Any
-    t0: float
-    event: CollectiveEvent | None
-    site: CallSite | None  # the caller's line, when an observer asks
+    _collective: _Collective
+    _observers: _Observers
+    _engine: Engine
+    _args: Any
+    _kwargs: Any
+    _t0: float
 
-    def begin(self, what: str) -> None:
+    def __call__(self, what: str) -> None:
         """The first engine call (``Engine.on_call``): the collective has started."""
-        engine = self.engine
+        engine = self._engine
         engine.on_call = None
-        c = self.collective
+        c = self._collective
+        args, kwargs = self._args, self._kwargs
+        self._args = self._kwargs = ()  # observers do not keep the caller's tensors alive
         try:
-            # the event's attributes: a copy of what the collective's events on this
-            # engine share (with the tensor's facts, for a tensor seen before: see
-            # _bases), then this call's; set as the event's __dict__ at once, which
-            # CollectiveEvent's generated __init__ would do one by one. Each argument
-            # is found as _Collective.facts finds it (its keyword, else its position,
-            # else its default), written out here as this runs on every call.
+            # what every event of this collective on this engine shares (with the
+            # tensor's facts, for a tensor seen before: see _bases), then this
+            # call's. Each argument is found as _Collective.facts finds it (its
+            # keyword, else its position, else its default), written out here as
+            # this runs on every call.
             bases = engine.kept.get(c.key)
             if bases is None:
                 bases = _bases(engine, c)
-            args, kwargs = self.args, self.kwargs
             n = len(args)
             name = c.payload
             if name is None:
-                fields = bases[None].copy()
+                (
+                    self.name,
+                    self.group,
+                    self.group_ranks,
+                    self.rank,
+                    self.uniform,
+                    self.shapes,
+                    self.dtypes,
+                    self.nbytes,
+                ) = bases[None]
             else:
                 if kwargs and name in kwargs:
                     value = kwargs[name]
@@ -521,23 +515,32 @@ class _Span:
                     value = c.payload_default
                 if type(value) is torch.Tensor:  # the same shape and dtype, call after call
                     key = (value.shape, value.dtype)
-                    base = bases.get(key)
-                    if base is None:
-                        base = _with_facts(bases, key, value)
-                    fields = base.copy()
+                    facts = bases.get(key)
+                    if facts is None:
+                        facts = _with_facts(bases, key, value)
+                    (
+                        self.name,
+                        self.group,
+                        self.group_ranks,
+                        self.rank,
+                        self.uniform,
+                        self.shapes,
+                        self.dtypes,
+                        self.nbytes,
+                    ) = facts
                 else:
-                    fields = bases[None].copy()
-                    fields["shapes"], fields["dtypes"], fields["nbytes"] = payload_facts(value)
-            fields["communicator"] = self.comm
-            if what in _catalog.POINT_TO_POINT:
-                fields["seq"] = engine.p2p_seq
-                fields["point_to_point"] = True
+                    self.name, self.group, self.group_ranks, self.rank, self.uniform = bases[None][
+                        :5
+                    ]
+                    self.shapes, self.dtypes, self.nbytes = payload_facts(value)
+            if what in _POINT_TO_POINT:
+                self.seq = engine.p2p_seq
+                self.point_to_point = True
             else:
-                fields["seq"] = engine.seq
-            t0 = self.t0
-            fields["start"] = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
-            if self.site is not None:
-                fields["call_site"] = self.site
+                self.seq = engine.seq
+                self.point_to_point = False
+            t0 = self._t0
+            self.start = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
             name = c.peer
             if name is not None:
                 if kwargs and name in kwargs:
@@ -546,11 +549,13 @@ class _Span:
                     root = args[c.peer_at]
                 else:
                     root = c.peer_default
-                fields["peers"] = {name: root} if isinstance(root, int) else {}
+                self.peers = {name: root} if isinstance(root, int) else {}
             else:
-                fields["peers"] = {}
+                self.peers = {}
             name = c.op
-            if name is not None:
+            if name is None:
+                self.op = None
+            else:
                 if kwargs and name in kwargs:
                     op = kwargs[name]
                 elif c.op_at < n:
@@ -562,53 +567,52 @@ class _Span:
                     op = known if known is not None else _op_name(op)
                 elif op is not None:  # a torch ReduceOp, say
                     op = str(op).lower()
-                fields["op"] = op
-            if kwargs:
-                fields["async_op"] = bool(kwargs.get("async_op", False))
-            event = _new_event(CollectiveEvent)
-            event.__dict__ = fields
+                self.op = op
+            self.async_op = bool(kwargs.get("async_op", False)) if kwargs else False
+            self.duration = self.error = None
         except Exception as exc:  # observing must never break the collective
             _warn_once(f"commlib could not describe {c.name} to observers: {exc!r}")
             return
-        finally:
-            self.args = self.kwargs = ()  # observers do not keep the caller's tensors alive
-        self.event = event
+        self.state = "started"
         # _notify, written out: it runs on every observed call
-        for plugin, function in self.observers.starts:
+        for plugin, function in self._observers.starts:
             if _disabled and id(plugin) in _disabled:
                 continue
             try:
-                function(event)
+                function(self)
             except Exception as exc:  # an observer must never break a collective
                 _disable(plugin, exc)
 
-    def end(self, error: BaseException | None) -> None:
-        event = self.event
-        if event is None:
-            return  # refused before anything was sent: not a collective
-        if event.state != "started":
-            return  # ended already: a handle waited on again after its wait failed
-        event.duration = time.perf_counter() - self.t0
-        event.error = error
+    def _end(self, error: BaseException | None) -> None:
+        if self.state != "started":
+            # not started (refused before anything was sent: not a collective), or
+            # ended already (a handle waited on again after its wait failed)
+            self._args = self._kwargs = ()
+            return
+        self.duration = time.perf_counter() - self._t0
+        self.error = error
         if error is None:
-            event.state = "completed"
+            self.state = "completed"
         elif isinstance(error, CommTimeoutError):
-            event.state = "timed out"
+            self.state = "timed out"
         else:
-            event.state = "failed"
-        _notify(self.observers.ends, event)
+            self.state = "failed"
+        _notify(self._observers.ends, self)
 
-    def wait(self, handle: Handle, timeout: Any) -> None:
+    def _wait(self, handle: Handle, timeout: Any) -> None:
         """An async collective's handle: it ends when its ``wait()`` does."""
         try:
             handle.wait(timeout)
         except BaseException as exc:
-            self.end(exc)
+            self._end(exc)
             raise
-        self.end(None)
+        self._end(None)
 
 
-_new_span = _Span.__new__
+# what observers see in a repr, a pickle or a log: the class they were told of (a
+# pickled event comes back a CollectiveEvent, the slots that are the dispatcher's left out)
+_Live.__name__ = _Live.__qualname__ = CollectiveEvent.__qualname__
+_new_live = _Live.__new__
 _perf_counter = time.perf_counter
 
 

@@ -33,53 +33,72 @@ DEFAULT_CAPACITY = 2000
 _ERROR_CHARS = 500  # enough to name the ranks; a whole traceback would swamp the file
 
 
-class Record:
-    """One collective as the recorder keeps it: plain data, nothing of the caller's.
+# a record's start, as the start hook keeps it: the recorder's number for it, then
+# the event's fields at its start (less the communicator: the ring must not keep
+# communicators alive), in this order; the dump turns it into the trace file's dict
+_STARTED = (
+    "group",
+    "seq",
+    "name",
+    "rank",
+    "shapes",
+    "dtypes",
+    "nbytes",
+    "peers",
+    "op",
+    "uniform",
+    "point_to_point",
+    "start",
+    "call_site",
+)
 
-    A slot of the recorder's ring, filled again (:meth:`keep`) once the ring is
-    full: no slot is made or freed per collective then. ``number`` says which
-    collective it holds now (the recorder's count when it was kept); ``fields``
-    are the event's attributes as they were at its start, less the
-    communicator (one dictionary copy: copying attribute by attribute costs a
-    microsecond a collective more than that).
+
+def as_entry(started: tuple[Any, ...], ended: tuple[Any, ...] | None) -> dict[str, Any]:
+    """A record as the trace file stores it: ``started`` as the start hook kept it
+    (its number first, then the fields named in ``_STARTED``), ``ended`` the end
+    hook's ``(end, state, error)`` (``None``: still running).
+
+    Examples:
+        >>> started = (1, "world", 3, "barrier", 0, (), (), 0, {}, None, False, False, 5.0, None)
+        >>> entry = as_entry(started, (5.5, "completed", None))
+        >>> entry["name"], entry["seq"], entry["end"], entry["state"], entry["call_site"]
+        ('barrier', 3, 5.5, 'completed', None)
     """
-
-    __slots__ = ("end", "error", "fields", "number", "state")
-
-    def __init__(self, event: CollectiveEvent, number: int = 0):
-        self.keep(event, number)
-
-    def keep(self, event: CollectiveEvent, number: int) -> None:
-        """Hold ``event`` (started), the recorder's ``number``-th collective."""
-        self.number = number
-        fields = self.fields = vars(event).copy()
-        fields.pop("communicator", None)  # the ring must not keep communicators alive
-        self.end: float | None = None
-        self.state = "started"
-        self.error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The record as the trace file stores it."""
-        f = self.fields
-        site = f["call_site"]
-        return {
-            "group": f["group"],
-            "seq": f["seq"],
-            "name": f["name"],
-            "rank": f["rank"],
-            "shapes": [list(s) for s in f["shapes"]],
-            "dtypes": list(f["dtypes"]),
-            "nbytes": f["nbytes"],
-            "peers": dict(f["peers"]),
-            "op": f["op"],
-            "uniform": f["uniform"],
-            "point_to_point": f["point_to_point"],
-            "start": f["start"],
-            "end": self.end,
-            "state": self.state,
-            "error": self.error,
-            "call_site": None if site is None else site.as_dict(),
-        }
+    (
+        _,
+        group,
+        seq,
+        name,
+        rank,
+        shapes,
+        dtypes,
+        nbytes,
+        peers,
+        op,
+        uniform,
+        point_to_point,
+        start,
+        site,
+    ) = started
+    end, state, error = (None, "started", None) if ended is None else ended
+    return {
+        "group": group,
+        "seq": seq,
+        "name": name,
+        "rank": rank,
+        "shapes": [list(s) for s in shapes],
+        "dtypes": list(dtypes),
+        "nbytes": nbytes,
+        "peers": dict(peers),
+        "op": op,
+        "uniform": uniform,
+        "point_to_point": point_to_point,
+        "start": start,
+        "end": end,
+        "state": state,
+        "error": error,
+        "call_site": None if site is None else site.as_dict(),
+    }
 
 
 class FlightRecorder:
@@ -117,13 +136,17 @@ class FlightRecorder:
         # does, per run) would write somewhere else at its failure or exit
         self.directory = Path(directory).absolute() if directory else None
         self.recorded = 0
-        # the ring: grows to capacity, then its oldest slot is filled again
-        self._slots: list[Record] = []
-        # the collective started last, until it ends: id(event) and its record's number
+        # the ring, made once: record n (from 1) is kept at (n - 1) % capacity, its
+        # start (a tuple, see as_entry) in _started and its end in _ended, both
+        # written over once the ring is full: a tuple a collective, no dict, and
+        # the trace file's dicts made only when it is written
+        self._started: list[tuple[Any, ...] | None] = [None] * capacity
+        self._ended: list[tuple[Any, ...] | None] = [None] * capacity
+        # the collective started last, until it ends: id(event) and its slot
         # (most end before the next starts, and need no dictionary)
         self._last_id: int | None = None
         self._last_number = 0
-        self._last_record: Record | None = None
+        self._last_slot = 0
         self._open: dict[int, int] = {}  # the others still open: id(event) -> number
         self._groups: dict[str, list[int]] = {}
         self._rank: int | None = None
@@ -140,25 +163,33 @@ class FlightRecorder:
     def commlib_collective_start(self, event: CollectiveEvent) -> None:
         """Keep a record of ``event`` (the oldest record goes when full)."""
         number = self.recorded + 1
-        capacity = self.capacity
-        if number > capacity:  # full: the oldest slot is filled again (Record.keep, inline)
-            record = self._slots[(number - 1) % capacity]
-            record.number = number
-            fields = record.fields = vars(event).copy()
-            fields.pop("communicator", None)
-            record.end = record.error = None
-            record.state = "started"
-        else:
-            record = Record(event, number)
-            self._slots.append(record)
+        slot = (number - 1) % self.capacity
+        # the end first: a dump between the two lines sees the new start still running
+        self._ended[slot] = None
+        self._started[slot] = (
+            number,
+            event.group,
+            event.seq,
+            event.name,
+            event.rank,
+            event.shapes,
+            event.dtypes,
+            event.nbytes,
+            event.peers,
+            event.op,
+            event.uniform,
+            event.point_to_point,
+            event.start,
+            event.call_site,
+        )
         self.recorded = number  # after the slot is filled: snapshot() reads the ring by it
         if self._last_id is not None:  # still open (an async handle, another thread's)
-            if len(self._open) >= capacity:  # handles nobody waits on must not pile up
+            if len(self._open) >= self.capacity:  # handles nobody waits on must not pile up
                 self._open.pop(next(iter(self._open)))
             self._open[self._last_id] = self._last_number
         self._last_id = id(event)
         self._last_number = number
-        self._last_record = record
+        self._last_slot = slot
         if event.group not in self._groups:
             self._groups[event.group] = list(event.group_ranks)
             if self._rank is None:
@@ -169,29 +200,33 @@ class FlightRecorder:
         """Complete the record; a failure writes the file (and tells the other ranks)."""
         key = id(event)
         if key == self._last_id:  # nothing started since: its slot holds it still
-            record = self._last_record
+            slot = self._last_slot
             self._last_id = None
-            if record is None:
-                return
         else:
             number = self._open.pop(key, None)
             if number is None:
                 return
-            record = self._slots[(number - 1) % self.capacity]
-            if record.number != number:
+            slot = (number - 1) % self.capacity
+            started = self._started[slot]
+            if started is None or started[0] != number:
                 return  # its slot holds a later collective now: it left the ring
-        record.end = record.fields["start"] + (event.duration or 0.0)
-        record.state = event.state
-        if event.error is not None:
-            text = f"{type(event.error).__name__}: {event.error}"
-            record.error = text[:_ERROR_CHARS]
-            # arguments refused on every rank explain themselves: no file, nothing
-            # to tell the others
-            if self.on_failure is not None and not _refused(event.error):
-                self.on_failure(
-                    f"{event.name} #{event.seq} {event.state} on rank {self.rank} "
-                    f"(group {event.group}): {shorten(text, 200)}"
-                )
+        error = event.error
+        if error is None:
+            self._ended[slot] = (event.start + (event.duration or 0.0), event.state, None)
+            return
+        text = f"{type(error).__name__}: {error}"
+        self._ended[slot] = (
+            event.start + (event.duration or 0.0),
+            event.state,
+            text[:_ERROR_CHARS],
+        )
+        # arguments refused on every rank explain themselves: no file, nothing
+        # to tell the others
+        if self.on_failure is not None and not _refused(error):
+            self.on_failure(
+                f"{event.name} #{event.seq} {event.state} on rank {self.rank} "
+                f"(group {event.group}): {shorten(text, 200)}"
+            )
 
     def _learn_rank(self, event: CollectiveEvent) -> None:
         if dist.is_available() and dist.is_initialized():
@@ -237,9 +272,10 @@ class FlightRecorder:
         rank, world = self.identity()
         # oldest first: the slot the next collective fills, onwards (another
         # thread may dump while this one records: slicing a list is atomic)
-        slots = self._slots
-        cut = self.recorded % self.capacity if len(slots) >= self.capacity else 0
-        records = slots[cut:] + slots[:cut]
+        cut = self.recorded % self.capacity
+        started = self._started[cut:] + self._started[:cut]
+        ended = self._ended[cut:] + self._ended[:cut]
+        entries = [as_entry(s, e) for s, e in zip(started, ended) if s is not None]
         return {
             "format": trace_files.FORMAT,
             "rank": rank,
@@ -253,7 +289,7 @@ class FlightRecorder:
             "capacity": self.capacity,
             "recorded": self.recorded,
             "groups": dict(self._groups),
-            "entries": [r.as_dict() for r in records],
+            "entries": entries,
             "stacks": self._stacks,
         }
 

@@ -329,6 +329,26 @@ class _Collective:
     :meth:`call`'s own ``try``.
     """
 
+    # read on every observed call: slots, whatever becomes of an instance's __dict__
+    __slots__ = (
+        "arguments",
+        "fn",
+        "guarded",
+        "key",
+        "name",
+        "op",
+        "op_at",
+        "op_default",
+        "payload",
+        "payload_at",
+        "payload_default",
+        "peer",
+        "peer_at",
+        "peer_default",
+        "refuse",
+        "uniform",
+    )
+
     def __init__(
         self,
         name: str,

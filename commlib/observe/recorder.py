@@ -126,6 +126,25 @@ class FlightRecorder:
     #: the dispatcher fills in each event's call site for the recorder
     commlib_call_sites = True
 
+    # what the hooks read and write on every collective are slots: reads and
+    # writes of an instance's __dict__ attributes take CPython's generic path
+    # once that dict is made (pluggy's registration looks the plugin over),
+    # hundreds of instructions each; the rest stays in __dict__
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_ended",
+        "_groups",
+        "_last_id",
+        "_last_number",
+        "_last_slot",
+        "_open",
+        "_started",
+        "capacity",
+        "on_failure",
+        "recorded",
+    )
+
     def __init__(
         self, capacity: int = DEFAULT_CAPACITY, directory: str | os.PathLike[str] | None = None
     ):

@@ -32,12 +32,14 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import math
 import struct
 from typing import TYPE_CHECKING, Literal, NoReturn
 
 import torch
 
 from commlib import _catalog, _lanes, _objects, _pair_check, _ragged, _steps
+from commlib import _validation as check
 from commlib._host_copy import host_copy, stack_into
 from commlib._rooms import need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, SentSlot
@@ -603,6 +605,92 @@ class Guard:
             engine, what, lambda: f"{dtype}, {world} tensors", sends, expects, timeout
         )
         return None
+
+    def check_all_to_all_single(
+        self,
+        engine: Engine,
+        in_t: torch.Tensor,
+        out_t: torch.Tensor,
+        rows_out: Sequence[int],
+        rows_in: Sequence[int],
+        even: bool,
+        timeout: Timeout,
+    ) -> Literal["rode", "engine", "explicit"]:
+        """all_to_all_single's argument check; the data too where it rides.
+
+        ``rows_out[j]`` / ``rows_in[j]``: rows this rank sends rank ``j`` /
+        expects from it; ``even``: both splits were ``None``. Even ranks
+        describe their shapes (every rank that passes the same has matching
+        pairs) and a small input rides, each chunk in the row that goes to
+        its rank; other ranks' sizes ride with their chunks. Where some rank
+        passed ``None`` and another explicit splits (torch takes both), the
+        descriptions differ in kind: every rank saw the same ones, so all
+        compare the sizes pair by pair instead (one round more, that path
+        only). Returns ``"rode"`` (the result is in ``out_t``), ``"engine"``
+        (run the engine's collective) or ``"explicit"`` (run it with explicit
+        splits on every rank: an engine may serve ``None`` splits with
+        another collective, MPI's ``Alltoall`` for ``Alltoallv``).
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> guard.check_all_to_all_single(engine, torch.ones(1), torch.empty(1), [1], [1],
+            ...                               True, None)
+            'engine'
+        """
+        what = "all_to_all_single"
+        if what not in self.checked:
+            return "engine"
+        world, me = engine.world_size, engine.rank
+        rows_of = tuple(in_t.shape[1:])
+        try:
+            if even:
+                # the pairs match exactly when every rank passes the same shapes
+                parts = self.check(
+                    engine,
+                    what,
+                    lambda: (
+                        f"{in_t.dtype}, input {tuple(in_t.shape)}, "
+                        f"output {tuple(out_t.shape)}, even splits"
+                    ),
+                    in_t.view(world, rows_out[me], *rows_of),
+                    timeout,
+                    apart=True,
+                )
+                check.self_pair(rows_out[me], rows_in[me], me)
+                if parts is None:
+                    return "engine"
+                stack_into(out_t.view(world, rows_in[me], *rows_of), parts)
+                return "rode"
+            rode = self.check_pairs_riding(
+                engine,
+                what,
+                lambda: f"{in_t.dtype}, rows of {rows_of}",
+                in_t.contiguous().split(list(rows_out)),
+                out_t.split(list(rows_in)),
+                timeout,
+            )
+            check.self_pair(rows_out[me], rows_in[me], me)
+            return "rode" if rode else "engine"
+        except RemoteArgumentError as exc:
+            texts = list(exc.failures.values())
+            if (
+                exc.refused
+                or exc.summary != _DIFFERENT
+                or not all(text.startswith(f"{what}(") for text in texts)
+                or not any(text.endswith("even splits)") for text in texts)
+                or all(text.endswith("even splits)") for text in texts)
+            ):
+                raise
+        scale = math.prod(rows_of)
+        self.check_pairs(
+            engine,
+            what,
+            lambda: f"{in_t.dtype}, rows of {rows_of}",
+            [n * scale for n in rows_out],
+            [n * scale for n in rows_in],
+            timeout,
+        )
+        return "explicit"
 
     def refuse(
         self,

@@ -249,6 +249,25 @@ def split_sizes(value: Any, world_size: int, rows: int, what: str) -> list[int] 
     return sizes
 
 
+def self_pair(sends: int, expects: int, me: int) -> None:
+    """Check the one pair of all_to_all_single a rank alone can see: rows to itself.
+
+    A checked call raises it after its check's round: raised before it on
+    this rank alone, the ranks would part.
+
+    Examples:
+        >>> self_pair(2, 3, 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: all_to_all_single: rank 0 sends itself 2 rows of input but expects 3 ...
+    """
+    if sends != expects:
+        raise ValueError(
+            f"all_to_all_single: rank {me} sends itself {sends} rows of input but "
+            f"expects {expects} rows of output from itself"
+        )
+
+
 def reduce_scatter_input(output: torch.Tensor, input: Any, world_size: int) -> torch.Tensor | None:
     """``reduce_scatter``'s ``input`` as one flat tensor, checked against ``output``.
 

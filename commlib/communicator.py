@@ -1327,54 +1327,17 @@ class Communicator:
         in_splits = check.split_sizes(input_split_sizes, world, input.shape[0], "input")
         me = engine.rank
         in_t, out_t = engine.to_device(input), engine.to_device(output)
-        guard = self._guard
-        checked = "all_to_all_single" in guard.checked
-        parts = None
-        if in_splits is None and out_splits is None:
-            # even splits: the rows this rank sends itself and expects from itself
-            sends_me, expects_me = input.shape[0] // world, output.shape[0] // world
-            if checked:
-                # the pairs match exactly when every rank passes the same shapes, whose
-                # rows agree (below), so the description says it all, and a small
-                # input travels with the check, each chunk in the row that goes to
-                # its rank: one round
-                parts = guard.check(
-                    engine,
-                    "all_to_all_single",
-                    lambda: (
-                        f"{input.dtype}, input {tuple(input.shape)}, "
-                        f"output {tuple(output.shape)}, even splits"
-                    ),
-                    in_t.view(world, sends_me, *input.shape[1:]),
-                    timeout,
-                    apart=True,
-                )
-        else:
-            rows_out = in_splits or [input.shape[0] // world] * world
-            rows_in = out_splits or [output.shape[0] // world] * world
-            sends_me, expects_me = rows_out[me], rows_in[me]
-            if checked:
-                # the pair this rank forms with itself is compared with every other
-                # pair, on every rank alike: raised here alone, the ranks would part;
-                # each chunk rides in the row that goes to its rank when all fit
-                if guard.check_pairs_riding(
-                    engine,
-                    "all_to_all_single",
-                    lambda: f"{input.dtype}, rows of {tuple(input.shape[1:])}",
-                    in_t.contiguous().split(rows_out),
-                    out_t.split(rows_in),
-                    timeout,
-                ):
-                    return finished(lambda: copy_back(out_t, output, world), async_op, [output])
-        # after the check, on every rank alike: raised before it alone, the ranks would part
-        if sends_me != expects_me:  # the one pair this rank alone can see
-            raise ValueError(
-                f"all_to_all_single: rank {me} sends itself {sends_me} rows of input but "
-                f"expects {expects_me} rows of output from itself"
-            )
-        if parts is not None:  # every rank's chunk for this rank
-            stack_into(out_t.view(world, expects_me, *input.shape[1:]), parts)
+        rows_out = in_splits or [input.shape[0] // world] * world
+        rows_in = out_splits or [output.shape[0] // world] * world
+        even = in_splits is None and out_splits is None
+        checked = self._guard.check_all_to_all_single(
+            engine, in_t, out_t, rows_out, rows_in, even, timeout
+        )
+        if checked == "rode":
             return finished(lambda: copy_back(out_t, output, world), async_op, [output])
+        if checked == "explicit":  # ranks passed None and explicit splits: the same call on all
+            in_splits, out_splits = rows_out, rows_in
+        check.self_pair(rows_out[me], rows_in[me], me)  # checked, the guard raised it
         return engine.all_to_all_single(
             out_t,
             in_t,

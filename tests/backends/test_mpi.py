@@ -232,6 +232,26 @@ def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption():
     assert all("ranks passed different arguments" in e and "(5,)" in e for e in errors), errors
 
 
+
+def _none_meets_splits(comm) -> list[float]:
+    """Rank 0 passes None splits, the others explicit equal ones, past the slot: after the
+    check every rank calls MPI's Ialltoallv (None alone would take Ialltoall on rank 0)."""
+    world, rank = comm.world_size, comm.rank
+    rows = 50_000  # a chunk of 200 KB: past the slot, so the engine's collective runs
+    x = torch.cat([torch.full((rows,), float(10 * rank + j)) for j in range(world)])
+    out = torch.empty(rows * world)
+    splits = None if rank == 0 else [rows] * world
+    comm.all_to_all_single(out, x, splits, splits)
+    return out[::rows].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_none_splits_meet_explicit_splits_on_mpi():
+    got = _kit().call(3, _none_meets_splits)
+    assert got == [[float(10 * j + r) for j in range(3)] for r in range(3)]
+
+
 def _checked_rounds(comm) -> list[str]:
     """The check's round is MPI's own allgather of the slot (a lane); small results complete
     from it, larger ones take MPI's collective after it; every mismatch is still caught alike."""

@@ -734,6 +734,46 @@ def test_all_to_all_lists_of_one_shape_meet_uneven_lists(multi_world):
         assert kind == "error" and "sizes do not match" in text, text
 
 
+def _on_none_meets_splits(comm, kind: str, strict: bool):
+    """Rank 0 passes ``None`` splits (even); the others pass explicit ones (torch takes both)."""
+    c = Communicator(timeout=TIMEOUT, strict=strict)
+    w, r = c.world_size, c.rank
+    if kind == "equal splits":  # every rank sends and expects 2 rows each way
+        size = [2] * w
+    elif kind == "pairs match":  # pairs with rank 0 hold 2 rows, the others 3
+        size = [2 if 0 in (r, j) else 3 for j in range(w)]
+    else:  # "pairs differ": the last rank expects 3 rows from rank 0, which sends 2
+        size = [2 if 0 in (r, j) else 3 for j in range(w)]
+    expects = list(size)
+    if kind == "pairs differ" and r == w - 1:
+        expects[0] = 3
+    ins = torch.cat([torch.full((n, 2), float(10 * r + j)) for j, n in enumerate(size)])
+    out = torch.zeros(sum(expects), 2)
+    explicit = r != 0
+    try:
+        c.all_to_all_single(out, ins, expects if explicit else None, size if explicit else None)
+    except RemoteArgumentError as exc:
+        return "error", str(exc)
+    return "ok", out[:, 0].tolist()
+
+
+@pytest.mark.parametrize("strict", [None, True], ids=["default", "strict"])
+def test_all_to_all_single_none_splits_meet_explicit_splits(multi_world, strict):
+    w = multi_world.size
+    for kind in ("equal splits", "pairs match"):
+        got = multi_world.run(_on_none_meets_splits, kind, strict)
+        for r, (status, values) in enumerate(got):
+            assert status == "ok", (kind, values)
+            want = [float(10 * j + r) for j in range(w) for _ in range(2 if 0 in (r, j) else 3)]
+            assert values == (
+                want
+                if kind == "pairs match"
+                else [float(10 * j + r) for j in range(w) for _ in range(2)]
+            ), kind
+    for status, text in multi_world.run(_on_none_meets_splits, "pairs differ", strict):
+        assert status == "error" and "sizes do not match" in text, text
+
+
 # -- all_to_all_single with uneven splits: the sizes ride with the chunks ----------------
 # (dtype, rows of, the most rows a rank sends one rank, rounds of the first and second call)
 _UNEVEN = {

@@ -232,7 +232,6 @@ def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption():
     assert all("ranks passed different arguments" in e and "(5,)" in e for e in errors), errors
 
 
-
 def _none_meets_splits(comm) -> list[float]:
     """Rank 0 passes None splits, the others explicit equal ones, past the slot: after the
     check every rank calls MPI's Ialltoallv (None alone would take Ialltoall on rank 0)."""

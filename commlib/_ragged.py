@@ -120,7 +120,18 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class _Slots:
     """One engine's sent slot (:class:`SentSlot`) and the layouts of the calls seen."""
 
-    __slots__ = ("apart", "cap", "first", "header", "layouts", "sent", "spare", "steady", "world")
+    __slots__ = (
+        "apart",
+        "cap",
+        "device_rows",
+        "first",
+        "header",
+        "layouts",
+        "sent",
+        "spare",
+        "steady",
+        "world",
+    )
 
     def __init__(self, engine: Engine, size: int):
         copies = copies_of(engine.world_size, size, engine.on_cpu)
@@ -140,6 +151,31 @@ class _Slots:
         self.spare: tuple[bytearray, torch.Tensor] | None = None
         #: the prepared rounds of steady calls (:class:`_Steady`), by kind of call
         self.steady: dict[tuple[Any, ...], _Steady] = {}
+        #: on a device: per header, the sent row there and its data area (see device_row)
+        self.device_rows: dict[bytes, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def device_row(
+        self, engine: Engine, header: bytes, data: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sent row on ``engine``'s device holding ``header``, and ``data``'s area in it.
+
+        Made once per header (a kind of call: its dtype, shape and byte count),
+        copied to the device once; a call then copies its data into the area
+        on the device. ``data``: the call's data when it rides in the slot.
+        """
+        found = self.device_rows.get(header)
+        if found is None:
+            if len(self.device_rows) >= LAYOUTS:
+                self.device_rows.clear()
+            host = torch.zeros(self.sent.size, dtype=torch.uint8)
+            host[: len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
+            row = host.to(engine.device())
+            area = None
+            if data is not None:
+                nbytes = data.numel() * data.element_size()
+                area = row.narrow(0, _HEADER_BYTES, nbytes).view(data.dtype).view(data.shape)
+            found = self.device_rows[header] = (row, area)
+        return found
 
     def give_back(self, gathered: torch.Tensor, raw: Any) -> None:
         """Keep ``gathered`` (over ``raw``) for the next round: nothing refers to it now."""
@@ -622,12 +658,12 @@ def _round(
     ``areas`` (this rank's data area in the sent rows) takes ``data`` when
     given; the header is written only when the rows hold another.
     """
-    slots.head(header)
-    if areas is not None and data is not None:
-        areas.every.copy_(data)  # into every row at once
     size = slots.sent.size
     world = engine.world_size
     if engine.on_cpu:
+        slots.head(header)
+        if areas is not None and data is not None:
+            areas.every.copy_(data)  # into every row at once
         raw = None
         if world * size <= _ZEROED_UP_TO:
             spare = slots.spare
@@ -651,9 +687,14 @@ def _round(
         if raw is not None:
             return gathered, raw, size
     else:
-        gathered = torch.empty(world * size, dtype=torch.uint8, device=engine.device())
-        mine = engine.to_device(slots.sent.rows[0])
-        engine.run(what, "all_gather_into_tensor", gathered, mine, timeout=timeout)
+        # the row on the device, its header written once per kind: the data goes in from
+        # the device (no host copy of it, no copy of the row to the device: each would
+        # wait for the stream); only the headers come back, below
+        row, area = slots.device_row(engine, header, data if areas is not None else None)
+        if area is not None and data is not None:
+            area.copy_(data)
+        gathered = torch.empty(world * size, dtype=torch.uint8, device=row.device)
+        engine.run(what, "all_gather_into_tensor", gathered, row, timeout=timeout)
     # large, or on a device: only the headers come back to be read
     heads = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
     return gathered, heads, _HEADER_BYTES

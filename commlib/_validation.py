@@ -155,11 +155,14 @@ def tensor_list(
     return list(value)
 
 
-def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> tuple[torch.dtype, bool] | None:
-    """The one dtype of two lists of ``length`` tensors a CPU engine takes as they are.
+def plain_tensor_lists(
+    outputs: Any, inputs: Any, length: int, device: torch.device | None = None
+) -> tuple[torch.dtype, bool] | None:
+    """The one dtype of two lists of ``length`` tensors an engine takes as they are.
 
-    As they are: plain ``torch.Tensor`` (no subclass), dense, on the CPU,
-    contiguous, outside autograd, all of one dtype. Returns that dtype and
+    As they are: plain ``torch.Tensor`` (no subclass), dense, on the CPU (or
+    on ``device``, an engine's accelerator), contiguous, outside autograd,
+    all of one dtype. Returns that dtype and
     whether every tensor has one shape; ``None`` when anything differs (the
     caller then checks the lists with :func:`tensor_list` and
     :func:`same_dtype`, whose errors say what is wrong, and adapts the
@@ -190,7 +193,7 @@ def plain_tensor_lists(outputs: Any, inputs: Any, length: int) -> tuple[torch.dt
             if (
                 type(t) is not torch.Tensor
                 or t.dtype is not dtype
-                or not t.is_cpu
+                or not (t.is_cpu if device is None else t.device == device)
                 or t.layout is not strided
                 or t.requires_grad
                 or not t.is_contiguous()

@@ -1222,10 +1222,11 @@ class Communicator:
         engine = self._member("all_to_all")
         world = engine.world_size
         # one loop over both lists where the engine takes every tensor as it is
-        plain = (
-            check.plain_tensor_lists(output_tensor_list, input_tensor_list, world)
-            if engine.on_cpu
-            else None
+        plain = check.plain_tensor_lists(
+            output_tensor_list,
+            input_tensor_list,
+            world,
+            None if engine.on_cpu else engine.device_obj,
         )
         if plain is None:
             check.tensor_list(output_tensor_list, world, "output_tensor_list")

@@ -25,6 +25,7 @@ the vendor plugin that keeps "device memory" in host memory: it overrides
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import warnings
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ import torch.distributed as dist
 
 from commlib.backend import Backend, WorkList, global_rank
 from commlib.errors import BackendUnavailableError
-from commlib.types import P2PRequest
+from commlib.types import DirectCall, Group, P2PRequest
 from commlib_backends.engine_gaps import EngineGaps
 
 
@@ -319,6 +320,33 @@ class AcceleratorBackend(EngineGaps):
             work.wait()
         else:
             work.wait(timeout)
+
+    def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
+        """The engine's own calls (:class:`EngineGaps`); ``barrier``: its all_reduce's.
+
+        :meth:`barrier` is a one-element all_reduce: its lane is that
+        all_reduce's, on a zero token made once on :meth:`device` (as the
+        engine's own device is fixed when a communicator starts), so a call
+        issues one engine call and allocates nothing. Not where the engine's
+        blocking wait orders the stream (:meth:`waits_on_stream`: a real
+        device): a barrier must hold the host, which :meth:`barrier`'s timed
+        wait does.
+
+        Examples:
+            >>> nccl = commlib.plugins.resolve_backend("nccl")
+            >>> nccl.direct_call("barrier", group)  # a group of 2 GPUs  # doctest: +SKIP
+            DirectCall(call=functools.partial(<bound method ProcessGroup.allreduce ...>, ...)
+        """
+        if collective != "barrier":
+            return super().direct_call(collective, group, **key)
+        if self.cpu_part is None and self.waits_on_stream():
+            return None
+        found = super().direct_call("all_reduce", group, op="sum", dtype=torch.float32)
+        if found is None or found.call is None or not found.min_bytes <= 4 <= found.max_bytes:
+            return found if found is None or found.call is None else None
+        # zeros: their sum stays zero whatever the number of calls
+        token = torch.zeros(1, dtype=torch.float32, device=self.device())
+        return found._replace(call=functools.partial(found.call, [token]))
 
     def batch_isend_irecv(
         self, requests: Sequence[P2PRequest], group: Any, async_op: bool = False

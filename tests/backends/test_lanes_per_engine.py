@@ -76,6 +76,7 @@ def _calls(comm: commlib.Communicator) -> dict[str, Any]:
         "recv": lambda: comm.recv(t, src=1),
         "all_reduce max": lambda: comm.all_reduce(t, op="max"),
         "all_reduce int32": lambda: comm.all_reduce(torch.ones(4, dtype=torch.int32)),
+        "barrier": lambda: comm.barrier(),
     }
 
 
@@ -100,11 +101,16 @@ def lanes_taken(base: commlib.Backend) -> dict[str, Any]:
                 call()
             taken[name] = direct.call_count + p2p.call_count
     seen = []
+    barriers = []
 
     class Logged(type(base)):  # type: ignore[misc]
         def all_reduce(self, tensor, op, group, async_op=False):
             seen.append(op)
             return super().all_reduce(tensor, op, group, async_op)
+
+        def barrier(self, group, timeout=None):
+            barriers.append(timeout)
+            return super().barrier(group, timeout)
 
     with fake_world(8, dispatch_plugin(Logged())) as comm:
         engine = comm._engine
@@ -117,7 +123,12 @@ def lanes_taken(base: commlib.Backend) -> dict[str, Any]:
             comm.broadcast(t, src=0)
             comm.broadcast(t, src=0)
             broadcast = direct.call_count - on_lanes
-    return {"taken": taken, "logged": {"ran": len(seen), "lanes": on_lanes, "bcast": broadcast}}
+            for _ in range(3):
+                comm.barrier()
+            barrier_lanes = direct.call_count - on_lanes - broadcast
+    logged = {"ran": len(seen), "lanes": on_lanes, "bcast": broadcast}
+    logged["barrier"] = [len(barriers), barrier_lanes]
+    return {"taken": taken, "logged": logged}
 
 
 def simulated_report(kind: str) -> None:
@@ -130,12 +141,13 @@ def simulated_report(kind: str) -> None:
 
 def _assert_the_default_s_lanes(report: dict[str, Any], *, all_ops: bool = True) -> None:
     taken = report["taken"]
-    for name in (*TIMED, "reduce", "all_to_all_single", "send", "recv", "scatter"):
+    for name in (*TIMED, "reduce", "all_to_all_single", "send", "recv", "scatter", "barrier"):
         assert taken[name] == 2, (name, taken)
     if all_ops:
         assert taken["all_reduce max"] == 2 and taken["all_reduce int32"] == 2, taken
-    # the overriding plugin's all_reduce ran every time; its broadcast kept its lane
-    assert report["logged"] == {"ran": 3, "lanes": 0, "bcast": 2}
+    # the overriding plugin's all_reduce and barrier ran every time; its broadcast kept
+    # its lane
+    assert report["logged"] == {"ran": 3, "lanes": 0, "bcast": 2, "barrier": [3, 0]}
 
 
 @pytest.fixture

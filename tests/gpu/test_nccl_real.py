@@ -142,6 +142,55 @@ def test_a_blocking_call_does_not_hold_the_host_until_the_gpu_is_done(world):
     assert got == {"pending": True, "waits_on_stream": True, "out": 1024.0}
 
 
+def _host_syncs(comm: Any) -> dict[str, Any]:
+    # the shapes round of gather/all_gather reads only the headers back (one host sync:
+    # every rank must agree on the shapes before the results exist); the data goes into
+    # the sent row on the device; a list all_to_all of plain device tensors takes its lane
+    import warnings
+    from unittest import mock
+
+    dev = comm.device
+    x = torch.arange(8, dtype=torch.float32, device=dev)
+    ragged = torch.arange(3 + comm.rank, dtype=torch.float32, device=dev)
+    calls = {
+        "gather": lambda: comm.gather(x, 0),
+        "all_gather": lambda: comm.all_gather(x),
+        "all_gather uneven": lambda: comm.all_gather(ragged),
+        "all_to_all": lambda: comm.all_to_all([torch.empty(8, device=dev)], [x]),
+    }
+    got: dict[str, Any] = {}
+    engine = comm._engine
+    for name, call in calls.items():
+        call()
+        call()  # learnt, the kind's row on the device made
+        torch.cuda.synchronize()
+        with (
+            mock.patch.object(engine, "direct", wraps=engine.direct) as direct,
+            warnings.catch_warnings(record=True) as seen,
+        ):
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                result = call()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
+        value = [t.tolist() for t in result] if isinstance(result, list) else None
+        got[name] = {"syncs": len(syncs), "direct": direct.call_count, "value": value}
+    return got
+
+
+def test_a_steady_gather_reads_only_its_headers_back(world):
+    (got,) = world.run(_host_syncs)
+    x = [float(i) for i in range(8)]
+    assert got["gather"]["value"] == [x] and got["all_gather"]["value"] == [x]
+    assert got["all_gather uneven"]["value"] == [[0.0, 1.0, 2.0]]
+    # before: three (the data to the host, the row back to the device, the headers)
+    for name in ("gather", "all_gather", "all_gather uneven"):
+        assert got[name]["syncs"] <= 1, got
+    assert got["all_to_all"] == {"syncs": 0, "direct": 1, "value": None}, got
+
+
 def _checked_and_objects(comm: Any) -> dict[str, Any]:
     import commlib
 

@@ -401,3 +401,28 @@ def test_a_steady_kind_takes_its_prepared_round(fake8):
         comm.all_gather(x, timeout=5)  # a timeout of its own: the whole way
         comm.all_gather(x.to(torch.float64))  # a kind not seen yet: the whole way
         assert whole.call_count == 2
+
+
+def test_on_a_device_the_data_goes_into_the_row_there(fake8):
+    # an engine off the CPU (its "device" memory host memory here): the sent row lives
+    # on the device, made once per kind with its header; a call copies its data into it
+    # there (no copy through the host slot) and reads only the headers back
+    from commlib._ragged import _slots
+
+    comm, engine = fake8, fake8._engine
+    x = torch.arange(4.0)
+    with mock.patch.object(engine, "on_cpu", False):
+        for _ in range(3):
+            got = comm.all_gather(x)
+            assert got[0] is x and [t.tolist() for t in got] == [x.tolist()] * 8
+            assert [t.tolist() for t in comm.gather(x * 2, 0)] == [(x * 2).tolist()] * 8
+        slots = engine.kept["ragged"]
+        assert slots is _slots(engine, slots.sent.size)
+        assert len(slots.device_rows) == 2 and not any(slots.sent.raw)  # the host slot unused
+        row, area = next(iter(slots.device_rows.values()))
+        assert area is not None and area.data_ptr() == row.data_ptr() + 288
+        # a list all_to_all of plain tensors on the device takes its lane
+        comm.all_to_all([torch.empty(2) for _ in range(8)], [torch.ones(2)] * 8)
+        with _counted(engine) as direct:
+            comm.all_to_all([torch.empty(2) for _ in range(8)], [torch.ones(2)] * 8)
+            assert direct.call_count == 1

@@ -99,6 +99,42 @@ def _accelerator_serves(device_type: str) -> bool:
         return False
 
 
+class _HostHeld:
+    """A barrier's all_reduce (``issue``) whose wait holds the host until the device did it.
+
+    A lane's work is waited for as torch's blocking calls are (``Work.wait()``:
+    on a device, the stream waits, not the host); a barrier is the host's, so
+    the wait then reads ``token`` back, as torch's own barrier synchronizes
+    its stream. A hang ends at the engine's own timeout, as for every call
+    on the device.
+    """
+
+    __slots__ = ("issue", "token")
+
+    def __init__(self, issue: Any, token: torch.Tensor):
+        self.issue, self.token = issue, token
+
+    def __call__(self, options: Any) -> _HeldWork:
+        return _HeldWork(self.issue(options), self.token)
+
+
+class _HeldWork:
+    """The barrier's work: ``wait()`` returns once the device has done it."""
+
+    __slots__ = ("token", "work")
+
+    def __init__(self, work: Any, token: torch.Tensor):
+        self.work, self.token = work, token
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if timeout is None:
+            self.work.wait()
+        else:
+            self.work.wait(timeout)
+        self.token.item()  # after the all_reduce on this stream: the host waits for it
+        return True
+
+
 class AcceleratorBackend(EngineGaps):
     """Base of the vendor plugins; a subclass states its library's facts.
 
@@ -327,10 +363,12 @@ class AcceleratorBackend(EngineGaps):
         :meth:`barrier` is a one-element all_reduce: its lane is that
         all_reduce's, on a zero token made once on :meth:`device` (as the
         engine's own device is fixed when a communicator starts), so a call
-        issues one engine call and allocates nothing. Not where the engine's
-        blocking wait orders the stream (:meth:`waits_on_stream`: a real
-        device): a barrier must hold the host, which :meth:`barrier`'s timed
-        wait does.
+        issues one engine call and allocates nothing. Where the engine's
+        blocking wait orders the stream alone (:meth:`waits_on_stream`: a
+        real device), the lane's wait then reads the token back, which holds
+        the host until the device has done the all_reduce, as torch's own
+        barrier synchronizes its stream (:meth:`barrier` holds it with a
+        timed wait).
 
         Examples:
             >>> nccl = commlib.plugins.resolve_backend("nccl")
@@ -339,14 +377,15 @@ class AcceleratorBackend(EngineGaps):
         """
         if collective != "barrier":
             return super().direct_call(collective, group, **key)
-        if self.cpu_part is None and self.waits_on_stream():
-            return None
         found = super().direct_call("all_reduce", group, op="sum", dtype=torch.float32)
         if found is None or found.call is None or not found.min_bytes <= 4 <= found.max_bytes:
             return found if found is None or found.call is None else None
         # zeros: their sum stays zero whatever the number of calls
         token = torch.zeros(1, dtype=torch.float32, device=self.device())
-        return found._replace(call=functools.partial(found.call, [token]))
+        issue = functools.partial(found.call, [token])
+        if self.cpu_part is None and self.waits_on_stream():
+            return found._replace(call=_HostHeld(issue, token))  # type: ignore[arg-type]
+        return found._replace(call=issue)
 
     def batch_isend_irecv(
         self, requests: Sequence[P2PRequest], group: Any, async_op: bool = False

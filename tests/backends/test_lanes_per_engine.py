@@ -297,3 +297,33 @@ def test_no_torch_lane_for_a_plugin_whose_ops_are_not_torch_s(free_dist):
         assert lane is None
         # what takes no op keeps its lane
         assert plugin.direct_call("broadcast", group, src=0, dtype=torch.float32) is not None
+
+
+def test_a_device_barrier_s_lane_holds_the_host(free_dist):
+    # on a real device the engine waits for a lane as torch's blocking calls do (the
+    # stream waits); the barrier's lane then reads its token back: the host waits too
+    nccl = type(plugins.resolve_backend("nccl"))
+
+    class OnStream(nccl):  # type: ignore[misc, valid-type]
+        def unavailable_reason(self) -> None:
+            return None  # (its device is the CPU here)
+
+        def accelerator_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def waits_on_stream(self) -> bool:
+            return True
+
+    read = []
+    with fake_world(8, dispatch_plugin(OnStream())) as comm:
+        engine = comm._engine
+        comm.barrier()  # learnt
+        lane = engine.lanes[("barrier",)]
+        with (
+            mock.patch.object(engine, "direct", wraps=engine.direct) as direct,
+            mock.patch.object(torch.Tensor, "item", lambda t: read.append(t.tolist())),
+        ):
+            comm.barrier()
+            comm.barrier()
+        assert type(lane.call).__name__ == "_HostHeld" and direct.call_count == 2
+        assert read == [[0.0], [0.0]]

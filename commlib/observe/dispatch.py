@@ -23,6 +23,7 @@ collective goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 #: an observer with this attribute set to True gets ``event.call_site`` filled in
 CALL_SITES_ATTRIBUTE = "commlib_call_sites"
+#: an observer with this attribute set to True reads every event's ``shapes``,
+#: ``dtypes`` and ``nbytes`` at its start (the flight recorder does): they are made
+#: there for it. For the others they are made when first read (see :class:`_Live`)
+READS_PAYLOAD_ATTRIBUTE = "commlib_reads_payload"
 _Call = tuple[Any, Callable[[CollectiveEvent], Any]]  # (plugin, its hook, given the event)
 
 _lock = threading.Lock()
@@ -67,15 +72,19 @@ class _Observers:
 
     ``call_sites``: whether one of them asked for the caller's line
     (``commlib_call_sites = True`` on the plugin); only then is the stack walked.
+    ``reads_payload``: whether one of them reads every event's payload facts
+    (``commlib_reads_payload = True``); only then are they made at the start.
     """
 
-    __slots__ = ("any", "call_sites", "ends", "starts")
+    __slots__ = ("any", "call_sites", "ends", "reads_payload", "starts")
 
     def __init__(self, starts: list[_Call], ends: list[_Call]):
         self.starts = starts
         self.ends = ends
-        self.call_sites = any(
-            getattr(plugin, CALL_SITES_ATTRIBUTE, False) is True for plugin, _ in starts + ends
+        plugins = [plugin for plugin, _ in starts + ends]
+        self.call_sites = any(getattr(p, CALL_SITES_ATTRIBUTE, False) is True for p in plugins)
+        self.reads_payload = any(
+            getattr(p, READS_PAYLOAD_ATTRIBUTE, False) is True for p in plugins
         )
         #: whether there is anyone to tell: an attribute, read on every call (a
         #: ``__bool__`` would be a Python call each time)
@@ -417,6 +426,7 @@ class _Collective:
         live._collective, live._observers, live._engine = self, observers, engine
         live.communicator, live._args, live._kwargs = comm, args, kwargs
         live.state = ""  # not started (yet)
+        live._payload = None  # a tensor whose facts are not made yet (see _Live.shapes)
         # from the wrapper's caller: a program's direct call is found at once
         live.call_site = caller_of(sys._getframe(2)) if observers.call_sites else None
         engine.observed = live
@@ -474,6 +484,10 @@ class _Collective:
                 function(live)
             except Exception as exc:  # an observer must never break a collective
                 _disable(plugin, exc)
+        if live._payload is not None and _getrefcount(live) > _ALONE:
+            # someone kept the event: its facts now, while the caller's tensor is
+            # here, which the event then lets go (nobody kept it: it goes now)
+            live._describe()
         return result
 
 
@@ -488,7 +502,18 @@ class _Live(CollectiveEvent):
     fields only); the extra slots are the dispatcher's.
     """
 
-    __slots__ = ("_args", "_collective", "_engine", "_kwargs", "_observers", "_t0")
+    __slots__ = (
+        "_args",
+        "_collective",
+        "_dtypes",
+        "_engine",
+        "_kwargs",
+        "_nbytes",
+        "_observers",
+        "_payload",
+        "_shapes",
+        "_t0",
+    )
 
     _collective: _Collective
     _observers: _Observers
@@ -496,6 +521,77 @@ class _Live(CollectiveEvent):
     _args: Any
     _kwargs: Any
     _t0: float
+    #: what the event's payload facts are still to be made from (None: made)
+    _payload: Any
+    _shapes: tuple[tuple[int, ...], ...]
+    _dtypes: tuple[str, ...]
+    _nbytes: int
+
+    # shapes, dtypes and nbytes are read through these. They are made at the
+    # start when an observer reads every event's (commlib_reads_payload: the
+    # flight recorder); for the others on their first read, from the payload the
+    # call passed (kept in _payload until then), or as the call ends when an
+    # observer kept the event unread (_Collective.call), so that the caller's
+    # tensor is let go then. An event nobody kept and nobody read never makes them.
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        if self._payload is not None:
+            self._describe()
+        return self._shapes
+
+    @shapes.setter
+    def shapes(self, value: tuple[tuple[int, ...], ...]) -> None:
+        self._describe()  # the other facts first, from the payload
+        self._payload = None
+        self._shapes = value
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        if self._payload is not None:
+            self._describe()
+        return self._dtypes
+
+    @dtypes.setter
+    def dtypes(self, value: tuple[str, ...]) -> None:
+        self._describe()  # the other facts first, from the payload
+        self._payload = None
+        self._dtypes = value
+
+    @property
+    def nbytes(self) -> int:
+        if self._payload is not None:
+            self._describe()
+        return self._nbytes
+
+    @nbytes.setter
+    def nbytes(self, value: int) -> None:
+        self._describe()  # the other facts first, from the payload
+        self._payload = None
+        self._nbytes = value
+
+    def _describe(self) -> None:
+        """The payload's facts, made now (a tensor's kept per shape and dtype); it is let go."""
+        value = getattr(self, "_payload", None)  # unset in an event dataclasses.replace made
+        if value is None:
+            return
+        self._payload = None
+        if value is _NO_PAYLOAD:
+            self._shapes, self._dtypes, self._nbytes = (), (), 0
+        elif type(value) is torch.Tensor:
+            bases = self._engine.kept.get(self._collective.key)
+            if bases is None:
+                bases = _bases(self._engine, self._collective)
+            key = (value.shape, value.dtype)
+            facts = bases.get(key)
+            if facts is None:
+                facts = _with_facts(bases, key, value)
+            self._shapes, self._dtypes, self._nbytes = facts[5:]
+        else:
+            self._shapes, self._dtypes, self._nbytes = payload_facts(value)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # pickled and copied as the CollectiveEvent it is, without the dispatcher's slots
+        return CollectiveEvent, tuple([getattr(self, name) for name in _FIELD_NAMES])
 
     def __call__(self, what: str) -> None:
         """The first engine call (``Engine.on_call``): the collective has started."""
@@ -515,16 +611,29 @@ class _Live(CollectiveEvent):
                 bases = _bases(engine, c)
             n = len(args)
             name = c.payload
-            if name is None:
+            if not self._observers.reads_payload:
+                # the payload's facts are made when first read (or when the call
+                # ends with the event kept), from what was passed
+                self.name, self.group, self.group_ranks, self.rank, self.uniform = bases[None][:5]
+                if name is None:
+                    value = None
+                elif kwargs and name in kwargs:
+                    value = kwargs[name]
+                elif c.payload_at < n:
+                    value = args[c.payload_at]
+                else:
+                    value = c.payload_default
+                self._payload = _NO_PAYLOAD if value is None else value
+            elif name is None:
                 (
                     self.name,
                     self.group,
                     self.group_ranks,
                     self.rank,
                     self.uniform,
-                    self.shapes,
-                    self.dtypes,
-                    self.nbytes,
+                    self._shapes,
+                    self._dtypes,
+                    self._nbytes,
                 ) = bases[None]
             else:
                 if kwargs and name in kwargs:
@@ -544,15 +653,14 @@ class _Live(CollectiveEvent):
                         self.group_ranks,
                         self.rank,
                         self.uniform,
-                        self.shapes,
-                        self.dtypes,
-                        self.nbytes,
+                        self._shapes,
+                        self._dtypes,
+                        self._nbytes,
                     ) = facts
                 else:
-                    self.name, self.group, self.group_ranks, self.rank, self.uniform = bases[None][
-                        :5
-                    ]
-                    self.shapes, self.dtypes, self.nbytes = payload_facts(value)
+                    base = bases[None]
+                    self.name, self.group, self.group_ranks, self.rank, self.uniform = base[:5]
+                    self._shapes, self._dtypes, self._nbytes = payload_facts(value)
             if what in _POINT_TO_POINT:
                 self.seq = engine.p2p_seq
                 self.point_to_point = True
@@ -609,6 +717,7 @@ class _Live(CollectiveEvent):
             # ended already (a handle waited on again after its wait failed)
             self._args = self._kwargs = ()
             return
+        self._describe()  # an end out of the ordinary: the tensor is let go here
         self.duration = time.perf_counter() - self._t0
         self.error = error
         if error is None:
@@ -629,11 +738,20 @@ class _Live(CollectiveEvent):
         self._end(None)
 
 
-# what observers see in a repr, a pickle or a log: the class they were told of (a
-# pickled event comes back a CollectiveEvent, the slots that are the dispatcher's left out)
+# a collective that passes no payload (barrier), for _Live._describe
+_NO_PAYLOAD: Any = object()
+# what observers see in a repr or a log: the class they were told of (a pickled or
+# copied event is one: _Live.__reduce__)
 _Live.__name__ = _Live.__qualname__ = CollectiveEvent.__qualname__
 _new_live = _Live.__new__
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 _perf_counter = time.perf_counter
+_getrefcount = sys.getrefcount
+# the references to an event nobody kept, as sys.getrefcount counts them at the
+# end of _Collective.call: its local and the function's argument. Python 3.14
+# may lend a local without a reference, which would count a kept event as
+# nobody's: there every event's facts are made at its end, whatever the count
+_ALONE = 2 if sys.version_info < (3, 14) else -1
 
 
 def observing(

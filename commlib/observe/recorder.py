@@ -10,6 +10,7 @@ on ``SIGUSR1``, and at exit. ``commlib trace DIR`` reads the files.
 
 from __future__ import annotations
 
+import operator
 import os
 import socket
 import threading
@@ -30,6 +31,10 @@ from commlib.observe._lines import shorten
 from commlib.observe.event import CollectiveEvent
 
 DEFAULT_CAPACITY = 2000
+# an observed event's payload facts as the dispatcher made them at its start
+# (commlib.observe.dispatch._Live's slots): what its shapes, dtypes and nbytes
+# return, without their properties' Python calls
+_made_payload = operator.attrgetter("_shapes", "_dtypes", "_nbytes")
 _ERROR_CHARS = 500  # enough to name the ranks; a whole traceback would swamp the file
 
 
@@ -125,6 +130,8 @@ class FlightRecorder:
 
     #: the dispatcher fills in each event's call site for the recorder
     commlib_call_sites = True
+    #: ... and each event's payload facts (shapes, dtypes, bytes) made at its start
+    commlib_reads_payload = True
 
     # what the hooks read and write on every collective are slots: reads and
     # writes of an instance's __dict__ attributes take CPython's generic path
@@ -183,6 +190,12 @@ class FlightRecorder:
         """Keep a record of ``event`` (the oldest record goes when full)."""
         number = self.recorded + 1
         slot = (number - 1) % self.capacity
+        try:
+            # made at the start for us (commlib_reads_payload), read in one C call:
+            # the event's shapes/dtypes/nbytes properties are Python functions
+            shapes, dtypes, nbytes = _made_payload(event)
+        except AttributeError:  # an event made elsewhere (a test's, say)
+            shapes, dtypes, nbytes = event.shapes, event.dtypes, event.nbytes
         # the end first: a dump between the two lines sees the new start still running
         self._ended[slot] = None
         self._started[slot] = (
@@ -191,9 +204,9 @@ class FlightRecorder:
             event.seq,
             event.name,
             event.rank,
-            event.shapes,
-            event.dtypes,
-            event.nbytes,
+            shapes,
+            dtypes,
+            nbytes,
             event.peers,
             event.op,
             event.uniform,

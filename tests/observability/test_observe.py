@@ -791,3 +791,99 @@ def test_an_observer_describes_a_sparse_tensor_without_failing():
     sparse = torch.ones(2).to_sparse()
     assert payload_facts(sparse) == (((2,),), ("float32",), 8)
     assert payload_facts([sparse, torch.ones(3)])[2] == 20
+
+
+class _Keeper:
+    """An observer that keeps every event and reads nothing of it (``read``: fields it reads)."""
+
+    def __init__(self, read: tuple[str, ...] = (), at: str = "start") -> None:
+        self.events: list = []
+        self.read, self.at, self.values = read, at, []
+
+    @hookimpl
+    def commlib_collective_start(self, event):
+        self.events.append(event)
+        if self.at == "start":
+            self.values.append(tuple(getattr(event, f) for f in self.read))
+
+    @hookimpl
+    def commlib_collective_end(self, event):
+        if self.at == "end":
+            self.values.append(tuple(getattr(event, f) for f in self.read))
+
+
+_PAYLOADS = [
+    # (call, the payload facts every observer must see: as payload_facts says)
+    (lambda c: c.all_reduce(torch.ones(2, 3)), payload_facts(torch.ones(2, 3))),
+    (lambda c: c.all_reduce(torch.ones(4, dtype=torch.int64), "max"), (((4,),), ("int64",), 32)),
+    (lambda c: c.broadcast(torch.ones(5), src=0), (((5,),), ("float32",), 20)),
+    (lambda c: c.barrier(), ((), (), 0)),
+    (
+        lambda c: c.all_gather_into_tensor(torch.empty(3), torch.ones(3)),
+        payload_facts(torch.ones(3)),
+    ),
+]
+
+
+@pytest.mark.parametrize("recorder", [False, True], ids=["lazy", "with_recorder"])
+@pytest.mark.parametrize(
+    "read, at", [((), ""), (("shapes",), "start"), (("nbytes", "dtypes"), "end")]
+)
+def test_an_event_s_payload_facts_are_the_same_whenever_they_are_read(recorder, read, at):
+    # without an observer that reads every payload (the flight recorder), an
+    # event's shapes, dtypes and nbytes are made when first read, or as the call
+    # ends when an observer kept the event: the same values either way, and the
+    # caller's tensor is not kept alive by a kept event
+    keeper = _Keeper(read, at)
+    others = [FlightRecorder(capacity=10)] if recorder else []
+    for plugin in [keeper, *others]:
+        plugin_manager().register(plugin)
+    try:
+        comm = Communicator()
+        for call, _ in _PAYLOADS:
+            call(comm)
+        tensor = torch.ones(3)
+        gone = weakref.ref(tensor)
+        comm.all_reduce(tensor)
+        del tensor
+        gc.collect()
+        assert gone() is None  # the kept event let the tensor go
+    finally:
+        for plugin in [keeper, *others]:
+            plugin_manager().unregister(plugin)
+    expected = [facts for _, facts in _PAYLOADS] + [(((3,),), ("float32",), 12)]
+    got = [(e.shapes, e.dtypes, e.nbytes) for e in keeper.events]
+    assert got == expected
+    if read:  # what was read during the call is what is read after it
+        assert keeper.values == [
+            tuple(dict(zip(("shapes", "dtypes", "nbytes"), facts))[f] for f in read)
+            for facts in expected
+        ]
+    for e in keeper.events:
+        assert type(e).__name__ == "CollectiveEvent" and repr(e).startswith("CollectiveEvent(")
+
+
+def test_an_event_is_a_collective_event_dataclass_whoever_observes():
+    import dataclasses
+    import pickle
+
+    keeper = _Keeper()
+    plugin_manager().register(keeper)
+    try:
+        Communicator().all_reduce(torch.ones(2, 2), op="max")
+    finally:
+        plugin_manager().unregister(keeper)
+    (event,) = keeper.events
+    assert isinstance(event, commlib.observe.CollectiveEvent)
+    fields = dataclasses.asdict(dataclasses.replace(event, communicator=None))
+    assert [f.name for f in dataclasses.fields(event)] == list(fields)
+    assert fields["shapes"] == ((2, 2),) and fields["nbytes"] == 16 and fields["op"] == "max"
+    assert fields["state"] == "completed" and fields["peers"] == {}
+    copy = pickle.loads(pickle.dumps(dataclasses.replace(event, communicator=None)))
+    assert type(copy) is commlib.observe.CollectiveEvent
+    assert (copy.name, copy.seq, copy.shapes, copy.dtypes) == (
+        "all_reduce",
+        1,
+        ((2, 2),),
+        ("float32",),
+    )

@@ -426,7 +426,6 @@ class _Collective:
         live._collective, live._observers, live._engine = self, observers, engine
         live.communicator, live._args, live._kwargs = comm, args, kwargs
         live.state = ""  # not started (yet)
-        live._payload = None  # a tensor whose facts are not made yet (see _Live.shapes)
         # from the wrapper's caller: a program's direct call is found at once
         live.call_site = caller_of(sys._getframe(2)) if observers.call_sites else None
         engine.observed = live
@@ -614,7 +613,10 @@ class _Live(CollectiveEvent):
             if not self._observers.reads_payload:
                 # the payload's facts are made when first read (or when the call
                 # ends with the event kept), from what was passed
-                self.name, self.group, self.group_ranks, self.rank, self.uniform = bases[None][:5]
+                # (unpacked whole: a slice would make a tuple)
+                self.name, self.group, self.group_ranks, self.rank, self.uniform, _, _, _ = bases[
+                    None
+                ]
                 if name is None:
                     value = None
                 elif kwargs and name in kwargs:
@@ -624,29 +626,9 @@ class _Live(CollectiveEvent):
                 else:
                     value = c.payload_default
                 self._payload = _NO_PAYLOAD if value is None else value
-            elif name is None:
-                (
-                    self.name,
-                    self.group,
-                    self.group_ranks,
-                    self.rank,
-                    self.uniform,
-                    self._shapes,
-                    self._dtypes,
-                    self._nbytes,
-                ) = bases[None]
             else:
-                if kwargs and name in kwargs:
-                    value = kwargs[name]
-                elif c.payload_at < n:
-                    value = args[c.payload_at]
-                else:
-                    value = c.payload_default
-                if type(value) is torch.Tensor:  # the same shape and dtype, call after call
-                    key = (value.shape, value.dtype)
-                    facts = bases.get(key)
-                    if facts is None:
-                        facts = _with_facts(bases, key, value)
+                self._payload = None  # made here, for an observer that reads every payload
+                if name is None:
                     (
                         self.name,
                         self.group,
@@ -656,11 +638,33 @@ class _Live(CollectiveEvent):
                         self._shapes,
                         self._dtypes,
                         self._nbytes,
-                    ) = facts
+                    ) = bases[None]
                 else:
-                    base = bases[None]
-                    self.name, self.group, self.group_ranks, self.rank, self.uniform = base[:5]
-                    self._shapes, self._dtypes, self._nbytes = payload_facts(value)
+                    if kwargs and name in kwargs:
+                        value = kwargs[name]
+                    elif c.payload_at < n:
+                        value = args[c.payload_at]
+                    else:
+                        value = c.payload_default
+                    if type(value) is torch.Tensor:  # the same shape and dtype, call after call
+                        key = (value.shape, value.dtype)
+                        facts = bases.get(key)
+                        if facts is None:
+                            facts = _with_facts(bases, key, value)
+                        (
+                            self.name,
+                            self.group,
+                            self.group_ranks,
+                            self.rank,
+                            self.uniform,
+                            self._shapes,
+                            self._dtypes,
+                            self._nbytes,
+                        ) = facts
+                    else:
+                        base = bases[None]
+                        self.name, self.group, self.group_ranks, self.rank, self.uniform = base[:5]
+                        self._shapes, self._dtypes, self._nbytes = payload_facts(value)
             if what in _POINT_TO_POINT:
                 self.seq = engine.p2p_seq
                 self.point_to_point = True

@@ -10,7 +10,6 @@ on ``SIGUSR1``, and at exit. ``commlib trace DIR`` reads the files.
 
 from __future__ import annotations
 
-import operator
 import os
 import socket
 import threading
@@ -31,10 +30,6 @@ from commlib.observe._lines import shorten
 from commlib.observe.event import CollectiveEvent
 
 DEFAULT_CAPACITY = 2000
-# an observed event's payload facts as the dispatcher made them at its start
-# (commlib.observe.dispatch._Live's slots): what its shapes, dtypes and nbytes
-# return, without their properties' Python calls
-_made_payload = operator.attrgetter("_shapes", "_dtypes", "_nbytes")
 _ERROR_CHARS = 500  # enough to name the ranks; a whole traceback would swamp the file
 
 
@@ -191,9 +186,10 @@ class FlightRecorder:
         number = self.recorded + 1
         slot = (number - 1) % self.capacity
         try:
-            # made at the start for us (commlib_reads_payload), read in one C call:
-            # the event's shapes/dtypes/nbytes properties are Python functions
-            shapes, dtypes, nbytes = _made_payload(event)
+            # made at the start for us (commlib_reads_payload), read from where the
+            # dispatcher put them (commlib.observe.dispatch._Live's slots): the
+            # event's shapes/dtypes/nbytes are properties, a Python call each
+            shapes, dtypes, nbytes = event._shapes, event._dtypes, event._nbytes  # type: ignore[attr-defined]
         except AttributeError:  # an event made elsewhere (a test's, say)
             shapes, dtypes, nbytes = event.shapes, event.dtypes, event.nbytes
         # the end first: a dump between the two lines sees the new start still running

@@ -55,6 +55,8 @@ _COMPACT = 2
 
 # gathered slots up to this many bytes land in a bytearray, larger ones in torch.empty
 _ZEROED_UP_TO = 64 << 10
+# the sent rows kept on a device, all kinds together (a learnt slot may be 2 MiB a row)
+_DEVICE_ROWS_BYTES = 8 << 20
 _HEADS = struct.Struct(f"<{_HEADER}q")
 _STRIDED = torch.strided
 _ROOT = _HEADER - 1  # the field after the largest shape: a gather's dst
@@ -165,7 +167,8 @@ class _Slots:
         """
         found = self.device_rows.get(header)
         if found is None:
-            if len(self.device_rows) >= LAYOUTS:
+            rows = len(self.device_rows)
+            if rows >= LAYOUTS or rows * self.sent.size >= _DEVICE_ROWS_BYTES:
                 self.device_rows.clear()
             host = torch.zeros(self.sent.size, dtype=torch.uint8)
             host[: len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)

@@ -697,7 +697,11 @@ def _round(
         if area is not None and data is not None:
             area.copy_(data)
         gathered = torch.empty(world * size, dtype=torch.uint8, device=row.device)
-        engine.run(what, "all_gather_into_tensor", gathered, row, timeout=timeout)
+        lane = _lanes.round_lane(engine, size) if timeout is None else None
+        if lane is None:
+            engine.run(what, "all_gather_into_tensor", gathered, row, timeout=timeout)
+        else:  # the engine's own all_gather, as on the host
+            engine.direct(what, lane, gathered, row)
     # large, or on a device: only the headers come back to be read
     heads = gathered.view(world, size)[:, :_HEADER_BYTES].cpu().numpy().tobytes()
     return gathered, heads, _HEADER_BYTES

@@ -421,6 +421,10 @@ def test_on_a_device_the_data_goes_into_the_row_there(fake8):
         assert len(slots.device_rows) == 2 and not any(slots.sent.raw)  # the host slot unused
         row, area = next(iter(slots.device_rows.values()))
         assert area is not None and area.data_ptr() == row.data_ptr() + 288
+        with _counted(engine) as direct:  # the round: the engine's own all_gather
+            comm.all_gather(x)
+            comm.gather(x, 0)
+            assert direct.call_count == 2
         # a list all_to_all of plain tensors on the device takes its lane
         comm.all_to_all([torch.empty(2) for _ in range(8)], [torch.ones(2)] * 8)
         with _counted(engine) as direct:

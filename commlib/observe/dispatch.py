@@ -286,7 +286,7 @@ def _wall_time(t: float) -> float:
 
 
 #: what every event of a collective on an engine shares, in the order
-#: :meth:`_Live.__call__` unpacks it: name, group, group ranks, rank, uniform,
+#: :meth:`_Live._begin` unpacks it: name, group, group ranks, rank, uniform,
 #: shapes, dtypes, bytes
 _Facts = tuple[str, str, tuple[int, ...], int, bool, tuple[Any, ...], tuple[str, ...], int]
 
@@ -430,7 +430,7 @@ class _Collective:
         live.call_site = caller_of(sys._getframe(2)) if observers.call_sites else None
         engine.observed = live
         if observers.any:
-            engine.on_call = live
+            engine.on_call = live._begin
         refuse = self.refuse
         before = engine.seq
         try:
@@ -494,7 +494,7 @@ class _Live(CollectiveEvent):
     """A user-level collective's event, which is also its span while it runs.
 
     Made by :meth:`_Collective.call` (which sets the span's slots and
-    ``communicator`` / ``call_site``) and called by the engine at the
+    ``communicator`` / ``call_site``) whose ``_begin`` the engine calls at the
     collective's first engine call (``Engine.on_call``), which fills in the
     event's fields and tells the start hooks. Observers see it as the
     :class:`CollectiveEvent` it is (``dataclasses.fields`` lists the event's
@@ -592,7 +592,7 @@ class _Live(CollectiveEvent):
         # pickled and copied as the CollectiveEvent it is, without the dispatcher's slots
         return CollectiveEvent, tuple([getattr(self, name) for name in _FIELD_NAMES])
 
-    def __call__(self, what: str) -> None:
+    def _begin(self, what: str) -> None:
         """The first engine call (``Engine.on_call``): the collective has started."""
         engine = self._engine
         engine.on_call = None

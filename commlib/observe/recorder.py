@@ -137,7 +137,7 @@ class FlightRecorder:
         "__weakref__",
         "_ended",
         "_groups",
-        "_last_id",
+        "_last",
         "_last_number",
         "_last_slot",
         "_open",
@@ -163,9 +163,11 @@ class FlightRecorder:
         # the trace file's dicts made only when it is written
         self._started: list[tuple[Any, ...] | None] = [None] * capacity
         self._ended: list[tuple[Any, ...] | None] = [None] * capacity
-        # the collective started last, until it ends: id(event) and its slot
-        # (most end before the next starts, and need no dictionary)
-        self._last_id: int | None = None
+        # the collective started last, until it ends: the event (held no longer
+        # than its call, unless nobody waits on its handle: then until the next
+        # start), its number and its slot (most end before the next starts, and
+        # need neither a dictionary nor an id())
+        self._last: CollectiveEvent | None = None
         self._last_number = 0
         self._last_slot = 0
         self._open: dict[int, int] = {}  # the others still open: id(event) -> number
@@ -211,11 +213,11 @@ class FlightRecorder:
             event.call_site,
         )
         self.recorded = number  # after the slot is filled: snapshot() reads the ring by it
-        if self._last_id is not None:  # still open (an async handle, another thread's)
+        if self._last is not None:  # still open (an async handle, another thread's)
             if len(self._open) >= self.capacity:  # handles nobody waits on must not pile up
                 self._open.pop(next(iter(self._open)))
-            self._open[self._last_id] = self._last_number
-        self._last_id = id(event)
+            self._open[id(self._last)] = self._last_number
+        self._last = event
         self._last_number = number
         self._last_slot = slot
         if event.group not in self._groups:
@@ -226,12 +228,11 @@ class FlightRecorder:
     @hookimpl
     def commlib_collective_end(self, event: CollectiveEvent) -> None:
         """Complete the record; a failure writes the file (and tells the other ranks)."""
-        key = id(event)
-        if key == self._last_id:  # nothing started since: its slot holds it still
+        if event is self._last:  # nothing started since: its slot holds it still
             slot = self._last_slot
-            self._last_id = None
+            self._last = None
         else:
-            number = self._open.pop(key, None)
+            number = self._open.pop(id(event), None)
             if number is None:
                 return
             slot = (number - 1) % self.capacity

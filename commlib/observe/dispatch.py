@@ -501,7 +501,9 @@ class _Live(CollectiveEvent):
     fields only); the extra slots are the dispatcher's.
     """
 
+    # __weakref__: an observer may hold events weakly, as it could before they had slots
     __slots__ = (
+        "__weakref__",
         "_args",
         "_collective",
         "_dtypes",

@@ -875,6 +875,7 @@ def test_an_event_is_a_collective_event_dataclass_whoever_observes():
         plugin_manager().unregister(keeper)
     (event,) = keeper.events
     assert isinstance(event, commlib.observe.CollectiveEvent)
+    assert weakref.ref(event)() is event  # an observer may hold events weakly
     fields = dataclasses.asdict(dataclasses.replace(event, communicator=None))
     assert [f.name for f in dataclasses.fields(event)] == list(fields)
     assert fields["shapes"] == ((2, 2),) and fields["nbytes"] == 16 and fields["op"] == "max"

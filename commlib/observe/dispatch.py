@@ -423,7 +423,7 @@ class _Collective:
         # here, not in an __init__ (one Python call less)
         live = _new_live(_Live)
         live._t0 = t0 = _perf_counter()
-        live._collective, live._observers, live._engine = self, observers, engine
+        live._op, live._observers, live._eng = self, observers, engine
         live.communicator, live._args, live._kwargs = comm, args, kwargs
         live.state = ""  # not started (yet)
         # from the wrapper's caller: a program's direct call is found at once
@@ -468,7 +468,7 @@ class _Collective:
         if result is not None:
             if isinstance(result, Handle):  # an async collective ends in its wait()
                 return Handle(
-                    functools.partial(live._wait, result), None, result, value=result.value
+                    functools.partial(live._wait_on, result), None, result, value=result.value
                 )
             if isinstance(result, ResultHandle):  # an async object collective ends in wait()
                 result.add_done_callback(live._end)
@@ -505,20 +505,20 @@ class _Live(CollectiveEvent):
     __slots__ = (
         "__weakref__",
         "_args",
-        "_collective",
         "_dtypes",
-        "_engine",
+        "_eng",
         "_kwargs",
         "_nbytes",
         "_observers",
+        "_op",
         "_payload",
         "_shapes",
         "_t0",
     )
 
-    _collective: _Collective
+    _op: _Collective
     _observers: _Observers
-    _engine: Engine
+    _eng: Engine
     _args: Any
     _kwargs: Any
     _t0: float
@@ -579,9 +579,9 @@ class _Live(CollectiveEvent):
         if value is _NO_PAYLOAD:
             self._shapes, self._dtypes, self._nbytes = (), (), 0
         elif type(value) is torch.Tensor:
-            bases = self._engine.kept.get(self._collective.key)
+            bases = self._eng.kept.get(self._op.key)
             if bases is None:
-                bases = _bases(self._engine, self._collective)
+                bases = _bases(self._eng, self._op)
             key = (value.shape, value.dtype)
             facts = bases.get(key)
             if facts is None:
@@ -596,9 +596,9 @@ class _Live(CollectiveEvent):
 
     def _begin(self, what: str) -> None:
         """The first engine call (``Engine.on_call``): the collective has started."""
-        engine = self._engine
+        engine = self._eng
         engine.on_call = None
-        c = self._collective
+        c = self._op
         args, kwargs = self._args, self._kwargs
         self._args = self._kwargs = ()  # observers do not keep the caller's tensors alive
         try:
@@ -734,7 +734,7 @@ class _Live(CollectiveEvent):
             self.state = "failed"
         _notify(self._observers.ends, self)
 
-    def _wait(self, handle: Handle, timeout: Any) -> None:
+    def _wait_on(self, handle: Handle, timeout: Any) -> None:
         """An async collective's handle: it ends when its ``wait()`` does."""
         try:
             handle.wait(timeout)

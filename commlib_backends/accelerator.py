@@ -115,7 +115,9 @@ class _HostHeld:
         self.issue, self.token = issue, token
 
     def __call__(self, options: Any) -> _HeldWork:
-        return _HeldWork(self.issue(options), self.token)
+        # no issue: a group of one, where the all_reduce is the identity and the host
+        # still waits for the device, as torch's barrier does on a group of one
+        return _HeldWork(None if self.issue is None else self.issue(options), self.token)
 
 
 class _HeldWork:
@@ -127,7 +129,9 @@ class _HeldWork:
         self.work, self.token = work, token
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if timeout is None:
+        if self.work is None:
+            pass
+        elif timeout is None:
             self.work.wait()
         else:
             self.work.wait(timeout)
@@ -368,7 +372,8 @@ class AcceleratorBackend(EngineGaps):
         real device), the lane's wait then reads the token back, which holds
         the host until the device has done the all_reduce, as torch's own
         barrier synchronizes its stream (:meth:`barrier` holds it with a
-        timed wait).
+        timed wait); on a group of one, where the all_reduce is the identity
+        and nothing is issued, the lane still reads the token back.
 
         Examples:
             >>> nccl = commlib.plugins.resolve_backend("nccl")
@@ -378,12 +383,15 @@ class AcceleratorBackend(EngineGaps):
         if collective != "barrier":
             return super().direct_call(collective, group, **key)
         found = super().direct_call("all_reduce", group, op="sum", dtype=torch.float32)
-        if found is None or found.call is None or not found.min_bytes <= 4 <= found.max_bytes:
-            return found if found is None or found.call is None else None
+        if found is None or not found.min_bytes <= 4 <= found.max_bytes:
+            return None
+        held = self.cpu_part is None and self.waits_on_stream()
+        if found.call is None and not held:
+            return found  # a group of one: the identity
         # zeros: their sum stays zero whatever the number of calls
         token = torch.zeros(1, dtype=torch.float32, device=self.device())
-        issue = functools.partial(found.call, [token])
-        if self.cpu_part is None and self.waits_on_stream():
+        issue = None if found.call is None else functools.partial(found.call, [token])
+        if held:  # a group of one too: torch's barrier waits for the device there as well
             return found._replace(call=_HostHeld(issue, token))  # type: ignore[arg-type]
         return found._replace(call=issue)
 

@@ -299,9 +299,12 @@ def test_no_torch_lane_for_a_plugin_whose_ops_are_not_torch_s(free_dist):
         assert plugin.direct_call("broadcast", group, src=0, dtype=torch.float32) is not None
 
 
-def test_a_device_barrier_s_lane_holds_the_host(free_dist):
+@pytest.mark.parametrize("world", [8, 1])
+def test_a_device_barrier_s_lane_holds_the_host(free_dist, world):
     # on a real device the engine waits for a lane as torch's blocking calls do (the
-    # stream waits); the barrier's lane then reads its token back: the host waits too
+    # stream waits); the barrier's lane then reads its token back: the host waits too,
+    # on a group of one as well (nothing to issue there, but torch's barrier still
+    # synchronizes the device)
     nccl = type(plugins.resolve_backend("nccl"))
 
     class OnStream(nccl):  # type: ignore[misc, valid-type]
@@ -315,7 +318,7 @@ def test_a_device_barrier_s_lane_holds_the_host(free_dist):
             return True
 
     read = []
-    with fake_world(8, dispatch_plugin(OnStream())) as comm:
+    with fake_world(world, dispatch_plugin(OnStream())) as comm:
         engine = comm._engine
         comm.barrier()  # learnt
         lane = engine.lanes[("barrier",)]

@@ -408,6 +408,22 @@ def _prepare(
     steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, raw, gathered, every)
 
 
+def _serving(lanes: Lanes, tensor: Any, timeout: Any) -> Engine | None:
+    """The engine a steady entry may serve ``tensor`` on: a blocking call with the
+    communicator's timeout, a plain strided CPU tensor, no step unfinished; else None."""
+    engine = lanes.engine
+    if (
+        engine is None
+        or timeout is not None
+        or type(tensor) not in _lanes.PLAIN
+        or _steps.unfinished
+        or not tensor.is_cpu
+        or tensor.layout is not _STRIDED
+    ):
+        return None
+    return engine
+
+
 def steady_gather(
     lanes: Lanes, tensor: Any, dst: Any, timeout: Any, slot_size: int
 ) -> list[torch.Tensor] | tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype] | None:
@@ -420,16 +436,8 @@ def steady_gather(
         >>> steady_gather(comm._lanes, torch.ones(2), 0, None, comm.slot_size) is None
         True
     """
-    engine = lanes.engine
-    if (
-        engine is None
-        or timeout is not None
-        or type(tensor) not in _lanes.PLAIN
-        or type(dst) is not int
-        or _steps.unfinished
-        or not tensor.is_cpu
-        or tensor.layout is not _STRIDED
-    ):
+    engine = _serving(lanes, tensor, timeout)
+    if engine is None or type(dst) is not int:
         return None
     return steady(engine, tensor, "gather", GATHER_TO, dst, slot_size)
 
@@ -446,16 +454,8 @@ def steady_all_gather(
         >>> steady_all_gather(comm._lanes, torch.ones(2), None, False, comm.slot_size) is None
         True
     """
-    engine = lanes.engine
-    if (
-        engine is None
-        or timeout is not None
-        or type(tensor) not in _lanes.PLAIN
-        or _steps.unfinished
-        or "all_gather" in lanes.checked
-        or not tensor.is_cpu
-        or tensor.layout is not _STRIDED
-    ):
+    engine = _serving(lanes, tensor, timeout)
+    if engine is None or "all_gather" in lanes.checked:
         return None
     status = GATHER_ADAPTING if adapt_empty else GATHER
     found = steady(engine, tensor, "all_gather", status, None, slot_size)

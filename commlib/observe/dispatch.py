@@ -631,16 +631,7 @@ class _Live(CollectiveEvent):
             else:
                 self._payload = None  # made here, for an observer that reads every payload
                 if name is None:
-                    (
-                        self.name,
-                        self.group,
-                        self.group_ranks,
-                        self.rank,
-                        self.uniform,
-                        self._shapes,
-                        self._dtypes,
-                        self._nbytes,
-                    ) = bases[None]
+                    facts = bases[None]
                 else:
                     if kwargs and name in kwargs:
                         value = kwargs[name]
@@ -653,20 +644,18 @@ class _Live(CollectiveEvent):
                         facts = bases.get(key)
                         if facts is None:
                             facts = _with_facts(bases, key, value)
-                        (
-                            self.name,
-                            self.group,
-                            self.group_ranks,
-                            self.rank,
-                            self.uniform,
-                            self._shapes,
-                            self._dtypes,
-                            self._nbytes,
-                        ) = facts
                     else:
-                        base = bases[None]
-                        self.name, self.group, self.group_ranks, self.rank, self.uniform = base[:5]
-                        self._shapes, self._dtypes, self._nbytes = payload_facts(value)
+                        facts = (*bases[None][:5], *payload_facts(value))
+                (
+                    self.name,
+                    self.group,
+                    self.group_ranks,
+                    self.rank,
+                    self.uniform,
+                    self._shapes,
+                    self._dtypes,
+                    self._nbytes,
+                ) = facts
             if what in _POINT_TO_POINT:
                 self.seq = engine.p2p_seq
                 self.point_to_point = True

@@ -728,12 +728,8 @@ class Guard:
             if distributed:
                 first = rooms_of(engine).slot_bytes(self.slot_size)
                 _steps.run(engine, _objects.refusal_steps(engine, what, error, first), limit)
-        elif (
-            distributed
-            and what in _catalog.RAGGED
-            and not (what == "all_gather" and what in self.checked)
-        ):
-            # the first round is the shapes' (strict mode checks all_gather before it)
+        elif distributed and what in _catalog.RAGGED:
+            # the first round is the shapes' (it is the ragged gathers' check in every mode)
             _ragged.refuse(
                 engine,
                 what,

@@ -447,15 +447,15 @@ def steady_all_gather(
 ) -> list[torch.Tensor] | tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype] | None:
     """``Communicator.all_gather``'s fast entry: :func:`steady` where it may serve the call.
 
-    As :func:`steady_gather`, for a communicator that does not check
-    ``all_gather``; this rank's own entry of the result is ``tensor`` itself.
+    As :func:`steady_gather` (in every mode of the check: the round is
+    all_gather's check); this rank's own entry of the result is ``tensor`` itself.
 
     Examples:
         >>> steady_all_gather(comm._lanes, torch.ones(2), None, False, comm.slot_size) is None
         True
     """
     engine = _serving(lanes, tensor, timeout)
-    if engine is None or "all_gather" in lanes.checked:
+    if engine is None:
         return None
     status = GATHER_ADAPTING if adapt_empty else GATHER
     found = steady(engine, tensor, "all_gather", status, None, slot_size)

@@ -657,13 +657,8 @@ class Communicator:
             return _nested.all_gather(self, tensor, timeout)
         check.tensor(tensor, "tensor")
         world = engine.world_size
-        self._guard.check(
-            engine,
-            "all_gather",
-            # the dtypes and dims are the gathering round's to agree on
-            lambda: "adapt_empty" if adapt_empty else f"{tensor.dtype}, ndim={tensor.dim()}",
-            timeout=timeout,
-        )
+        # no check's round of its own, in any mode: the gathering round is the check (its
+        # slots are fixed-size; ranks agree there on dtypes, dims and adapt_empty)
         work_t = engine.to_device(tensor)
         limit = as_timedelta(timeout)
         # (a prepared round that found shapes that differ: its exchange, to go on from)

@@ -394,7 +394,8 @@ class Engine:
         """A blocking ``send`` or ``recv`` (``kind``): ``lane.call([tensor], peer, tag)``.
 
         What :meth:`direct` does for a collective, numbered as point to point
-        and waited on as one (never in slices; watched, see :mod:`commlib._waiting`).
+        and waited on as one (watched, see :mod:`commlib._waiting`; in slices
+        only where the work says its wait only waits, as MPI's requests do).
 
         Examples:
             >>> engine.direct_p2p("send", lane, torch.ones(2), 1, 0)  # 2 ranks  # doctest: +SKIP

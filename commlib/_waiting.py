@@ -88,7 +88,10 @@ def wait_watching(
 def wait_point_to_point(
     work: Work, limit: datetime.timedelta, group: Any, interrupt: bool = False
 ) -> None:
-    """:func:`wait_watching` for an engine's own point-to-point ``work`` (never in slices).
+    """:func:`wait_watching` for an engine's own point-to-point ``work``.
+
+    In slices only where ``work`` says its wait only waits (``interruptible``:
+    MPI's requests); otherwise as the module's notes say.
 
     For a send's or receive's work as the engine returned it, which does not
     say it is point to point (a :class:`~commlib.backend.WorkList` does).
@@ -99,6 +102,9 @@ def wait_point_to_point(
     """
     if interrupt:
         _interruptibly(work, limit, group)
+    elif getattr(work, "interruptible", False):
+        # a work that says its wait only waits (MPI's requests): in slices, as a collective
+        _in_slices(work, limit, group)
     elif work.is_completed():
         # nothing left to wait for (an engine whose sends complete at once): its
         # wait returns at once, raising the work's own error if it failed

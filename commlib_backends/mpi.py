@@ -56,6 +56,9 @@ from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib_backends import mpi_group
 from commlib_backends.engine_gaps import EngineGaps
 from commlib_backends.mpi_group import MPIWork, finish, mpi
+from commlib_backends.mpi_lanes import as_bytes as _bytes
+from commlib_backends.mpi_lanes import lane_call
+from commlib_backends.mpi_lanes import run_of as _run_of
 
 _ALL_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
 _NATIVE_REDUCE = {
@@ -106,24 +109,6 @@ def _float16(MPI: Any) -> Any:
         return MPI.Datatype.fromcode("e")  # MPICH's MPIX_C_FLOAT16, where it has one
     except (KeyError, ValueError, MPI.Exception):
         return None
-
-
-def _run_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The one flat byte tensor ``tensors`` lie in back to back, if they do (no copy)."""
-    if not tensors:
-        return None
-    first = tensors[0]
-    size = first.numel() * first.element_size()
-    start = first.data_ptr()
-    for i, t in enumerate(tensors):
-        if t.numel() * t.element_size() != size or t.data_ptr() != start + i * size:
-            return None
-        if not t.is_contiguous():
-            return None
-    base = first.untyped_storage()
-    offset = start - base.data_ptr()
-    flat = torch.empty(0, dtype=torch.uint8).set_(base, offset, (size * len(tensors),), (1,))
-    return flat
 
 
 class MPICalls(EngineGaps):
@@ -185,23 +170,46 @@ class MPICalls(EngineGaps):
         return self._mpi().ops[op]
 
     def direct_call(self, collective: str, group: Group, **key: Any) -> DirectCall | None:
-        """The check's round as MPI's own allgather of the slot; the rest through the methods.
+        """Each collective's nonblocking MPI call, issued by the engine past the method.
 
-        The argument check cannot come off on MPI (a size mismatch corrupts
-        memory), so its round is one ``Iallgather`` of the slot's first row,
-        issued by the engine past :meth:`all_gather_slots` and
-        :meth:`all_gather_into_tensor` (their layers cost more than MPI's
-        small allgather itself). The slot's buffers live as long as the
-        engine: their MPI buffers are made once.
+        The lanes (:mod:`commlib_backends.mpi_lanes`) make the call the
+        method makes, with its datatype, op and root looked up once: the
+        engine issues it for blocking unchecked calls and waits in slices.
+        None where the method does more (a reduction MPI lacks, complex
+        sums, a group of one's gathers: copies), nor for 0-byte tensors.
+
+        The check's round (``all_gather_slots``) is one ``Iallgather`` of the
+        slot's first row into every rank's rows, past :meth:`all_gather_slots`
+        and :meth:`all_gather_into_tensor` (their layers cost more than MPI's
+        small allgather itself); the slot's MPI buffers are made once.
 
         Examples:
             >>> lane = plugin.direct_call("all_gather_slots", group, slot_bytes=4096)
             ... # doctest: +SKIP
+            >>> plugin.direct_call("broadcast", group, src=0, dtype=torch.float32).min_bytes
+            ... # doctest: +SKIP
+            1
         """
-        if collective != "all_gather_slots" or key.get("apart", False):
-            # the methods are mpi4py's calls already; a torch ProcessGroup call (the
-            # base's lanes) would hand MPI's ops to torch
-            return None
+        if collective == "all_gather_slots":
+            return self._slot_lane(group, key)
+        if collective == "all_to_all":
+            return self._all_to_all_lane(group)
+        op = key.get("op")
+        if op is not None and not self.reduces_natively(op, key["dtype"]):
+            return None  # the method reduces it here (EngineGaps)
+        alone = self.world_size(group) == 1
+        if alone:
+            # nothing to send for a reduction, a broadcast or a barrier; the others copy
+            ident = collective in ("all_reduce", "reduce", "broadcast", "barrier")
+            return DirectCall(None, None) if ident else None
+        comm = self.comm_of(group)
+        call = lane_call(collective, comm, self._mpi(), key, comm.Get_rank())
+        # (a 0-byte tensor takes the method, which hands MPI an empty buffer)
+        return None if call is None else DirectCall(call, None, min_bytes=1)
+
+    def _slot_lane(self, group: Group, key: dict[str, Any]) -> DirectCall | None:
+        if key.get("apart", False):
+            return None  # rows sent apart: the method's all_to_all
         if type(self).all_gather_slots is not EngineGaps.all_gather_slots or (
             type(self).all_gather_into_tensor is not MPICalls.all_gather_into_tensor
         ):
@@ -209,6 +217,19 @@ class MPICalls(EngineGaps):
         if self.world_size(group) == 1:
             return DirectCall(None, None)
         return DirectCall(_SlotGather(self.comm_of(group), self._mpi()), None)
+
+    def _all_to_all_lane(self, group: Group) -> DirectCall | None:
+        if self.world_size(group) == 1:
+            return None
+        plugin = self
+
+        def call(outs: list[torch.Tensor], ins: list[torch.Tensor], options: Any) -> Work:
+            # this class's packing (the lane vouches for it), without the engine's frame
+            work = MPICalls.all_to_all(plugin, outs, ins, group, True)
+            assert work is not None  # (async_op: the request's work)
+            return work
+
+        return DirectCall(call, None)
 
     # -- collectives -------------------------------------------------------------------
     def all_reduce(
@@ -438,13 +459,6 @@ class _SlotGather:
     def __call__(self, output: torch.Tensor, row: torch.Tensor, options: Any) -> MPIWork:
         request = self.comm.Iallgather(self._buffer(row), self._buffer(output))
         return MPIWork([request], keep=(output, row))
-
-
-def _bytes(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [
-        t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
-        for t in (x if x.dim() else x.reshape(1) for x in tensors)
-    ]
 
 
 def _copy_out(

@@ -386,6 +386,195 @@ def test_the_check_round_is_mpis_allgather_small_results_ride_and_mismatches_are
     assert _kit().call(size, _checked_rounds) == [[]] * size
 
 
+_METHODS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "scatter",
+    "all_to_all_single",
+    "all_to_all",
+    "send",
+    "recv",
+)
+
+
+def _each_collective_twice(u) -> list[str]:
+    """Every collective with a lane, twice (learnt, then taken), results checked."""
+    n, rank = u.world_size, u.rank
+    wrong = []
+    for _ in range(2):
+        t = torch.full((6,), float(rank + 1))
+        u.all_reduce(t)
+        if t.tolist() != [n * (n + 1) / 2] * 6:
+            wrong.append(f"all_reduce {t}")
+        t = torch.full((6,), float(rank + 1))
+        u.all_reduce(t, "mean")
+        if t.tolist() != [(n + 1) / 2] * 6:
+            wrong.append(f"mean {t}")
+        t = torch.full((6,), float(rank + 1))
+        u.broadcast(t, src=n - 1)
+        if t.tolist() != [float(n)] * 6:
+            wrong.append(f"broadcast {t}")
+        t = torch.full((6,), float(rank + 1))
+        u.reduce(t, dst=n - 1)
+        if t.tolist() != [n * (n + 1) / 2 if rank == n - 1 else rank + 1.0] * 6:
+            wrong.append(f"reduce {t}")
+        out = torch.empty(3 * n)
+        u.all_gather_into_tensor(out, torch.full((3,), float(rank)))
+        aliased = torch.empty(3 * n)
+        u.all_gather_into_tensor(aliased, aliased[3 * rank : 3 * rank + 3].fill_(rank))
+        for got in (out, aliased):
+            if got.tolist() != [float(r) for r in range(n) for _ in range(3)]:
+                wrong.append(f"all_gather_into_tensor {got}")
+        part = torch.empty(3)
+        u.reduce_scatter(part, torch.arange(3.0 * n) + rank)
+        if part.tolist() != [float(n * (3 * rank + i) + n * (n - 1) // 2) for i in range(3)]:
+            wrong.append(f"reduce_scatter {part}")
+        mine = torch.empty(3)
+        parts = [torch.full((3,), float(j)) for j in range(n)] if rank == 0 else None
+        u.scatter(mine, parts, src=0)
+        if mine.tolist() != [float(rank)] * 3:
+            wrong.append(f"scatter {mine}")
+        got = torch.empty(2 * n)
+        u.all_to_all_single(got, torch.arange(2.0 * n) + 100 * rank)
+        if got.tolist() != [100.0 * j + 2 * rank + i for j in range(n) for i in range(2)]:
+            wrong.append(f"all_to_all_single {got}")
+        outs = [torch.empty(2) for _ in range(n)]
+        u.all_to_all(outs, [torch.full((2,), float(10 * rank + j)) for j in range(n)])
+        if [o.tolist() for o in outs] != [[10.0 * j + rank] * 2 for j in range(n)]:
+            wrong.append(f"all_to_all {outs}")
+        u.barrier()
+        if n > 1:  # a ring: each rank sends to the next, receives from the one before
+            if rank % 2 == 0:
+                u.send(torch.full((4,), float(rank)), (rank + 1) % n)
+                got = torch.empty(4)
+                u.recv(got, (rank - 1) % n)
+            else:
+                got = torch.empty(4)
+                u.recv(got, (rank - 1) % n)
+                u.send(torch.full((4,), float(rank)), (rank + 1) % n)
+            if got.tolist() != [float((rank - 1) % n)] * 4:
+                wrong.append(f"recv {got}")
+    return wrong
+
+
+def _lanes_taken(comm) -> list[str]:
+    """Unchecked calls take the plugin's lanes: the methods run only on the learning call."""
+    plugin = comm.plugin
+    calls: dict[str, int] = {}
+
+    def spy(name):
+        method = getattr(plugin, name)
+
+        def counted(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return method(*args, **kwargs)
+
+        return counted
+
+    for name in _METHODS:  # on the instance: the engine binds them when it is made
+        setattr(plugin, name, spy(name))
+    try:
+        u = commlib.Communicator(comm.group, strict=False, timeout=comm.timeout)
+        wrong = _each_collective_twice(u)
+    finally:
+        for name in _METHODS:
+            delattr(plugin, name)
+    n = comm.world_size
+    learnt = {k[0]: v for k, v in u._engine.lanes.items() if k[0] != "all_gather_slots"}
+    expected = set(_METHODS) | {"barrier"} - ({"send", "recv"} if n == 1 else set())
+    if n == 1:  # a group of one: reductions and broadcasts issue nothing, gathers copy
+        expected = {"all_reduce", "broadcast", "reduce", "barrier"}
+    for name in sorted(expected):
+        lane = learnt.get(name)
+        if lane is None or (lane.call is None) != (n == 1):
+            wrong.append(f"{name}: lane {lane}")
+    for name in _METHODS:
+        # the learning call went through the method (all_reduce's sum and mean learn
+        # apart); every later one took the lane
+        if name in expected and calls.get(name, 0) > (2 if name == "all_reduce" else 1):
+            wrong.append(f"{name}: the method ran {calls[name]} times")
+    return wrong
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_unchecked_calls_take_mpis_lanes_with_the_same_results(size):
+    assert _kit().call(size, _lanes_taken) == [[]] * size
+
+
+def _overridden_method_still_called(comm) -> tuple[int, bool, list[str]]:
+    """A subclass that overrides broadcast has it called on every call; all_reduce's lane stays."""
+    seen = []
+
+    class Logged(MPIBackend):
+        def broadcast(self, tensor, src, group, async_op=False):
+            seen.append(src)
+            return super().broadcast(tensor, src, group, async_op)
+
+    u = commlib.Communicator(comm.group, backend=Logged(), strict=False, timeout=comm.timeout)
+    wrong = []
+    for _ in range(3):
+        t = torch.full((4,), float(u.rank))
+        u.broadcast(t, src=0)
+        if t.tolist() != [0.0] * 4:
+            wrong.append(f"broadcast {t}")
+        x = torch.ones(4)
+        u.all_reduce(x)
+        if x.tolist() != [float(u.world_size)] * 4:
+            wrong.append(f"all_reduce {x}")
+    lanes = u._engine.lanes
+    reduced = lanes.get(("all_reduce", "sum", torch.float32))
+    return (
+        len(seen),
+        lanes.get(("broadcast", 0, torch.float32)) is None
+        and (reduced is not None and (reduced.call is not None or u.world_size == 1)),
+        wrong,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_plugin_overriding_a_method_on_mpi_still_has_it_called():
+    for seen, lanes_right, wrong in _kit().call(3, _overridden_method_still_called):
+        assert (seen, lanes_right, wrong) == (3, True, [])
+
+
+def _lane_times_out(comm) -> tuple[str, float, bool]:
+    """A lane's wait is the engine's sliced one: a missing rank is a timeout, not a hang."""
+    u = comm.new_group([0, 1, 2], timeout=1.0)
+    u.strict = False
+    outcome, waited, took = "not in the group", 0.0, False
+    if u.is_member:
+        u.all_reduce(torch.ones(4))  # every member: the lane is learnt
+        lane = u._engine.lanes.get(("all_reduce", "sum", torch.float32))
+        took = lane is not None and lane.call is not None
+    if comm.rank < 2:
+        start = time.monotonic()
+        try:
+            u.all_reduce(torch.ones(4))
+            outcome = "no error"
+        except CommTimeoutError as exc:
+            outcome = type(exc).__name__
+        waited = time.monotonic() - start
+    y = torch.ones(2)
+    comm.all_reduce(y)  # the world goes on: the pending request stays in the trio alone
+    return outcome, waited, took
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_lanes_wait_times_out_when_a_rank_stays_away():
+    results = _kit().call(4, _lane_times_out)
+    for rank in (0, 1):
+        outcome, waited, took = results[rank]
+        assert (outcome, took) == ("CommTimeoutError", True), results
+        assert 0.9 < waited < 15, results
+
+
 def _timeout_then_shrink(comm) -> tuple[str, float, list[float], list[float]]:
     """Rank 2 stays out of a subgroup's all_reduce; 0 and 1 time out, then shrink past it."""
     trio = comm.new_group([0, 1, 2])

@@ -136,7 +136,13 @@ class _Slots:
     )
 
     def __init__(self, engine: Engine, size: int):
-        copies = copies_of(engine.world_size, size, engine.on_cpu)
+        world = engine.world_size
+        copies = copies_of(world, size, engine.on_cpu)
+        if copies < world and engine.on_cpu and engine.sends_slot_rows_apart(size):
+            # a larger slot the engine still sends apart (gloo's up to a megabyte in all,
+            # a learnt 128 KiB one too): written into every row, it takes the engine's
+            # exchange as it is, where gathering the one row repeats it anyway
+            copies = world
         self.sent = SentSlot(copies, size, _HEADER_BYTES)
         #: the row an engine that gathers the first row gathers (a view made once)
         self.first = self.sent.rows[0]
@@ -310,6 +316,10 @@ def exchange(
                 else:
                     slots.give_back(gathered, raw)
                 every = every.clone()  # one op: the results no longer hold the slots
+            elif timeout is None and rooms is not None and engine.on_cpu:
+                # the results are views of this round's buffer: the next such call
+                # gathers into one of its own
+                _prepare(engine, slots, layout, rooms, need, size, room, None, None, None, dst)
             return shapes, list(every.unbind(0)), tensor.dtype
     heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
     return _settle(
@@ -321,30 +331,40 @@ class _Steady:
     """A steady kind of call's round, prepared: the next such call sends and reads it as is.
 
     Made by :func:`exchange` after a call whose every rank sent this rank's
-    header with data that rode in a compact slot (its results are copies),
-    over the engine's own round (a direct call): the gathered buffer, the view
-    of every rank's data in it and what reads every rank's header from it are
-    kept, so the next call of that kind (:func:`steady`) costs the copy into
-    the slot, the round, one comparison of the headers and the copy out.
-    Valid while the slot's size is the same: the same learnt room and the
-    same communicator slot.
+    header with data that rode in the slot, over the engine's own round (a
+    direct call): what reads every rank's header from the gathered slots and
+    how every rank's data is viewed in them are kept, so the next call of
+    that kind (:func:`steady`) costs the copy into the slot, the round and
+    one comparison of the headers. Where the data is small against the slot
+    (``compact``, see :data:`_COMPACT`), the round's buffer is kept too and
+    the results are copied out of it; otherwise each call gathers into a
+    buffer of its own and its results are views of it, as the whole way's
+    are (no copy of every rank's data); a gather's other ranks, whose
+    results are ``[]``, keep theirs. Valid while the slot's size is the same:
+    the same learnt room and the same communicator slot.
     """
 
     __slots__ = (
         "area",
         "args",
+        "dtype",
         "every",
         "expected",
+        "fresh",
         "gathered",
         "header",
         "heads",
         "lane",
         "learnt",
         "need",
+        "offset",
         "raw",
         "room",
         "rooms",
+        "sizes",
+        "strides",
         "teaches",
+        "total",
     )
 
     def __init__(
@@ -355,9 +375,7 @@ class _Steady:
         rooms: Rooms,
         need: int,
         room: int,
-        raw: bytearray,
-        gathered: torch.Tensor,
-        every: torch.Tensor,
+        kept: tuple[Any, torch.Tensor, torch.Tensor | None] | None,
     ):
         assert layout.areas is not None  # (the data rides in the slot)
         self.header, self.area, self.lane, self.rooms = (
@@ -371,13 +389,22 @@ class _Steady:
         self.need = need
         #: whether a steady call still teaches the rooms (see exchange): they shrink
         self.teaches = not need <= rooms.learnt <= 2 * need or need > slots.cap
-        self.raw, self.gathered, self.every = raw, gathered, every
-        #: the direct call's arguments: the engine's exchange of the rows, or its gather
-        #: of the first
-        self.args: tuple[Any, ...] = (
-            (gathered, slots.sent.rows, [], []) if slots.apart else (gathered, slots.first)
-        )
         world, size = slots.world, slots.sent.size
+        #: bytes gathered: a buffer of its own for every call (``fresh``) unless kept
+        self.total = world * size
+        self.fresh = kept is None
+        if kept is None:
+            raw, gathered, every = None, torch.empty(0, dtype=torch.uint8), None
+        else:
+            raw, gathered, every = kept
+        #: the kept buffer (over ``raw``, read by ``heads``) and every rank's data in it
+        self.raw, self.gathered, self.every = raw, gathered, every
+        #: how every rank's data is viewed in a fresh buffer: ``(world, *shape)``
+        self.dtype, self.sizes = layout.key[0], layout.sizes
+        self.strides, self.offset = layout.strides, layout.offset
+        #: the direct call's arguments after the gathered buffer: the engine's exchange
+        #: of the rows, or its gather of the first
+        self.args: tuple[Any, ...] = (slots.sent.rows, [], []) if slots.apart else (slots.first,)
         #: every rank's header in the gathered slots, read in one step, and this rank's
         #: header as often: equal when every rank made this call
         gap = size - _HEADER_BYTES
@@ -393,19 +420,29 @@ def _prepare(
     need: int,
     size: int,
     room: int,
-    raw: bytearray,
-    gathered: torch.Tensor,
-    every: torch.Tensor,
+    raw: bytearray | None,
+    gathered: torch.Tensor | None,
+    every: torch.Tensor | None,
+    dst: int | None = None,
 ) -> None:
-    """Keep this steady round (``gathered`` over ``raw``, ``every`` its data) for the next one."""
+    """Keep this steady round's reading for the next one: with ``raw`` (``gathered``
+    over it, ``every`` its data), its buffer too; a gather's other ranks keep one of
+    their own (their results are ``[]``); else the next call gathers into a new one."""
     lane = _lanes.round_lane(engine, size, slots.apart)
     if lane is None or rooms.slot_bytes(_HEADER_BYTES + room) != size:
-        slots.give_back(gathered, raw)  # sized anew next call: nothing to prepare
+        if raw is not None and gathered is not None:
+            slots.give_back(gathered, raw)  # sized anew next call: nothing to prepare
         return
+    kept: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
+    if raw is not None and gathered is not None:
+        kept = (raw, gathered, every)
+    elif dst is not None and dst != engine.rank:
+        own = torch.empty(slots.world * size, dtype=torch.uint8)
+        kept = (own.numpy(), own, None)
     steady = slots.steady
     if len(steady) >= LAYOUTS:
         steady.clear()
-    steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, raw, gathered, every)
+    steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, kept)
 
 
 def _serving(lanes: Lanes, tensor: Any, timeout: Any) -> Engine | None:
@@ -501,16 +538,26 @@ def steady(
         slots.head(found.header)
     # (a tensor that requires grad is sent as its data, as Engine.to_device does)
     found.area.copy_(tensor.detach() if tensor.requires_grad else tensor)
-    engine.direct(what, lane, *found.args)
-    if found.heads.unpack_from(found.raw) != found.expected:
-        # the results may be views of this buffer: it is theirs now
-        del slots.steady[key]
-        return _unsteady(engine, tensor, what, found, slots.sent.size, status, dst)
+    if found.fresh:  # a buffer of its own: the results are views of it
+        gathered = torch.empty(found.total, dtype=torch.uint8)
+        engine.direct(what, lane, gathered, *found.args)
+        raw: Any = gathered.numpy()
+    else:
+        gathered, raw = found.gathered, found.raw
+        engine.direct(what, lane, gathered, *found.args)
+    if found.heads.unpack_from(raw) != found.expected:
+        if not found.fresh:  # the results may be views of this buffer: it is theirs now
+            del slots.steady[key]
+        return _unsteady(engine, tensor, what, found, gathered, raw, status, dst)
     if rooms.smaller or found.teaches:
         rooms.learn(found.need, engine.world_size)
     if dst is not None and engine.rank != dst:
         return []
-    return list(found.every.clone().unbind(0))
+    every = found.every
+    if every is None:  # a fresh buffer (a gather's other ranks kept theirs: returned above)
+        every = gathered.view(found.dtype).as_strided(found.sizes, found.strides, found.offset)
+        return list(every.unbind(0))
+    return list(every.clone().unbind(0))
 
 
 def _unsteady(
@@ -518,20 +565,22 @@ def _unsteady(
     tensor: torch.Tensor,
     what: str,
     found: _Steady,
-    size: int,
+    gathered: torch.Tensor,
+    raw: Any,
     status: int,
     dst: int | None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None, torch.dtype]:
-    """:func:`steady`'s round where some rank sent another header: as :func:`exchange` ends."""
-    raw = found.raw
-    heads = [_HEADS.unpack_from(raw, at) for at in range(0, len(raw), size)]
+    """:func:`steady`'s round (``gathered``, over ``raw``) where some rank sent another
+    header: as :func:`exchange` ends."""
+    size = found.total // engine.world_size
+    heads = [_HEADS.unpack_from(raw, at) for at in range(0, found.total, size)]
     adapt_empty = status == GATHER_ADAPTING
     return _settle(
         engine,
         tensor.detach(),
         what,
         heads,
-        found.gathered,
+        gathered,
         size,
         found.rooms,
         False,

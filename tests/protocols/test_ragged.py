@@ -316,7 +316,7 @@ def test_what_the_direct_call_does_not_take(fake8):
 # -- a steady kind of call: its prepared round (commlib._ragged.steady) -------------------
 
 
-def _on_steady_then_changed(comm: Communicator):
+def _on_steady_then_changed(comm: Communicator, length: int = 3):
     # every rank prepares the round of a steady kind; then one rank alone changes its
     # shape, its dtype, or refuses: the ranks still in the prepared round find out from
     # the headers and end the call as the whole way would
@@ -326,16 +326,21 @@ def _on_steady_then_changed(comm: Communicator):
     out: dict = {}
 
     def equal(step: int) -> torch.Tensor:
-        return torch.arange(3.0) + 10 * r + 100 * step
+        return torch.arange(float(length)) + 10 * r + 100 * step
 
     def listed(tensors):
         return [t.tolist() for t in tensors]
 
+    engine = comm._engine
     for step in range(3):
+        before = engine.seq
         out.setdefault("steady", []).append(
             (listed(comm.all_gather(equal(step))), listed(comm.gather(equal(step), dst=0)))
         )
-    longer = torch.arange(5.0) + 10 * r if r == last else equal(0)
+        out.setdefault("rounds", []).append(engine.seq - before)
+    # both kinds prepared (the engine's own exchange of the rows, every size here)
+    out["prepared"] = len(engine.kept["ragged"].steady)
+    longer = torch.arange(length + 2.0) + 10 * r if r == last else equal(0)
     out["uneven"] = (listed(comm.all_gather(longer)), listed(comm.gather(longer, dst=0)))
     comm.all_gather(equal(0))
     comm.gather(equal(0), dst=0)
@@ -358,18 +363,31 @@ def _on_steady_then_changed(comm: Communicator):
     return out
 
 
-def test_a_steady_kind_meets_a_rank_that_changed(world):
+# 3 elements: small against the slot, the prepared round's buffer kept and its results
+# copied out; 900 (3600 of the slot's 3808 bytes): each call gathers into a buffer of
+# its own, its results views of it; 32768 (128 KiB, what a gather's slot learns at
+# most: a slot a header larger than the rows written for every rank before)
+@pytest.mark.parametrize("length", [3, 900, 32768])
+def test_a_steady_kind_meets_a_rank_that_changed(world, length):
     n = world.size
-    for r, got in enumerate(world.run(_on_steady_then_changed)):
+
+    def seq(size: int, q: int, plus: int) -> list[float]:
+        return (torch.arange(float(size)) + 10 * q + plus).tolist()
+
+    for r, got in enumerate(world.run(_on_steady_then_changed, length)):
         for step, (gathered, to_zero) in enumerate(got["steady"]):
-            every = [(torch.arange(3.0) + 10 * q + 100 * step).tolist() for q in range(n)]
+            every = [seq(length, q, 100 * step) for q in range(n)]
             assert gathered == every and to_zero == (every if r == 0 else [])
-        uneven = [(torch.arange(5.0 if q == n - 1 else 3.0) + 10 * q).tolist() for q in range(n)]
+        # learnt from the first call (in one round from the second), all_gather and
+        # gather one round each
+        assert got["rounds"][1:] == [2, 2]
+        assert got["prepared"] == (2 if n > 1 else 0)
+        uneven = [seq(length + 2 if q == n - 1 else length, q, 0) for q in range(n)]
         assert got["uneven"] == (uneven, uneven if r == 0 else [])
-        after = [(torch.arange(3.0) + 10 * q + 700).tolist() for q in range(n)]
+        after = [seq(length, q, 700) for q in range(n)]
         assert got["after"] == (after, after if r == n - 1 else [])
-        assert got["own"] and got["grad"] == [1.0, 1.0, 1.0]
-        assert got["slot"] == [(torch.arange(3.0) + 10 * q + 800).tolist() for q in range(n)]
+        assert got["own"] and got["grad"] == [1.0] * length
+        assert got["slot"] == [seq(length, q, 800) for q in range(n)]
         if n == 1:
             assert got["dtype"] == (None, None) and got["dst"] is None
             assert got["refused"][0] == "TypeError"
@@ -403,6 +421,37 @@ def test_a_steady_kind_takes_its_prepared_round(fake8, strict):
         comm.all_gather(x, timeout=5)  # a timeout of its own: the whole way
         comm.all_gather(x.to(torch.float64))  # a kind not seen yet: the whole way
         assert whole.call_count == 2
+
+
+def test_a_steady_kind_that_fills_the_slot_gathers_into_a_buffer_of_its_own(fake8):
+    # data that fills most of the slot: a prepared round too, but each call's results are
+    # views of a buffer of its own (no copy out), so a later call leaves them as they were
+    from commlib import _ragged
+
+    comm, engine = fake8, fake8._engine
+    if not _fake_fills_all_to_all(comm):
+        pytest.skip("this torch's fake group sends nothing back: no headers to compare")
+    x = torch.arange(900.0)  # 3600 of the slot's 3808 bytes
+    comm.all_gather(x)
+    comm.gather(x, 0)
+    kept = []
+    with (
+        _counted(engine) as direct,
+        mock.patch.object(_ragged, "exchange", wraps=_ragged.exchange) as whole,
+    ):
+        for step in range(3):
+            mine = x + step
+            got = comm.all_gather(mine)
+            assert got[0] is mine and [t.tolist() for t in got[1:]] == [mine.tolist()] * 7
+            parts = comm.gather(mine * 2, 0)
+            assert [t.tolist() for t in parts] == [(mine * 2).tolist()] * 8
+            kept.append((got[1], parts[1]))
+        assert direct.call_count == 6 and whole.call_count == 0
+    for step, (gathered, to_zero) in enumerate(kept):
+        assert gathered.tolist() == (x + step).tolist()
+        assert to_zero.tolist() == ((x + step) * 2).tolist()
+    buffers = {t.untyped_storage().data_ptr() for pair in kept for t in pair}
+    assert len(buffers) == 6
 
 
 def test_on_a_device_the_data_goes_into_the_row_there(fake8):

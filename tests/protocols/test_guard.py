@@ -922,3 +922,106 @@ def test_parts_ride_whole_where_rows_do_not_go_apart(multi_world):
     # every rank gets every rank's slot: a scatter's list and an all_to_all's parts
     # travel whole in the sender's slot, each rank taking its own: still one round
     assert multi_world.run(_on_whole, timeout=120) == [[1, 1, 1]] * multi_world.size
+
+
+def _steady_call(c: Communicator, what: str, i: int, changed: bool) -> list[torch.Tensor]:
+    """One call of ``what``, its data new each time; ``changed``: this rank's call differs.
+
+    Each change keeps the byte count of the steady call where it can (a shape of
+    the same elements, a dtype of the same size, another root or op), so only
+    the description tells it apart from the round prepared for the steady one.
+    """
+    r, w = c.rank, c.world_size
+    x = torch.arange(4.0) + 10 * r + i
+    if what == "all_reduce shape":
+        t = x.view(2, 2).clone() if changed else x.clone()
+        c.all_reduce(t)
+        return [t]
+    if what == "all_reduce dtype":
+        t = x.to(torch.int32) if changed else x.clone()
+        c.all_reduce(t)
+        return [t]
+    if what == "all_reduce op":
+        t = x.clone()
+        c.all_reduce(t, op="max" if changed else "sum")
+        return [t]
+    if what == "broadcast src":
+        t = x.clone()
+        c.broadcast(t, src=(w - 1 if changed else 0) if r == w - 1 else 0)
+        return [t]
+    if what == "reduce dst":
+        t = x.clone()
+        c.reduce(t, dst=w - 1 if changed else 0)
+        return [t]
+    if what == "scatter shape":
+        got = torch.empty(2, 2) if changed else torch.empty(4)
+        parts = [x + 100 * j for j in range(w)] if r == 0 else None
+        c.scatter(got, parts, src=0)
+        return [got]
+    if what == "all_gather_into_tensor dtype":
+        t = x.to(torch.int32) if changed else x
+        out = torch.empty(4 * w, dtype=t.dtype)
+        c.all_gather_into_tensor(out, t)
+        return [out]
+    if what == "reduce_scatter shape":
+        out = torch.empty(2, 2) if changed else torch.empty(4)
+        chunks = torch.cat([x + j for j in range(w)])
+        c.reduce_scatter(out, chunks.view(w * out.shape[0], *out.shape[1:]))
+        return [out]
+    if what == "all_to_all_single shape":
+        inp = torch.cat([x + 100 * j for j in range(w)])
+        out = torch.empty(4 * w)
+        if changed:
+            inp, out = inp.view(2 * w, 2), out.view(2 * w, 2)
+        c.all_to_all_single(out, inp)
+        return [out]
+    if what == "all_to_all dtype":  # (a shape of as many elements matches pair by pair)
+        dtype = torch.int32 if changed else torch.float32
+        outs = [torch.empty(4, dtype=dtype) for _ in range(w)]
+        c.all_to_all(outs, [(x + 100 * j).to(dtype) for j in range(w)])
+        return outs
+    raise AssertionError(what)
+
+
+_STEADY = [
+    "all_reduce shape",
+    "all_reduce dtype",
+    "all_reduce op",
+    "broadcast src",
+    "reduce dst",
+    "scatter shape",
+    "all_gather_into_tensor dtype",
+    "reduce_scatter shape",
+    "all_to_all_single shape",
+    "all_to_all dtype",
+]
+
+
+def _on_steady_then_change(comm, what: str, strict: bool | None) -> tuple[int, str]:
+    c = Communicator(timeout=TIMEOUT, strict=strict)
+    plain = Communicator(timeout=TIMEOUT, strict=False)
+    last = c.rank == c.world_size - 1
+    for i in range(4):  # steady calls take the round prepared by the first: new data each time
+        got = _steady_call(c, what, i, changed=False)
+        want = _steady_call(plain, what, i, changed=False)
+        assert all(torch.equal(g, v) for g, v in zip(got, want)), (i, got, want)
+    try:  # one rank changes: the prepared round must not hide it
+        _steady_call(c, what, 4, changed=last)
+        error = ""
+    except RemoteArgumentError as exc:
+        error = str(exc)
+    # and back: the steady kind again, right results (its round prepared anew or reused)
+    for i in range(5, 7):
+        got = _steady_call(c, what, i, changed=False)
+        want = _steady_call(plain, what, i, changed=False)
+        assert all(torch.equal(g, v) for g, v in zip(got, want)), (i, got, want)
+    return c.world_size, error
+
+
+@pytest.mark.parametrize("strict", [None, True], ids=["default", "strict"])
+@pytest.mark.parametrize("what", _STEADY)
+def test_a_prepared_round_is_not_taken_when_one_rank_changes(multi_world, what, strict):
+    out = multi_world.run(_on_steady_then_change, what, strict, timeout=120)
+    errors = [e for _, e in out]
+    assert all(errors) and len(set(errors)) == 1, errors  # every rank raised, the same
+    assert "ranks passed different arguments" in errors[0], errors[0]

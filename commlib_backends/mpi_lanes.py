@@ -10,6 +10,13 @@ for a blocking, unchecked call with the communicator's timeout
 MPI has no timed wait, so a lane issues the nonblocking call (``Iallreduce``,
 ``Ibcast``, ...) like the methods do, never the blocking one.
 
+Each lane issues exactly the MPI call the method issues for the same
+arguments: MPI pairs the ranks' calls by kind, and ranks may take different
+ways to the same collective (a rank with an unfinished async protocol, or
+one that has not learnt the key yet, takes the method), so a lane that
+issued another algorithm (point to point in place of ``Iscatter``) could
+meet the method's call on another rank and hang.
+
 Each call takes the engine's arguments for its collective (``[tensor]``,
 ``output, input``, ...) and the lane's options last (none here: what varies
 is bound in the call); the buffers are the tensors' own memory

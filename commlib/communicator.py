@@ -56,7 +56,7 @@ from commlib.errors import (
 )
 from commlib.handle import Handle, ResultHandle
 from commlib.p2p import P2POp
-from commlib.reductions import copy_back, reduce_into, reduce_locally, reduction
+from commlib.reductions import copy_back, reduce_into, reduction, write_back
 from commlib.serialization import Serializer
 from commlib.types import Group, P2PRequest, ReduceOp, Timeout
 
@@ -572,10 +572,9 @@ class Communicator:
         check.tensor(tensor, "tensor")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
-        Lanes.learn_all_reduce(engine, op, name, engine_op, back, tensor)
         work_t, world = engine.to_device(tensor), engine.world_size
         finite = _finite.flag(self.check_finite, tensor)
-        if "all_reduce" in self._guard.checked:
+        if "all_reduce" in self._guard.checked:  # (a checked call takes no lane: none learnt)
             parts = _finite.checked(
                 self._guard,
                 engine,
@@ -587,9 +586,13 @@ class Communicator:
             )
             if parts is not None:
                 reduce_into(work_t, parts, engine_op)
-                return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
-        elif finite is not None:
-            _finite.agree_finite(engine, "all_reduce", finite, self._serializer, self._slot_size)
+                return write_back(back, work_t, tensor, world, async_op)
+        else:
+            Lanes.learn_all_reduce(engine, op, name, engine_op, back, tensor)
+            if finite is not None:
+                _finite.agree_finite(
+                    engine, "all_reduce", finite, self._serializer, self._slot_size
+                )
         return engine.all_reduce(
             work_t,
             engine_op,
@@ -718,7 +721,6 @@ class Communicator:
         engine = self._member("all_gather_into_tensor")
         check.tensor(output, "output")
         check.tensor(tensor, "tensor")
-        learn_once(engine, "all_gather_into_tensor", dtype=tensor.dtype)
         if output.numel() != tensor.numel() * engine.world_size:
             raise ValueError(
                 f"output has {output.numel()} elements; all_gather_into_tensor needs "
@@ -741,8 +743,13 @@ class Communicator:
                 timeout,
             )
             if parts is not None:
-                torch.stack(parts, out=out_t.view(world, *parts[0].shape))  # one op
-                return finished(lambda: copy_back(out_t, output, world), async_op, [output])
+                if out_t.dim() == 1 == in_t.dim():
+                    torch.cat(parts, out=out_t)  # one op, no view
+                else:
+                    torch.stack(parts, out=out_t.view(world, *parts[0].shape))
+                return write_back(copy_back, out_t, output, world, async_op)
+        else:  # (a checked call takes no lane: none learnt)
+            learn_once(engine, "all_gather_into_tensor", dtype=tensor.dtype)
         return engine.all_gather_into_tensor(
             # flat views: engines such as gloo insist on matching shapes, and
             # the contract is about element counts (a view of a 1-dim tensor is
@@ -913,7 +920,6 @@ class Communicator:
             return _nested.broadcast(self, tensor, src, timeout, async_op=async_op)
         check.tensor(tensor, "tensor")
         check.rank_in_range(src, engine.world_size, "src")
-        learn_once(engine, "broadcast", src=src, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         guard = self._guard
@@ -933,7 +939,9 @@ class Communicator:
             if parts is not None:
                 if engine.rank != src:
                     host_copy(work_t, parts[src])
-                return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
+                return write_back(copy_back, work_t, tensor, world, async_op)
+        else:  # (a checked call takes no lane: none learnt)
+            learn_once(engine, "broadcast", src=src, dtype=tensor.dtype)
         return engine.broadcast(
             work_t,
             src,
@@ -988,25 +996,27 @@ class Communicator:
             )
         name = check.reduce_op(op, output)
         engine_op, back = reduction(name, output, self.plugin.native_avg)
-        if engine_op == op:
-            learn_once(engine, "reduce_scatter", op=engine_op, dtype=output.dtype)
         out_t = engine.to_device(output)
         if out_t.dim() != 1:
             out_t = out_t.view(-1)  # contiguous, so a view
         in_t = engine.to_device(flat)
         guard = self._guard
         if "reduce_scatter" in guard.checked:
+            # chunk j of every rank's input travels to rank j alone (in the row that goes
+            # there): the parts are every rank's chunk for this rank, reduced in rank order
             parts = guard.check(
                 engine,
                 "reduce_scatter",
                 lambda: f"op={name}, {output.dtype}, {tuple(output.shape)}",
-                in_t,
+                in_t.view(world, -1),
                 timeout,
+                apart=True,
             )
             if parts is not None:
-                whole = reduce_locally(parts, engine_op)
-                out_t.copy_(whole.view(world, -1)[engine.rank])
-                return finished(lambda: back(out_t, output, world), async_op, [output])
+                reduce_into(out_t, parts, engine_op)
+                return write_back(back, out_t, output, world, async_op)
+        elif engine_op == op:  # (a checked call takes no lane: none learnt)
+            learn_once(engine, "reduce_scatter", op=engine_op, dtype=output.dtype)
         return engine.reduce_scatter(
             out_t,
             in_t,
@@ -1080,8 +1090,6 @@ class Communicator:
         check.rank_in_range(dst, engine.world_size, "dst")
         name = check.reduce_op(op, tensor)
         engine_op, back = reduction(name, tensor, self.plugin.native_avg)
-        if engine_op == op:
-            learn_once(engine, "reduce", op=engine_op, dst=dst, dtype=tensor.dtype)
         work_t = engine.to_device(tensor)
         world = engine.world_size
         is_dst = engine.rank == dst
@@ -1099,11 +1107,14 @@ class Communicator:
             )
             if parts is not None:
                 if not is_dst:
-                    return finished(lambda: None, async_op, [tensor])
+                    return finished(lambda: None, async_op, [tensor]) if async_op else None
                 reduce_into(work_t, parts, engine_op)
-                return finished(lambda: back(work_t, tensor, world), async_op, [tensor])
-        elif finite is not None:
-            _finite.agree_finite(engine, "reduce", finite, self._serializer, self._slot_size)
+                return write_back(back, work_t, tensor, world, async_op)
+        else:
+            if engine_op == op:  # (a checked call takes no lane: none learnt)
+                learn_once(engine, "reduce", op=engine_op, dst=dst, dtype=tensor.dtype)
+            if finite is not None:
+                _finite.agree_finite(engine, "reduce", finite, self._serializer, self._slot_size)
         finish = None
         if not is_dst:
             if work_t is tensor:
@@ -1152,7 +1163,6 @@ class Communicator:
         check.tensor(tensor, "tensor")
         world = engine.world_size
         check.rank_in_range(src, world, "src")
-        learn_once(engine, "scatter", src=src, dtype=tensor.dtype)
         parts = None
         if engine.rank == src:  # the others wait for src: a mistake here reaches them
             check.tensor_list(scatter_list, world, "scatter_list", like=tensor, on="src")
@@ -1179,9 +1189,11 @@ class Communicator:
             )
             if got is not None:
                 host_copy(work_t, got[src])
-                return finished(lambda: copy_back(work_t, tensor, world), async_op, [tensor])
+                return write_back(copy_back, work_t, tensor, world, async_op)
         elif "scatter" in guard.checked:
             guard.check(engine, "scatter", describe, timeout=timeout)
+        else:  # (a checked call takes no lane: none learnt)
+            learn_once(engine, "scatter", src=src, dtype=tensor.dtype)
         return engine.scatter(
             work_t,
             parts,
@@ -1244,6 +1256,8 @@ class Communicator:
             if parts is not None:
                 for out_t, part in zip(output_tensor_list, parts):
                     host_copy(out_t, part)
+                if not async_op:
+                    return None
                 return finished(lambda: None, async_op, list(output_tensor_list))
         if plain is not None:  # the engine writes the caller's own tensors: nothing to finish
             outs = list(output_tensor_list)
@@ -1312,7 +1326,6 @@ class Communicator:
         check.tensor(output, "output")
         check.tensor(input, "input")
         check.same_dtype([output, input], "all_to_all_single")
-        learn_once(engine, "all_to_all_single", dtype=input.dtype)
         if output.dim() == 0 or input.dim() == 0 or output.shape[1:] != input.shape[1:]:
             raise ValueError(
                 "all_to_all_single needs output and input of at least one dim whose rows "
@@ -1330,7 +1343,9 @@ class Communicator:
             engine, in_t, out_t, rows_out, rows_in, even, timeout
         )
         if checked == "rode":
-            return finished(lambda: copy_back(out_t, output, world), async_op, [output])
+            return write_back(copy_back, out_t, output, world, async_op)
+        if "all_to_all_single" not in self._guard.checked:  # (a checked call takes no lane)
+            learn_once(engine, "all_to_all_single", dtype=input.dtype)
         if checked == "explicit":  # ranks passed None and explicit splits: the same call on all
             in_splits, out_splits = rows_out, rows_in
         check.self_pair(rows_out[me], rows_in[me], me)  # checked, the guard raised it

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from commlib.handle import Handle
 from commlib.types import EngineOp
 
 # the reductions commlib needs, computed locally on gathered tensors; torch.add
@@ -179,3 +180,29 @@ def write(target: torch.Tensor, value: torch.Tensor) -> None:
             if step == 0 and size > 1:
                 target, value = target.narrow(dim, 0, 1), value.narrow(dim, 0, 1)
     target.copy_(value)
+
+
+def write_back(
+    back: Callable[[torch.Tensor, torch.Tensor, int], None],
+    result: torch.Tensor,
+    target: torch.Tensor,
+    world: int,
+    async_op: bool,
+) -> Handle | None:
+    """``back(result, target, world)`` now, or in the returned handle's ``wait()``.
+
+    The end of a collective that completed within its argument check: no
+    engine work is pending, so a blocking call writes its result back at once.
+
+    Examples:
+        >>> target = torch.zeros(2)
+        >>> write_back(copy_back, torch.ones(2), target, 1, False)
+        >>> target
+        tensor([1., 1.])
+        >>> write_back(copy_back, torch.ones(2), target, 1, True).wait()
+        True
+    """
+    if async_op:
+        return Handle(None, lambda: back(result, target, world), None, value=[target])
+    back(result, target, world)
+    return None

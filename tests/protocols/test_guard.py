@@ -231,6 +231,34 @@ def test_checked_collectives_give_the_unchecked_results(world, dtype, n):
     assert world.run(_on_same_results, dtype, n, timeout=120) == [True] * world.size
 
 
+def _on_reduce_scatter_chunks(comm) -> bool:
+    # each rank's chunks differ by rank and by chunk: the chunk that rides to rank j is
+    # input chunk j, reduced in rank order (the same bits as the unchecked call)
+    checked = Communicator(timeout=TIMEOUT)
+    unchecked = Communicator(timeout=TIMEOUT, strict=False)
+    w, r = checked.world_size, checked.rank
+    for dtype in (torch.float32, torch.int64, torch.float16):
+        for op in ("sum", "mean", "max", "product"):
+            if dtype == torch.float16 and op == "product":
+                continue
+            flat = (torch.arange(3.0 * w) * 0.37 + r * 1.1).to(dtype)
+            got, want = torch.empty(3, dtype=dtype), torch.empty(3, dtype=dtype)
+            checked.reduce_scatter(got, flat, op)
+            unchecked.reduce_scatter(want, flat, op)
+            assert torch.equal(got, want), (dtype, op, got, want)
+    flat = torch.arange(6.0 * w) + r
+    rows = torch.empty(2, 3)
+    handle = checked.reduce_scatter(rows.t(), flat.view(w * 3, 2), async_op=True)
+    assert handle is not None and handle.wait()
+    mine = torch.stack([(torch.arange(6.0 * w) + q).view(w, 3, 2)[r] for q in range(w)])
+    assert torch.equal(rows.t(), mine.sum(0))
+    return True
+
+
+def test_checked_reduce_scatter_takes_each_ranks_own_chunk(multi_world):
+    assert multi_world.run(_on_reduce_scatter_chunks) == [True] * multi_world.size
+
+
 def _on_scatter_shapes(comm) -> bool:
     # src's list travels in its slot of the check: scalars, empty and
     # non-contiguous tensors come out as the engine's scatter would give them

@@ -11,6 +11,7 @@ of two trees (run this in each) compares dispatch-level changes there.
 Usage:
     python benchmarks/count_dispatch.py [--nproc 8] [--calls 200] [--ops all_gather,gather]
         [--backend nccl|hccl|cncl|module:Class] [--sides unchecked,observer,recorder]
+        [--elements 900]
 
 ``--backend`` names the plugin as ``commlib bench --backend`` does (an absent
 accelerator over simulated devices); ``--sides`` the commlib sides counted,
@@ -38,16 +39,25 @@ import tempfile
 
 
 def _count(
-    nproc: int, calls: int, ops: list[str], order_file: str, backend: str | None, sides: list[str]
+    nproc: int,
+    calls: int,
+    ops: list[str],
+    order_file: str,
+    backend: str | None,
+    sides: list[str],
+    elements: int | None = None,
 ) -> None:
     """The counted run (under callgrind): each side's calls between two ``getppid``."""
     from commlib import Communicator
+    from commlib.bench import dispatch_cases
     from commlib.bench.dispatch import _Sides
     from commlib.bench.dispatch_cases import select_dispatch
     from commlib.bench.fake_world import dispatch_plugin, fake_world
     from commlib.bench.named_plugin import simulated_if_absent
     from commlib.bench.options import backend_plugin
 
+    if elements is not None:  # the cases read it when they make their tensors
+        dispatch_cases.ELEMENTS = elements
     order = []
     base = simulated_if_absent(backend_plugin(backend, dispatch=True))
     observers = _Sides()
@@ -80,12 +90,15 @@ def main() -> None:
     parser.add_argument("--ops", default="all_reduce,all_gather,gather")
     parser.add_argument("--backend", default=None)
     parser.add_argument("--sides", default="unchecked")
+    parser.add_argument(
+        "--elements", type=int, default=None, help="elements of each tensor (the cases' 4)"
+    )
     parser.add_argument("--counted", metavar="ORDER_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ops = args.ops.split(",")
     sides = args.sides.split(",")
     if args.counted:
-        _count(args.nproc, args.calls, ops, args.counted, args.backend, sides)
+        _count(args.nproc, args.calls, ops, args.counted, args.backend, sides, args.elements)
         return
     with tempfile.TemporaryDirectory() as where:
         order_file = os.path.join(where, "order.json")
@@ -99,6 +112,7 @@ def main() -> None:
             *("--nproc", str(args.nproc), "--calls", str(args.calls), "--ops", args.ops),
             *("--sides", args.sides, "--counted", order_file),
             *(("--backend", args.backend) if args.backend else ()),
+            *(("--elements", str(args.elements)) if args.elements is not None else ()),
         ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         parts = sorted(glob.glob(f"{where}/out.*"), key=lambda p: int(p.rsplit(".", 1)[1]))
@@ -113,6 +127,8 @@ def main() -> None:
     per_call = {tuple(side): n / args.calls / 1000 for side, n in zip(order, totals[1::2])}
     print(f"# instructions a call (thousands), fake group of {args.nproc}, {args.calls} calls")
     print(f"# backend {args.backend or 'this machine default'}")
+    if args.elements is not None:
+        print(f"# {args.elements} elements a tensor")
     for op in ops:
         torch_k = per_call.get((op, "torch"))
         for side in sides:

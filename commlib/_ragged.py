@@ -309,17 +309,19 @@ def exchange(
             every = gathered.view(tensor.dtype).as_strided(
                 layout.sizes, layout.strides, layout.offset
             )
-            if layout.compact:
-                if timeout is None and rooms is not None and isinstance(raw, bytearray):
+            # (a call with a timeout of its own, or outside the learnt rooms, prepares none)
+            learnt = rooms if timeout is None else None
+            if layout.compact or (learnt is not None and isinstance(raw, bytearray)):
+                if learnt is not None and isinstance(raw, bytearray):
                     # the next such call takes this round's buffer and views as they are
-                    _prepare(engine, slots, layout, rooms, need, size, room, raw, gathered, every)
+                    _prepare(engine, slots, layout, learnt, need, size, room, raw, gathered, every)
                 else:
                     slots.give_back(gathered, raw)
                 every = every.clone()  # one op: the results no longer hold the slots
-            elif timeout is None and rooms is not None and engine.on_cpu:
-                # the results are views of this round's buffer: the next such call
-                # gathers into one of its own
-                _prepare(engine, slots, layout, rooms, need, size, room, None, None, None, dst)
+            elif learnt is not None and engine.on_cpu:
+                # larger: the results are views of this round's buffer (no copy out), and
+                # the next such call gathers into one of its own
+                _prepare(engine, slots, layout, learnt, need, size, room, None, None, None, dst)
             return shapes, list(every.unbind(0)), tensor.dtype
     heads = [_HEADS.unpack_from(raw, start) for start in range(0, world * stride, stride)]
     return _settle(
@@ -335,13 +337,14 @@ class _Steady:
     direct call): what reads every rank's header from the gathered slots and
     how every rank's data is viewed in them are kept, so the next call of
     that kind (:func:`steady`) costs the copy into the slot, the round and
-    one comparison of the headers. Where the data is small against the slot
-    (``compact``, see :data:`_COMPACT`), the round's buffer is kept too and
-    the results are copied out of it; otherwise each call gathers into a
-    buffer of its own and its results are views of it, as the whole way's
-    are (no copy of every rank's data); a gather's other ranks, whose
-    results are ``[]``, keep theirs. Valid while the slot's size is the same:
-    the same learnt room and the same communicator slot.
+    one comparison of the headers. Where the gathered slots are small (up to
+    :data:`_ZEROED_UP_TO` in all: a copy out costs less than making views of
+    a new buffer), the round's buffer is kept too and the results are copied
+    out of it; otherwise each call gathers into a buffer of its own and its
+    results are views of it, as the whole way's are (no copy of every rank's
+    data); a gather's other ranks, whose results are ``[]``, keep theirs.
+    Valid while the slot's size is the same: the same learnt room and the
+    same communicator slot.
     """
 
     __slots__ = (

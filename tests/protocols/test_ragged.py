@@ -363,10 +363,10 @@ def _on_steady_then_changed(comm: Communicator, length: int = 3):
     return out
 
 
-# 3 elements: small against the slot, the prepared round's buffer kept and its results
-# copied out; 900 (3600 of the slot's 3808 bytes): each call gathers into a buffer of
-# its own, its results views of it; 32768 (128 KiB, what a gather's slot learns at
-# most: a slot a header larger than the rows written for every rank before)
+# 3 elements: small against the slot; 900 (3600 of the slot's 3808 bytes): both with the
+# prepared round's buffer kept and the results copied out; 32768 (128 KiB, what a
+# gather's slot learns at most, a header more than the rows written for every rank
+# before): each call gathers into a buffer of its own, its results views of it
 @pytest.mark.parametrize("length", [3, 900, 32768])
 def test_a_steady_kind_meets_a_rank_that_changed(world, length):
     n = world.size
@@ -423,15 +423,17 @@ def test_a_steady_kind_takes_its_prepared_round(fake8, strict):
         assert whole.call_count == 2
 
 
-def test_a_steady_kind_that_fills_the_slot_gathers_into_a_buffer_of_its_own(fake8):
-    # data that fills most of the slot: a prepared round too, but each call's results are
-    # views of a buffer of its own (no copy out), so a later call leaves them as they were
+def test_a_steady_kind_of_large_slots_gathers_into_a_buffer_of_its_own(fake8):
+    # data that fills a learnt slot of 80 KiB (640 KiB gathered): a prepared round too,
+    # but each call's results are views of a buffer of its own (no copy out), so a later
+    # call leaves them as they were
     from commlib import _ragged
 
     comm, engine = fake8, fake8._engine
     if not _fake_fills_all_to_all(comm):
         pytest.skip("this torch's fake group sends nothing back: no headers to compare")
-    x = torch.arange(900.0)  # 3600 of the slot's 3808 bytes
+    x = torch.arange(20_000.0)
+    comm.all_gather(x)  # learns the slot (two rounds)
     comm.all_gather(x)
     comm.gather(x, 0)
     kept = []
@@ -446,6 +448,8 @@ def test_a_steady_kind_that_fills_the_slot_gathers_into_a_buffer_of_its_own(fake
             parts = comm.gather(mine * 2, 0)
             assert [t.tolist() for t in parts] == [(mine * 2).tolist()] * 8
             kept.append((got[1], parts[1]))
+            # views of the round's buffer (every rank's header in it too), not copies
+            assert got[1].untyped_storage().nbytes() > 8 * mine.nbytes
         assert direct.call_count == 6 and whole.call_count == 0
     for step, (gathered, to_zero) in enumerate(kept):
         assert gathered.tolist() == (x + step).tolist()

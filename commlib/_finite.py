@@ -22,7 +22,7 @@ from commlib.errors import NonFiniteError, RemoteArgumentError
 from commlib.observe.call_site import call_site
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Hashable
 
     from commlib._engine import Engine
     from commlib._guard import Guard
@@ -74,18 +74,27 @@ def checked(
     data: torch.Tensor,
     timeout: Timeout,
     finite: bool | None,
+    key: Hashable,
 ) -> list[torch.Tensor] | None:
     """The argument check of ``what``, the NaN/Inf flag riding in it (``finite``: :func:`flag`).
 
+    ``key`` names what ``describe`` formats (``Guard.check``'s); the flag joins it.
+
     Examples:
         >>> guard = commlib._guard.Guard()  # doctest: +SKIP
-        >>> checked(guard, engine, "all_reduce", lambda: "op=sum", x, None, None)  # doctest: +SKIP
+        >>> checked(guard, engine, "all_reduce", lambda: "op=sum", x,  # doctest: +SKIP
+        ...         None, None, ("sum",))
     """
     if finite is None:
-        return guard.check(engine, what, describe, data, timeout)
+        return guard.check(engine, what, describe, data, timeout, key=key)
     try:
         parts = guard.check(
-            engine, what, lambda: describe() + ("" if finite else MARK), data, timeout
+            engine,
+            what,
+            lambda: describe() + ("" if finite else MARK),
+            data,
+            timeout,
+            key=(key, finite),
         )
     except RemoteArgumentError as exc:
         raise from_mismatch(what, exc) from None

@@ -583,6 +583,7 @@ class Communicator:
                 work_t,
                 timeout,
                 finite,
+                (name, tensor.dtype, tensor.shape),
             )
             if parts is not None:
                 reduce_into(work_t, parts, engine_op)
@@ -741,6 +742,7 @@ class Communicator:
                 lambda: f"{tensor.dtype}, {tuple(tensor.shape)}",
                 in_t,
                 timeout,
+                key=(tensor.dtype, tensor.shape),
             )
             if parts is not None:
                 if out_t.dim() == 1 == in_t.dim():
@@ -933,6 +935,7 @@ class Communicator:
                     timeout,
                     # only src's data is read: the others send their slot's header alone
                     write=None if engine.rank == src else write_nothing,
+                    key=(src, tensor.dtype, tensor.shape),
                 )
             except RemoteArgumentError as exc:  # a rank passed None: say so, as it does
                 raise _nested.tensor_meets_no_tensor(exc, src) from None
@@ -1011,6 +1014,7 @@ class Communicator:
                 in_t.view(world, -1),
                 timeout,
                 apart=True,
+                key=(name, output.dtype, output.shape),
             )
             if parts is not None:
                 reduce_into(out_t, parts, engine_op)
@@ -1104,6 +1108,7 @@ class Communicator:
                 work_t,
                 timeout,
                 finite,
+                (dst, name, tensor.dtype, tensor.shape),
             )
             if parts is not None:
                 if not is_dst:
@@ -1186,6 +1191,7 @@ class Communicator:
                 timeout,
                 write=write_nothing if sent is None else lambda rows: stack_into(rows, sent),
                 apart=True,
+                key=(src, tensor.dtype, tensor.shape),
             )
             if got is not None:
                 host_copy(work_t, got[src])

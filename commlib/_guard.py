@@ -33,6 +33,7 @@ import datetime
 import functools
 import hashlib
 import math
+import operator
 import struct
 import weakref
 from typing import TYPE_CHECKING, Literal, NoReturn
@@ -131,6 +132,8 @@ class _HostSlots:
         self.every = torch.frombuffer(self.every_raw, dtype=torch.uint8)
         self.rows = self.every.view(world, slot_size)
         self.starts = range(0, world * slot_size, slot_size)  # where each gathered row begins
+        #: every gathered row's header, cut out in one call (a tuple; one row: the row's)
+        self.heads = operator.itemgetter(*(slice(s, s + _HEADER_SIZE) for s in self.starts))
         self.layouts: dict[tuple[torch.dtype, torch.Size], list[torch.Tensor]] = {}
         self.own: dict[tuple[torch.dtype, torch.Size, int], list[torch.Tensor]] = {}
 
@@ -221,7 +224,7 @@ class _Round:
     empty: bool  # data of no bytes: every rank's is an empty tensor
     floor: int  # the communicator's slot size
     header: bytes
-    heads: tuple[bytes, ...]  # the header, once per gathered row
+    heads: tuple[bytes, ...] | bytes  # the header, once per gathered row (as host.heads)
     inline: bool  # the data rides
     lane_key: tuple[str, int, bool] | None  # the round's lane in engine.lanes
     learnt: int  # the slot's learnt room the round ran with
@@ -272,7 +275,7 @@ def _prepare(
     prep = _Round()
     rooms = host.rooms
     prep.text, prep.header = text, header
-    prep.heads = (header,) * host.world
+    prep.heads = (header,) * host.world if host.world > 1 else header  # as host.heads cuts
     prep.floor, prep.learnt = floor, rooms.learnt
     prep.apart, prep.copies = asked_apart, write is None
     prep.dtype = None if data is None else data.dtype
@@ -515,7 +518,7 @@ def _steady(
     else:
         engine.run(what, "all_gather_slots", every, host.sent.rows, timeout=timeout)
     raw = host.every_raw
-    if not all(map(raw.startswith, prep.heads, host.starts)):  # in C: no frame a row
+    if host.heads(raw) != prep.heads:  # every row's header, in one comparison
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
         _disagree(engine, what, prep.text, serializer, host.slot_size, heads)
     rooms = host.rooms
@@ -687,6 +690,7 @@ class Guard:
         "checked",
         "checks",
         "completed_by_check",
+        "declared",
         "distributed",
         "serializer",
         "slot_size",
@@ -711,6 +715,8 @@ class Guard:
         self.distributed = distributed
         #: views of the callers' tensors some checks take, per kind of call
         self.views: dict[Hashable, tuple[_Reshaped, ...]] = {}
+        #: tensors of no memory of their own that declare a layout, per kind of call
+        self.declared: dict[Hashable, torch.Tensor] = {}
 
     def _keep_views(self, key: Hashable, *views: _Reshaped) -> tuple[_Reshaped, ...]:
         if len(self.views) >= LAYOUTS:
@@ -785,8 +791,18 @@ class Guard:
         host: _HostSlots | None = engine.kept.get("check")
         if host is not None:
             prep = host.rounds.get(key)
-            if prep is not None and prep.serves(
-                self.slot_size, host.rooms.learnt, data, write, apart
+            # (_Round.serves, written out: a steady call's every step counts)
+            if (
+                prep is not None
+                and prep.learnt == host.rooms.learnt
+                and prep.floor == self.slot_size
+                and prep.apart is apart
+                and (write is None) is prep.copies
+                and (
+                    data is None
+                    if prep.dtype is None
+                    else data is not None and data.dtype is prep.dtype and data.shape == prep.shape
+                )
             ):
                 return _steady(engine, host, prep, what, self.serializer, data, limit, write, into)
         return exchange(
@@ -898,8 +914,6 @@ class Guard:
         if what not in self.checked:
             return None
         world = engine.world_size
-        sends = [t.numel() for t in inputs]
-        expects = [t.numel() for t in outputs]
         try:
             if not one_shape:  # the sizes ride with the parts: all of them, if they fit
                 got = _pair_check.riding(
@@ -908,12 +922,20 @@ class Guard:
                     what,
                     lambda: f"{dtype}, {world} tensors",
                     [t.contiguous() for t in inputs],
-                    expects,
+                    [t.numel() for t in outputs],
                     timeout,
                 )
                 return None if got is None else [p.view(o.shape) for p, o in zip(got, outputs)]
             first = inputs[0]
-            rows = first.expand(world, *first.shape)  # declares each row's dtype and shape
+            # the dtype and shape name the call (its key); a tensor of no memory of its
+            # own declares each row's dtype and shape, made once per kind
+            key = (dtype, first.shape)
+            rows = self.declared.get(key)
+            if rows is None:
+                if len(self.declared) >= LAYOUTS:
+                    self.declared.clear()
+                rows = torch.empty((), dtype=dtype).expand(world, *first.shape)
+                self.declared[key] = rows
             return self.check(
                 engine,
                 what,
@@ -922,6 +944,7 @@ class Guard:
                 timeout,
                 write=lambda area: stack_into(area, list(inputs)),
                 apart=True,
+                key=key,
             )
         except RemoteArgumentError as exc:
             # ranks whose lists differ in kind describe them differently: their pairs may
@@ -933,7 +956,12 @@ class Guard:
             ):
                 raise
         self.check_pairs(
-            engine, what, lambda: f"{dtype}, {world} tensors", sends, expects, timeout
+            engine,
+            what,
+            lambda: f"{dtype}, {world} tensors",
+            [t.numel() for t in inputs],
+            [t.numel() for t in outputs],
+            timeout,
         )
         return None
 

@@ -402,13 +402,17 @@ _KINDS = {
 }
 
 
-def _on_different_protocols(comm, first: str, others: str) -> tuple[str, float]:
+def _on_different_protocols(
+    comm, first: str, others: str, steady: bool = False
+) -> tuple[str, float]:
     import time
 
     c = Communicator(timeout=TIMEOUT)
     # a learnt slot first: every protocol's first round must still be the same size
     c.all_reduce(torch.ones(20_000))
     c.all_reduce(torch.ones(20_000))
+    for _ in range(3 if steady else 0):  # rank 0's call has its round prepared
+        _KINDS[first](c)
     started = time.monotonic()
     try:
         _KINDS[first if c.rank == 0 else others](c)
@@ -458,9 +462,10 @@ def test_strict_set_after_construction_takes_effect(multi_world):
         ("all_to_all_single", "scatter"),
     ],
 )
-def test_ranks_in_different_protocols_all_raise_at_once(multi_world, first, others):
+@pytest.mark.parametrize("steady", [False, True], ids=["first-call", "steady"])
+def test_ranks_in_different_protocols_all_raise_at_once(multi_world, first, others, steady):
     # the checked ranks must not start a second round the others never join
-    for error, waited, after in multi_world.run(_on_different_protocols, first, others):
+    for error, waited, after in multi_world.run(_on_different_protocols, first, others, steady):
         assert error == "RemoteArgumentError"
         assert waited < TIMEOUT / 2
         assert after == multi_world.size
@@ -973,6 +978,18 @@ def _steady_call(c: Communicator, what: str, i: int, changed: bool) -> list[torc
         t = x.clone()
         c.all_reduce(t, op="max" if changed else "sum")
         return [t]
+    if what == "all_reduce op, async":
+        t = x.clone()
+        handle = c.all_reduce(t, op="max" if changed else "sum", async_op=True)
+        assert handle is not None and handle.wait()
+        return [t]
+    if what == "all_to_all_single shape, a timeout":  # the round without the lane
+        inp = torch.cat([x + 100 * j for j in range(w)])
+        out = torch.empty(4 * w)
+        if changed:
+            inp, out = inp.view(2 * w, 2), out.view(2 * w, 2)
+        c.all_to_all_single(out, inp, timeout=TIMEOUT)
+        return [out]
     if what == "broadcast src":
         t = x.clone()
         c.broadcast(t, src=(w - 1 if changed else 0) if r == w - 1 else 0)
@@ -1015,6 +1032,8 @@ _STEADY = [
     "all_reduce shape",
     "all_reduce dtype",
     "all_reduce op",
+    "all_reduce op, async",
+    "all_to_all_single shape, a timeout",
     "broadcast src",
     "reduce dst",
     "scatter shape",

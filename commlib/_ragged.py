@@ -126,6 +126,7 @@ class _Slots:
         "apart",
         "cap",
         "device_rows",
+        "discard",
         "first",
         "header",
         "layouts",
@@ -157,6 +158,9 @@ class _Slots:
         #: a small host landing buffer (bytes, tensor) no result refers to, for the
         #: next round: a call whose results are views of its buffer keeps it instead
         self.spare: tuple[bytearray, torch.Tensor] | None = None
+        #: the landing buffer of the prepared gathers this rank is not ``dst`` of
+        #: (their results are ``[]``): one for every kind, made when first needed
+        self.discard: tuple[Any, torch.Tensor, None] | None = None
         #: the prepared rounds of steady calls (:class:`_Steady`), by kind of call
         self.steady: dict[tuple[Any, ...], _Steady] = {}
         #: on a device: per header, the sent row there and its data area (see device_row)
@@ -440,8 +444,10 @@ def _prepare(
     if raw is not None and gathered is not None:
         kept = (raw, gathered, every)
     elif dst is not None and dst != engine.rank:
-        own = torch.empty(slots.world * size, dtype=torch.uint8)
-        kept = (own.numpy(), own, None)
+        kept = slots.discard
+        if kept is None:
+            own = torch.empty(slots.world * size, dtype=torch.uint8)
+            kept = slots.discard = (own.numpy(), own, None)
     steady = slots.steady
     if len(steady) >= LAYOUTS:
         steady.clear()

@@ -398,6 +398,37 @@ def test_a_steady_kind_meets_a_rank_that_changed(world, length):
         assert got["dst"][0] == "remote" and f"dst={n - 1}" in got["dst"][1]
 
 
+def _on_large_kinds_in_turn(comm: Communicator):
+    # gathers of three large kinds in turn (two shapes to rank 0, one to the last rank),
+    # each prepared: a rank that is not a kind's dst lands every kind's round in one
+    # buffer it keeps, dst gathers into one of its own each call
+    comm = Communicator(comm.group, strict=False)
+    r, n, engine = comm.rank, comm.world_size, comm._engine
+    kinds = [(32768, 0), (30000, 0), (32768, n - 1)]
+    got, rounds = [], []
+    for step in range(4):
+        for length, dst in kinds:
+            before = engine.seq
+            parts = comm.gather(torch.arange(float(length)) + 10 * r + 100 * step, dst=dst)
+            rounds.append(engine.seq - before)
+            got.append([(len(t), t[0].item(), t[-1].item()) for t in parts])
+    return got, rounds
+
+
+def test_large_gathers_of_several_kinds_in_turn(world):
+    n = world.size
+    kinds = [(32768, 0), (30000, 0), (32768, n - 1)]
+    for r, (got, rounds) in enumerate(world.run(_on_large_kinds_in_turn)):
+        calls = iter(got)
+        for step in range(4):
+            for length, dst in kinds:
+                plus = 100 * step
+                every = [(length, 10.0 * q + plus, length - 1 + 10.0 * q + plus) for q in range(n)]
+                assert next(calls) == (every if r == dst else [])
+        # the first call of the first kind learns the slot; one round each after it
+        assert rounds[1:] == [1] * (len(rounds) - 1)
+
+
 @pytest.mark.parametrize("strict", [False, True], ids=["unchecked", "strict"])
 def test_a_steady_kind_takes_its_prepared_round(fake8, strict):
     from commlib import _ragged

@@ -635,6 +635,10 @@ def finished(
     return None
 
 
+#: the largest memory a kept view of a caller's tensor may hold (_Reshaped)
+_KEEP_VIEWS_UP_TO = 1 << 20
+
+
 class _Reshaped:
     """``tensor.view(shape)`` for one shape, kept while the same tensor comes back.
 
@@ -642,7 +646,8 @@ class _Reshaped:
     than the rest of a steady check's Python. The tensor is held weakly, and
     its data pointer read again: a tensor set to other memory gets a new
     view. Only for tensors of one shape (the kind of call names it) that are
-    contiguous (:meth:`Engine.to_device`).
+    contiguous (:meth:`Engine.to_device`), and only in memory of up to
+    :data:`_KEEP_VIEWS_UP_TO` bytes: a kept view keeps its tensor's memory.
     """
 
     __slots__ = ("ptr", "ref", "shape", "view")
@@ -659,7 +664,13 @@ class _Reshaped:
         if ref is not None and view is not None and ref() is tensor:
             if tensor.data_ptr() == self.ptr:
                 return view
-        view = self.view = tensor.view(self.shape)
+        view = tensor.view(self.shape)
+        if tensor.untyped_storage().nbytes() > _KEEP_VIEWS_UP_TO:
+            # a kept view holds its memory: a large buffer is not kept past its user's
+            # last reference (a call that moves so much pays its view gladly)
+            self.ref = self.view = None
+            return view
+        self.view = view
         self.ref, self.ptr = weakref.ref(tensor), tensor.data_ptr()
         return view
 

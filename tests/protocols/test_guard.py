@@ -1072,3 +1072,54 @@ def test_a_prepared_round_is_not_taken_when_one_rank_changes(multi_world, what, 
     errors = [e for _, e in out]
     assert all(errors) and len(set(errors)) == 1, errors  # every rank raised, the same
     assert "ranks passed different arguments" in errors[0], errors[0]
+
+
+def _on_slot_changes_under_a_steady_kind(comm) -> list[float]:
+    c = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))
+    plain = Communicator(timeout=TIMEOUT, strict=False)
+    got = []
+    for i in range(6):
+        if i in (2, 4):  # the slot learns a large size, then (4) another: new slots
+            c.all_reduce(torch.ones(20_000 * (i // 2)))
+        t = torch.arange(8.0) + comm.rank + i
+        want = t.clone()
+        c.all_reduce(t)
+        plain.all_reduce(want)
+        assert torch.equal(t, want), (i, t, want)
+        got.append(t[0].item())
+    return got
+
+
+def test_a_prepared_round_follows_the_slot_it_was_made_for(multi_world):
+    # a round prepared on one slot is not taken on a slot learnt since (other buffers)
+    w = multi_world.size
+    want = [sum(r + i for r in range(w)) for i in range(6)]
+    assert multi_world.run(_on_slot_changes_under_a_steady_kind) == [want] * w
+
+
+def test_a_kept_view_follows_its_tensor_and_keeps_no_large_memory():
+    import gc
+    import weakref
+
+    from commlib._guard import _KEEP_VIEWS_UP_TO, _Reshaped
+
+    views = _Reshaped((2, 3))
+    t = torch.arange(6.0)
+    first = views.of(t)
+    assert views.of(t) is first  # the same tensor: the view made for it
+    other = torch.zeros(6)
+    assert views.of(other).data_ptr() == other.data_ptr()  # another tensor: its own view
+    t.set_(torch.ones(6).untyped_storage())  # the same tensor, other memory: a new view
+    assert torch.equal(views.of(t), torch.ones(2, 3))
+    big = torch.zeros(_KEEP_VIEWS_UP_TO // 4 + 2)[:6]  # a small view of large memory
+    assert torch.equal(views.of(big), torch.zeros(2, 3))
+    dropped = weakref.ref(big)
+    del big
+    gc.collect()
+    assert dropped() is None  # not held by a kept view
+    small = torch.zeros(6)
+    views.of(small)
+    kept = weakref.ref(small)
+    del small
+    gc.collect()
+    assert kept() is not None  # a small one is (that is the point: the next call finds it)

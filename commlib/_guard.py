@@ -735,6 +735,25 @@ class Guard:
         self.views[key] = views
         return views
 
+    def rows(self, dtype: torch.dtype, shape: torch.Size, world: int) -> torch.Tensor:
+        """A tensor of no memory of its own, ``(world, *shape)`` of ``dtype``, made once.
+
+        What a check whose writer fills every row (``write=``, ``apart=True``)
+        passes as its ``data``: it declares each row's dtype and shape.
+
+        Examples:
+            >>> guard = Guard("off", frozenset(), serializer, 4096, distributed=False)
+            >>> guard.rows(torch.float32, torch.Size([3]), 2).shape
+            torch.Size([2, 3])
+        """
+        key = (dtype, shape)
+        found = self.declared.get(key)
+        if found is None:
+            if len(self.declared) >= LAYOUTS:
+                self.declared.clear()
+            found = self.declared[key] = torch.empty((), dtype=dtype).expand(world, *shape)
+        return found
+
     def check(
         self,
         engine: Engine,
@@ -941,12 +960,7 @@ class Guard:
             # the dtype and shape name the call (its key); a tensor of no memory of its
             # own declares each row's dtype and shape, made once per kind
             key = (dtype, first.shape)
-            rows = self.declared.get(key)
-            if rows is None:
-                if len(self.declared) >= LAYOUTS:
-                    self.declared.clear()
-                rows = torch.empty((), dtype=dtype).expand(world, *first.shape)
-                self.declared[key] = rows
+            rows = self.rows(dtype, first.shape, world)
             return self.check(
                 engine,
                 what,

@@ -866,6 +866,7 @@ class Communicator:
             "gather_into_tensor",
             lambda: f"dst={dst}, {tensor.dtype}, {tuple(tensor.shape)}",
             timeout=timeout,
+            key=(dst, tensor.dtype, tensor.shape),
         )
         work_t = engine.to_device(tensor)
         out_t = None if output is None else engine.to_device(output)
@@ -1051,7 +1052,7 @@ class Communicator:
             return None
         engine = self._member("barrier")
         learn_once(engine, "barrier")
-        self._guard.check(engine, "barrier", lambda: "", timeout=timeout)
+        self._guard.check(engine, "barrier", lambda: "", timeout=timeout, key=())
         if not async_op:
             engine.barrier(as_timedelta(timeout))
             return None
@@ -1183,11 +1184,11 @@ class Communicator:
             # that goes to that rank when it fits (every rank declares its size
             # alike): one round, not two
             sent = parts
-            got = self._guard.check(
+            got = guard.check(
                 engine,
                 "scatter",
                 describe,
-                work_t.expand(world, *work_t.shape),
+                guard.rows(tensor.dtype, tensor.shape, world),  # (src's pieces: the writer's)
                 timeout,
                 write=write_nothing if sent is None else lambda rows: stack_into(rows, sent),
                 apart=True,
@@ -1197,7 +1198,9 @@ class Communicator:
                 host_copy(work_t, got[src])
                 return write_back(copy_back, work_t, tensor, world, async_op)
         elif "scatter" in guard.checked:
-            guard.check(engine, "scatter", describe, timeout=timeout)
+            guard.check(
+                engine, "scatter", describe, timeout=timeout, key=(src, tensor.dtype, tensor.shape)
+            )
         else:  # (a checked call takes no lane: none learnt)
             learn_once(engine, "scatter", src=src, dtype=tensor.dtype)
         return engine.scatter(

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _lanes, _steps
+from commlib._host_copy import host_copy
 from commlib._rooms import HEADER, Rooms, learn_cap, need_of
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib.dtypes import dtype_code, dtype_from_code
@@ -546,7 +547,9 @@ def steady(
     if found.header is not slots.header:
         slots.head(found.header)
     # (a tensor that requires grad is sent as its data, as Engine.to_device does)
-    found.area.copy_(tensor.detach() if tensor.requires_grad else tensor)
+    # (on this thread: torch would split a large copy across threads that wait for the
+    # other ranks' on a few shared cores, see commlib._host_copy)
+    host_copy(found.area, tensor.detach() if tensor.requires_grad else tensor)
     if found.fresh:  # a buffer of its own: the results are views of it
         gathered = torch.empty(found.total, dtype=torch.uint8)
         engine.direct(what, lane, gathered, *found.args)
@@ -724,7 +727,7 @@ def _round(
     if engine.on_cpu:
         slots.head(header)
         if areas is not None and data is not None:
-            areas.every.copy_(data)  # into every row at once
+            host_copy(areas.every, data)  # into every row at once, on this thread
         raw = None
         if world * size <= _ZEROED_UP_TO:
             spare = slots.spare

@@ -398,6 +398,44 @@ def test_a_steady_kind_meets_a_rank_that_changed(world, length):
         assert got["dst"][0] == "remote" and f"dst={n - 1}" in got["dst"][1]
 
 
+def _on_large_tensors_of_every_layout(comm: Communicator):
+    # tensors whose copy into the slot goes through numpy (commlib._host_copy, past
+    # torch's grain): non-contiguous rows, bfloat16, a tensor that requires grad; each
+    # called three times (the slot learnt, the round prepared, then taken)
+    comm = Communicator(comm.group, strict=False)
+    r = comm.rank
+    wide = (torch.arange(2 * 40_000.0) + r).view(2, 40_000)
+    tensors = {
+        "rows": wide[:, :20_000],  # the last dim contiguous, the rows 40000 apart
+        "bf16": torch.full((40_000,), r + 0.5, dtype=torch.bfloat16),
+        "grad": torch.full((40_000,), float(r), requires_grad=True),
+    }
+    out = {}
+    for name, t in tensors.items():
+        for _ in range(3):
+            got = comm.all_gather(t)
+            parts = comm.gather(t, dst=0)
+        out[name] = (
+            [g.detach().double().sum().item() for g in got],
+            [p.double().sum().item() for p in parts],
+            got[r] is t,
+        )
+    return out
+
+
+def test_large_tensors_of_every_layout(world):
+    n = world.size
+    sums = {
+        "rows": [sum(range(q, 20_000 + q)) + sum(range(40_000 + q, 60_000 + q)) for q in range(n)],
+        "bf16": [40_000 * (q + 0.5) for q in range(n)],
+        "grad": [40_000.0 * q for q in range(n)],
+    }
+    for r, got in enumerate(world.run(_on_large_tensors_of_every_layout)):
+        for name, (gathered, to_zero, own) in got.items():
+            assert gathered == sums[name] and own
+            assert to_zero == (sums[name] if r == 0 else [])
+
+
 def _on_large_kinds_in_turn(comm: Communicator):
     # gathers of three large kinds in turn (two shapes to rank 0, one to the last rank),
     # each prepared: a rank that is not a kind's dst lands every kind's round in one

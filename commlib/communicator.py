@@ -44,7 +44,7 @@ from commlib._guard import (
     finished,
     write_nothing,
 )
-from commlib._host_copy import host_copy, stack_into
+from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
 from commlib._lanes import Lanes, learn_once
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
 from commlib._torch_groups import DESTROYED, dist_ready, engine_group, is_destroyed
@@ -1263,8 +1263,12 @@ class Communicator:
                 timeout,
             )
             if parts is not None:
-                for out_t, part in zip(output_tensor_list, parts):
-                    host_copy(out_t, part)
+                outs = list(output_tensor_list)
+                if plain is not None and plain[1] and outs[0].numel() * world < PARALLEL_FROM:
+                    torch._foreach_copy_(outs, parts)  # small, one shape: one op
+                else:
+                    for out_t, part in zip(outs, parts):
+                        host_copy(out_t, part)
                 if not async_op:
                     return None
                 return finished(lambda: None, async_op, list(output_tensor_list))

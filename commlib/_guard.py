@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Sequence
 
     from commlib._engine import Engine
+    from commlib.backend import DirectCall
     from commlib.serialization import Serializer
     from commlib.types import Timeout
 
@@ -412,15 +413,9 @@ def exchange(
                 host_copy(areas.every, data)  # into every sent row at once
             elif write(areas.first) is not False:
                 areas.spread()
-        every, rows = host.every, host.rows
+        rows = host.rows
         lane = _lanes.round_lane(engine, slot_size, host.apart) if timeout is None else None
-        if lane is not None:  # the engine's own exchange of the rows, in one step
-            if host.apart:
-                engine.direct(what, lane, every, host.sent.rows, [], [])
-            else:
-                engine.direct(what, lane, every, host.first)
-        else:
-            engine.run(what, "all_gather_slots", every, host.sent.rows, timeout=timeout)
+        _issue(engine, host, what, lane, timeout)
     else:
         device = engine.device()
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -507,16 +502,11 @@ def _steady(
             write(area)
         elif write(prep.spread) is not False and prep.areas is not None:
             prep.areas.spread()
-    every = host.every
     lane_key = prep.lane_key
     lane = None if lane_key is None or timeout is not None else engine.lanes.get(lane_key)
-    if lane is not None and not (lane.unless_in and engine.group in lane.unless_in):
-        if host.apart:
-            engine.direct(what, lane, every, host.sent.rows, [], [])
-        else:
-            engine.direct(what, lane, every, host.first)
-    else:
-        engine.run(what, "all_gather_slots", every, host.sent.rows, timeout=timeout)
+    if lane is not None and lane.unless_in and engine.group in lane.unless_in:
+        lane = None  # an open coalescing manager: the plugin's method (_lanes.round_lane)
+    _issue(engine, host, what, lane, timeout)
     raw = host.every_raw
     if host.heads(raw) != prep.heads:  # every row's header, in one comparison
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
@@ -537,6 +527,23 @@ def _steady(
         like = data[0] if prep.apart else data
         return [torch.empty_like(like) for _ in range(host.world)]
     return None
+
+
+def _issue(
+    engine: Engine,
+    host: _HostSlots,
+    what: str,
+    lane: DirectCall | None,
+    timeout: datetime.timedelta | None,
+) -> None:
+    # the round of the sent rows: the engine's own exchange in one step where a lane
+    # serves, the plugin's all_gather_slots otherwise
+    if lane is None:
+        engine.run(what, "all_gather_slots", host.every, host.sent.rows, timeout=timeout)
+    elif host.apart:
+        engine.direct(what, lane, host.every, host.sent.rows, [], [])
+    else:
+        engine.direct(what, lane, host.every, host.first)
 
 
 def _disagree(
@@ -804,21 +811,10 @@ class Guard:
                 if most is not None and data.nbytes > most:
                     data = None  # ... and moves this much data with fewer copies
         limit = None if timeout is None else as_timedelta(timeout)
-        if key is None:
-            return exchange(
-                engine,
-                what,
-                f"{what}({describe()})",
-                self.serializer,
-                self.slot_size,
-                data,
-                limit,
-                write=write,
-                apart=apart,
-                into=into,
-            )
-        key = (what, key)  # the round's name among every collective's
-        host: _HostSlots | None = engine.kept.get("check")
+        host: _HostSlots | None = None
+        if key is not None:
+            key = (what, key)  # the round's name among every collective's
+            host = engine.kept.get("check")
         if host is not None:
             prep = host.rounds.get(key)
             # (_Round.serves, written out: a steady call's every step counts)

@@ -7,7 +7,7 @@ not and the program's line that called the collective. Where the argument
 check runs (:mod:`commlib._guard`), the flag rides in its round: it is part of
 what each rank describes, so ranks that differ only in it take the check's
 mismatch path, and ranks that all carry it know it from their own. Elsewhere
-it takes one check-sized round of its own (:func:`commlib._guard.agree`).
+it takes one check-sized round of its own (:func:`commlib._check_round.agree`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from commlib._guard import agree
+from commlib._check_round import agree
 from commlib.errors import NonFiniteError, RemoteArgumentError
 from commlib.observe.call_site import call_site
 

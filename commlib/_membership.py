@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from commlib import _failure_notes, _guard, _newcomers, _split, _steps, _survivors
+from commlib import _check_round, _failure_notes, _newcomers, _split, _steps, _survivors
 from commlib import _validation as check
 from commlib._engine import Engine, engine_limit
 from commlib._launched import warn_if_launched_without_init
@@ -169,7 +169,7 @@ def agree_new_group(
     if world is not None:  # commlib's own round: not a collective observers see
         if _steps.pending():  # it goes after the world's unfinished handles, as a call would
             _steps.finish_pending(world.group)
-        _guard.agree(world, "new_group", plan.described, serializer, slot_size)
+        _check_round.agree(world, "new_group", plan.described, serializer, slot_size)
     if plan.refused is not None:  # every rank refused alike
         raise plan.refused
     if plan.world_ranks is None:

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from commlib import (
+    _check_round,
     _finite,
-    _guard,
     _membership,
     _nested,
     _object_calls,
@@ -464,7 +464,7 @@ class Communicator:
         """
         engine = self._member(what)
         if self._distributed:
-            _guard.agree(engine, what, description, self._serializer, self._slot_size)
+            _check_round.agree(engine, what, description, self._serializer, self._slot_size)
 
     @collective("all_gather_shapes")
     def all_gather_shapes(

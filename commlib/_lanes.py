@@ -30,7 +30,9 @@ from commlib.reductions import copy_back
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from commlib._checked_lanes import CheckedLanes
     from commlib._engine import Engine
+    from commlib._guard import Guard
     from commlib.backend import Backend, DirectCall
     from commlib.types import EngineOp
 
@@ -197,16 +199,31 @@ class Lanes:
         check_finite: the communicator's ``check_finite`` (reductions that
             check for NaN take no lane), kept here by its setter: a value, not
             the communicator (which holds this object: no reference cycle).
+        guard: the communicator's argument check; where the plugin sets
+            ``checked_lanes``, its steady checked calls take their prepared
+            rounds from here (``riding``: :mod:`commlib._checked_lanes`).
     """
 
-    __slots__ = ("check_finite", "checked", "engine", "gathers_checked", "native_avg")
+    __slots__ = ("check_finite", "checked", "engine", "gathers_checked", "native_avg", "riding")
 
-    def __init__(self, engine: Engine | None, checked: frozenset[str], check_finite: bool):
+    def __init__(
+        self,
+        engine: Engine | None,
+        checked: frozenset[str],
+        check_finite: bool,
+        guard: Guard | None = None,
+    ):
         self.engine = engine
         self.checked = checked
         self.check_finite = check_finite
         self.native_avg = engine is not None and engine.native_avg
         self.gathers_checked = "all_gather_into_tensor" in checked
+        self.riding: CheckedLanes | None = None
+        if engine is not None and guard is not None and checked and engine.on_cpu:
+            if getattr(engine.plugin, "checked_lanes", False):
+                from commlib._checked_lanes import CheckedLanes  # (it imports this module)
+
+                self.riding = CheckedLanes(engine, guard)
 
     def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
         lane = engine.lanes.get(key)
@@ -235,6 +252,8 @@ class Lanes:
             or timeout is not None
         ):
             return False
+        if self.riding is not None and "all_reduce" in self.checked:
+            return not self.check_finite and self.riding.all_reduce(tensor, op)
         lane = self._lane(engine, ("all_reduce", op, tensor.dtype))
         if lane is None or self.check_finite or not serves(engine, lane, tensor):
             return False
@@ -318,6 +337,8 @@ class Lanes:
             or timeout is not None
         ):
             return False
+        if self.riding is not None and "broadcast" in self.checked:
+            return self.riding.broadcast(tensor, src)
         lane = self._lane(engine, ("broadcast", src, tensor.dtype))
         if lane is None or not serves(engine, lane, tensor):
             return False

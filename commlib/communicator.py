@@ -161,7 +161,7 @@ class Communicator(
             self._slot_size,
             distributed=self._distributed,
         )
-        self._lanes = Lanes(self._engine, guard.checked, self._check_finite)
+        self._lanes = Lanes(self._engine, guard.checked, self._check_finite, guard)
 
     @property
     def check_finite(self) -> bool:

@@ -386,6 +386,143 @@ def test_the_check_round_is_mpis_allgather_small_results_ride_and_mismatches_are
     assert _kit().call(size, _checked_rounds) == [[]] * size
 
 
+def _steady_or_odd(comm, name: str, n: int, odd: bool) -> None:
+    # a steady call of ``name``'s kind, or (``odd``) the same call with that one thing changed
+    x = torch.ones(n)
+    if name == "shape":
+        comm.all_reduce(x.view(2, n // 2) if odd else x)
+    elif name == "dtype":
+        comm.all_reduce(x.int() if odd else x)
+    elif name == "op":
+        comm.all_reduce(x, "max" if odd else "sum")
+    elif name == "src":
+        comm.broadcast(x, src=1 if odd else 0)
+    else:
+        comm.broadcast(x.view(2, n // 2) if odd else x, src=0)
+
+
+def _checked_lanes(comm) -> list[str]:
+    """Steady checked calls take their prepared rounds from the lanes' entry (one frame):
+    results as the whole way's, the same rounds, and every mismatch still caught alike."""
+    world, rank = comm.world_size, comm.rank
+    riding = comm._lanes.riding
+    # (a group of one checks nothing: no entry)
+    wrong = [] if (riding is not None) == (world > 1) else [f"checked lanes: {riding}"]
+    engine = comm._engine
+    # in the round (1 KiB), past what the round carries (8 KiB: MPI's own follows)
+    for n, rounds in ((256, 1), (2048, 2)):
+        for dtype in (torch.float32, torch.int64):
+            for _ in range(3):  # the first call prepares the round, the next take it
+                x = torch.full((n,), rank + 1, dtype=dtype)
+                x[-1] = 2**40 if dtype is torch.int64 else 0.1 * (rank + 1)
+                want = x.clone()
+                for r in range(world):  # rank order, as every rank reduces the parts
+                    part = torch.full((n,), r + 1, dtype=dtype)
+                    part[-1] = 2**40 if dtype is torch.int64 else 0.1 * (r + 1)
+                    want = part if r == 0 else want + part
+                before = engine.seq
+                comm.all_reduce(x)
+                if not torch.equal(x, want):
+                    wrong.append(f"all_reduce {n} {dtype}: {x[-3:]} != {want[-3:]}")
+                if world > 1 and engine.seq - before != rounds:
+                    wrong.append(f"all_reduce {n}: {engine.seq - before} rounds")
+                m = torch.full((n,), float(rank + 1), dtype=torch.float64)
+                comm.all_reduce(m, "max")
+                if m.tolist() != [float(world)] * n:
+                    wrong.append(f"max {n}: {m[:2]}")
+                for src in {0, world - 1}:
+                    y = torch.full((n,), rank, dtype=dtype)
+                    before = engine.seq
+                    comm.broadcast(y, src=src)
+                    if y.tolist() != [src] * n:
+                        wrong.append(f"broadcast {n} from {src}: {y[:2]}")
+                    if world > 1 and engine.seq - before != rounds:
+                        wrong.append(f"broadcast {n}: {engine.seq - before} rounds")
+            if riding is not None and world > 1:
+                # the entry itself serves a steady call (True: it ran the call)
+                x = torch.full((n,), rank + 1, dtype=dtype)
+                if not riding.all_reduce(x, "sum") or x[0] != world * (world + 1) // 2:
+                    wrong.append(f"the entry did not serve all_reduce {n} {dtype}")
+                y = torch.full((n,), rank, dtype=dtype)
+                if not riding.broadcast(y, world - 1) or y[0] != world - 1:
+                    wrong.append(f"the entry did not serve broadcast {n} {dtype}")
+    # misses go the whole way, same results: mean, a tensor needing grad, non-contiguous
+    t = torch.full((4,), float(rank + 1))
+    comm.all_reduce(t, "mean")
+    if t.tolist() != [(world + 1) / 2] * 4:
+        wrong.append(f"mean {t}")
+    g = torch.full((4,), float(rank + 1), requires_grad=True)
+    with torch.no_grad():
+        comm.all_reduce(g)
+    if g.tolist() != [world * (world + 1) / 2] * 4:
+        wrong.append(f"grad leaf {g}")
+    # a rank on the whole way (non-contiguous) meets ranks on the entry: they agree
+    c = torch.full((4, 2), float(rank + 1))
+    for _ in range(2):
+        comm.all_reduce(torch.full((2, 4), float(rank + 1)))  # steady on every rank
+    c = c.t() if rank == 0 else torch.full((2, 4), float(rank + 1))
+    comm.all_reduce(c)
+    if c.tolist() != [[world * (world + 1) / 2] * 4] * 2:
+        wrong.append(f"non-contiguous {c}")
+    if world > 1:
+        # after steady calls one rank changes the shape (same bytes), dtype, op or src:
+        # every rank raises the same error, and the next call is right
+        for n in (256, 2048):
+            for name in ("shape", "dtype", "op", "src", "broadcast shape"):
+                for _ in range(3):
+                    _steady_or_odd(comm, name, n, odd=False)
+                try:
+                    _steady_or_odd(comm, name, n, odd=rank == world - 1)
+                    wrong.append(f"{name} {n}: no error")
+                except ValueError as exc:
+                    if "ranks passed different arguments" not in str(exc):
+                        wrong.append(f"{name} {n}: {exc}")
+                x = torch.ones(n)
+                comm.all_reduce(x)
+                if x[0] != world:
+                    wrong.append(f"after {name} {n}: {x[0]}")
+    return wrong
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_steady_checked_calls_take_their_prepared_round_from_the_lanes_entry(size):
+    assert _kit().call(size, _checked_lanes) == [[]] * size
+
+
+def _checked_lane_times_out(comm) -> tuple[str, float, bool]:
+    """A steady checked call's round waits in slices: a missing rank is a timeout, not a hang."""
+    u = comm.new_group([0, 1, 2], timeout=1.0)
+    outcome, waited, took = "not in the group", 0.0, False
+    if u.is_member:
+        for _ in range(2):  # every member: the round is prepared (the whole way)
+            u.all_reduce(torch.ones(4))
+        riding = u._lanes.riding
+        took = riding is not None and riding.all_reduce(torch.ones(4), "sum")
+    if comm.rank < 2:
+        start = time.monotonic()
+        try:
+            u.all_reduce(torch.ones(4))
+            outcome = "no error"
+        except CommTimeoutError as exc:
+            outcome = type(exc).__name__
+        waited = time.monotonic() - start
+    y = torch.ones(2)
+    comm.all_reduce(y)  # the world goes on
+    return outcome, waited, took
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_steady_checked_calls_round_times_out_when_a_rank_stays_away():
+    results = _kit().call(4, _checked_lane_times_out)
+    for rank in (0, 1):
+        outcome, waited, took = results[rank]
+        assert (outcome, took) == ("CommTimeoutError", True), results
+        assert 0.9 < waited < 15, results
+
+
 _METHODS = (
     "all_reduce",
     "broadcast",

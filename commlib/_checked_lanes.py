@@ -1,0 +1,171 @@
+"""Checked calls' fast entries: a steady checked call straight to its prepared round.
+
+A checked collective goes the whole way on every call: the communicator's
+validation, the guard's look-up of the round its kind prepared
+(:class:`commlib._check_round.Round`), the round, then the engine's
+collective where the data did not ride. Where a plugin sets
+``checked_lanes = True`` (mpi: there the check cannot come off, and its
+host work is most of a small call), a blocking call with the
+communicator's timeout whose kind already has a prepared round takes it
+from :class:`commlib._lanes.Lanes`' entry instead: the round prepared by an
+earlier call with the same key stands for arguments that passed this
+rank's validation, as a learnt lane does for unchecked calls. What changes
+is only this rank's host work: the same header goes out in the same round,
+every rank compares every row's header, a mismatch raises the same
+:class:`~commlib.errors.RemoteArgumentError` on every rank, the data rides
+(and completes in rank order) exactly where the guard would let it, and
+larger data follows in the engine's own collective, the one the plugin's
+lane issues (:meth:`~commlib.Backend.direct_call`), waited in slices.
+
+A miss (no round yet, another shape, dtype, root or op spelling, a
+``mean``, a tensor needing grad, a non-contiguous one, NaN checks on, an
+open coalescing manager, no lane for the data's collective) returns
+``False`` before anything is sent, and the communicator's method goes the
+whole way.
+
+Examples:
+    >>> comm = commlib.Communicator()          # single: no checked lanes
+    >>> comm._lanes.riding is None
+    True
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from commlib import _lanes, _steps
+from commlib._check_round import steady
+from commlib._guard import write_nothing
+from commlib._host_copy import host_copy
+from commlib.errors import RemoteArgumentError
+from commlib.reductions import reduce_into
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from commlib._check_round import HostSlots, Round
+    from commlib._engine import Engine
+    from commlib._guard import Guard
+    from commlib.backend import DirectCall
+
+
+class CheckedLanes:
+    """One communicator's checked fast entries (for the collectives its guard checks).
+
+    Each takes the call's arguments (already plain tensors, a blocking call,
+    no timeout of its own: :class:`~commlib._lanes.Lanes` checked that) and
+    says whether it ran the call.
+    """
+
+    __slots__ = ("engine", "guard", "rides")
+
+    def __init__(self, engine: Engine, guard: Guard):
+        self.engine = engine
+        self.guard = guard
+        #: the collectives whose small data completes in the check's round
+        self.rides = guard.completed_by_check
+
+    def _round(
+        self, host: HostSlots, what: str, key: Hashable, data: torch.Tensor | None, copies: bool
+    ) -> Round | None:
+        # the guard's steady look-up (Guard.check), for a call whose data is declared
+        prep = host.rounds.get((what, key))
+        if (
+            prep is None
+            or prep.learnt != host.rooms.learnt
+            or prep.floor != self.guard.slot_size
+            or prep.apart
+            or prep.copies is not copies
+        ):
+            return None
+        if prep.dtype is None:
+            return prep if data is None else None
+        if data is None or data.dtype is not prep.dtype or data.shape != prep.shape:
+            return None
+        return prep
+
+    def _riding(self, what: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        # the data the guard would let ride (Guard.check's completes)
+        if what not in self.rides:
+            return None
+        most = self.engine.completed_by_check_bytes
+        return None if most is not None and tensor.nbytes > most else tensor
+
+    def _lane(self, what: str, tensor: torch.Tensor, **key: Any) -> DirectCall | None:
+        # the engine's collective after a round the data did not ride in
+        engine = self.engine
+        table = (what, *key.values())
+        lane = engine.lanes[table] if table in engine.lanes else _lanes.learn(engine, what, **key)
+        if lane is None or not _lanes.serves(engine, lane, tensor):
+            return None
+        return lane
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> bool:
+        """A steady checked ``all_reduce`` of ``tensor`` with ``op`` (not ``mean``), if it serves.
+
+        Examples:
+            >>> comm._lanes.riding.all_reduce(torch.ones(2), "sum")  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or op == "mean" or tensor.requires_grad or _steps.unfinished:
+            return False
+        if not _lanes.takes(engine, tensor):
+            return False
+        data = self._riding("all_reduce", tensor)
+        prep = self._round(host, "all_reduce", (op, tensor.dtype, tensor.shape), data, True)
+        if prep is None:
+            return False
+        lane = None
+        if data is None:
+            lane = self._lane("all_reduce", tensor, op=op, dtype=tensor.dtype)
+            if lane is None:
+                return False
+        parts = steady(engine, host, prep, "all_reduce", self.guard.serializer, data, None, None)
+        if parts is not None:
+            reduce_into(tensor, parts, op)  # every rank alike, in rank order
+        elif lane is not None:
+            engine.direct("all_reduce", lane, [tensor])
+        return True
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> bool:
+        """A steady checked ``broadcast`` of ``tensor`` from ``src``, if it serves.
+
+        Examples:
+            >>> comm._lanes.riding.broadcast(torch.ones(2), 0)  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or tensor.requires_grad or _steps.unfinished:
+            return False
+        if not _lanes.takes(engine, tensor):
+            return False
+        data = self._riding("broadcast", tensor)
+        root = engine.rank == src
+        prep = self._round(host, "broadcast", (src, tensor.dtype, tensor.shape), data, root)
+        if prep is None:
+            return False
+        lane = None
+        if data is None:
+            lane = self._lane("broadcast", tensor, src=src, dtype=tensor.dtype)
+            if lane is None:
+                return False
+        write = None if root else write_nothing
+        try:
+            parts = steady(
+                engine, host, prep, "broadcast", self.guard.serializer, data, None, write
+            )
+        except RemoteArgumentError as exc:  # as the communicator words it
+            from commlib import _nested
+
+            raise _nested.tensor_meets_no_tensor(exc, src) from None
+        if parts is not None:
+            if not root:
+                host_copy(tensor, parts[src])
+        elif lane is not None:
+            engine.direct("broadcast", lane, [tensor])
+        return True

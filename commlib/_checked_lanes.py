@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlib import _lanes, _steps
+from commlib import _lanes, _nested, _steps
 from commlib._check_round import steady
 from commlib._guard import write_nothing
 from commlib._host_copy import host_copy
@@ -49,6 +49,23 @@ if TYPE_CHECKING:
     from commlib._engine import Engine
     from commlib._guard import Guard
     from commlib.backend import DirectCall
+
+
+def checked_lanes(engine: Engine | None, guard: Guard) -> CheckedLanes | None:
+    """The checked entries of a communicator's lanes, where its plugin has them.
+
+    Only on the host, where the guard checks something, and where the plugin
+    sets ``checked_lanes`` (mpi).
+
+    Examples:
+        >>> checked_lanes(comm._engine, comm._guard) is None   # single: none
+        True
+    """
+    if engine is None or not guard.checked or not engine.on_cpu:
+        return None
+    if not getattr(engine.plugin, "checked_lanes", False):
+        return None
+    return CheckedLanes(engine, guard)
 
 
 class CheckedLanes:
@@ -160,8 +177,6 @@ class CheckedLanes:
                 engine, host, prep, "broadcast", self.guard.serializer, data, None, write
             )
         except RemoteArgumentError as exc:  # as the communicator words it
-            from commlib import _nested
-
             raise _nested.tensor_meets_no_tensor(exc, src) from None
         if parts is not None:
             if not root:

@@ -20,7 +20,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 
@@ -30,9 +30,7 @@ from commlib.reductions import copy_back
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from commlib._checked_lanes import CheckedLanes
     from commlib._engine import Engine
-    from commlib._guard import Guard
     from commlib.backend import Backend, DirectCall
     from commlib.types import EngineOp
 
@@ -185,6 +183,13 @@ def _plain_like(tensors: Any, length: int, like: torch.Tensor) -> TypeGuard[list
 
 
 # -- each collective's fast entry -----------------------------------------------------------
+class Riding(Protocol):
+    """The checked calls' fast entries (:class:`commlib._checked_lanes.CheckedLanes`)."""
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> bool: ...
+    def broadcast(self, tensor: torch.Tensor, src: int) -> bool: ...
+
+
 class Lanes:
     """One communicator's fast entries: each takes the call's arguments, says whether it ran.
 
@@ -199,9 +204,9 @@ class Lanes:
         check_finite: the communicator's ``check_finite`` (reductions that
             check for NaN take no lane), kept here by its setter: a value, not
             the communicator (which holds this object: no reference cycle).
-        guard: the communicator's argument check; where the plugin sets
-            ``checked_lanes``, its steady checked calls take their prepared
-            rounds from here (``riding``: :mod:`commlib._checked_lanes`).
+        riding: the checked calls' entries, where the plugin sets
+            ``checked_lanes`` (:mod:`commlib._checked_lanes`): a steady checked
+            call takes its prepared round from there.
     """
 
     __slots__ = ("check_finite", "checked", "engine", "gathers_checked", "native_avg", "riding")
@@ -211,19 +216,14 @@ class Lanes:
         engine: Engine | None,
         checked: frozenset[str],
         check_finite: bool,
-        guard: Guard | None = None,
+        riding: Riding | None = None,
     ):
         self.engine = engine
         self.checked = checked
         self.check_finite = check_finite
         self.native_avg = engine is not None and engine.native_avg
         self.gathers_checked = "all_gather_into_tensor" in checked
-        self.riding: CheckedLanes | None = None
-        if engine is not None and guard is not None and checked and engine.on_cpu:
-            if getattr(engine.plugin, "checked_lanes", False):
-                from commlib._checked_lanes import CheckedLanes  # (it imports this module)
-
-                self.riding = CheckedLanes(engine, guard)
+        self.riding = riding
 
     def _lane(self, engine: Engine, key: tuple[Any, ...]) -> DirectCall | None:
         lane = engine.lanes.get(key)

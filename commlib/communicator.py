@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from commlib import _check_round, _finite, _membership, _plugin_choice, _steps, _world
+from commlib._checked_lanes import checked_lanes
 from commlib._collective import collective
 from commlib._distributing_collectives import DistributingCollectives
 from commlib._engine import Engine
@@ -161,7 +162,9 @@ class Communicator(
             self._slot_size,
             distributed=self._distributed,
         )
-        self._lanes = Lanes(self._engine, guard.checked, self._check_finite, guard)
+        self._lanes = Lanes(
+            self._engine, guard.checked, self._check_finite, checked_lanes(self._engine, guard)
+        )
 
     @property
     def check_finite(self) -> bool:

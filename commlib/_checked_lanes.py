@@ -184,3 +184,76 @@ class CheckedLanes:
         elif lane is not None:
             engine.direct("broadcast", lane, [tensor])
         return True
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str) -> bool:
+        """A steady checked ``reduce`` of ``tensor`` to ``dst`` with ``op`` (not ``mean``).
+
+        Examples:
+            >>> comm._lanes.riding.reduce(torch.ones(2), 0, "sum")  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or op == "mean" or tensor.requires_grad or _steps.unfinished:
+            return False
+        if not _lanes.takes(engine, tensor):
+            return False
+        data = self._riding("reduce", tensor)
+        prep = self._round(host, "reduce", (dst, op, tensor.dtype, tensor.shape), data, True)
+        if prep is None:
+            return False
+        lane = None
+        if data is None:
+            lane = self._lane("reduce", tensor, op=op, dst=dst, dtype=tensor.dtype)
+            if lane is None:
+                return False
+        parts = steady(engine, host, prep, "reduce", self.guard.serializer, data, None, None)
+        is_dst = engine.rank == dst
+        if parts is not None:
+            if is_dst:
+                reduce_into(tensor, parts, op)  # in rank order, as every rank would
+        elif lane is not None:
+            # the engine may use the buffer of a rank other than dst as scratch space
+            engine.direct("reduce", lane, [tensor if is_dst else tensor.clone()])
+        return True
+
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> bool:
+        """A steady checked ``all_gather_into_tensor`` of ``tensor`` into ``output``.
+
+        Examples:
+            >>> comm._lanes.riding.all_gather_into_tensor(out, torch.ones(2))  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or _steps.unfinished or output.requires_grad:
+            return False
+        # what the communicator's validation checks every call (the round's key names
+        # the input alone)
+        if (
+            output.dtype is not tensor.dtype
+            or output.numel() != tensor.numel() * engine.world_size
+            or not _lanes.takes(engine, tensor)
+            or not _lanes.takes(engine, output)
+        ):
+            return False
+        what = "all_gather_into_tensor"
+        data = self._riding(what, tensor)
+        prep = self._round(host, what, (tensor.dtype, tensor.shape), data, True)
+        if prep is None:
+            return False
+        lane = None
+        if data is None:
+            lane = self._lane(what, tensor, dtype=tensor.dtype)
+            if lane is None:
+                return False
+        parts = steady(engine, host, prep, what, self.guard.serializer, data, None, None)
+        if parts is not None:
+            if output.dim() == 1 == tensor.dim():
+                torch.cat(parts, out=output)  # one op, no view
+            else:
+                torch.stack(parts, out=output.view(engine.world_size, *tensor.shape))
+        elif lane is not None:
+            flat = output if output.dim() == 1 else output.view(-1)
+            engine.direct(what, lane, flat, tensor if tensor.dim() == 1 else tensor.view(-1))
+        return True

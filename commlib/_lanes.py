@@ -188,6 +188,8 @@ class Riding(Protocol):
 
     def all_reduce(self, tensor: torch.Tensor, op: str) -> bool: ...
     def broadcast(self, tensor: torch.Tensor, src: int) -> bool: ...
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str) -> bool: ...
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> bool: ...
 
 
 class Lanes:
@@ -298,6 +300,8 @@ class Lanes:
             or type(output) not in PLAIN
         ):
             return False
+        if self.riding is not None and self.gathers_checked:
+            return self.riding.all_gather_into_tensor(output, tensor)
         dtype = tensor.dtype
         lane = engine.lanes.get(("all_gather_into_tensor", dtype))
         if lane is None or _steps.unfinished or self.gathers_checked:
@@ -396,6 +400,8 @@ class Lanes:
             or type(dst) is not int
         ):
             return False
+        if self.riding is not None and "reduce" in self.checked:
+            return not self.check_finite and self.riding.reduce(tensor, dst, op)
         lane = self._lane(engine, ("reduce", op, dst, tensor.dtype))
         if lane is None or self.check_finite or not serves(engine, lane, tensor):
             return False

@@ -395,6 +395,11 @@ def _steady_or_odd(comm, name: str, n: int, odd: bool) -> None:
         comm.all_reduce(x.int() if odd else x)
     elif name == "op":
         comm.all_reduce(x, "max" if odd else "sum")
+    elif name == "dst":
+        comm.reduce(x, dst=1 if odd else 0)
+    elif name == "gather shape":
+        out = torch.empty(comm.world_size * n)
+        comm.all_gather_into_tensor(out.view(-1, 2) if odd else out, x.view(-1, 2) if odd else x)
     elif name == "src":
         comm.broadcast(x, src=1 if odd else 0)
     else:
@@ -415,7 +420,7 @@ def _checked_lanes(comm) -> list[str]:
             for _ in range(3):  # the first call prepares the round, the next take it
                 x = torch.full((n,), rank + 1, dtype=dtype)
                 x[-1] = 2**40 if dtype is torch.int64 else 0.1 * (rank + 1)
-                want = x.clone()
+                want, mine = x.clone(), x.clone()
                 for r in range(world):  # rank order, as every rank reduces the parts
                     part = torch.full((n,), r + 1, dtype=dtype)
                     part[-1] = 2**40 if dtype is torch.int64 else 0.1 * (r + 1)
@@ -430,6 +435,25 @@ def _checked_lanes(comm) -> list[str]:
                 comm.all_reduce(m, "max")
                 if m.tolist() != [float(world)] * n:
                     wrong.append(f"max {n}: {m[:2]}")
+                for dst in {0, world - 1}:
+                    z = mine.clone()
+                    before = engine.seq
+                    comm.reduce(z, dst=dst)
+                    if not torch.equal(z, want if rank == dst else mine):
+                        wrong.append(f"reduce {n} to {dst}: {z[-2:]}")
+                    if world > 1 and engine.seq - before != rounds:
+                        wrong.append(f"reduce {n}: {engine.seq - before} rounds")
+                out = torch.empty(world * n, dtype=dtype)
+                before = engine.seq
+                comm.all_gather_into_tensor(out, torch.full((n,), rank, dtype=dtype))
+                if out.view(world, n)[:, -1].tolist() != list(range(world)):
+                    wrong.append(f"all_gather_into_tensor {n}: {out.view(world, n)[:, -1]}")
+                if world > 1 and engine.seq - before != rounds:
+                    wrong.append(f"all_gather_into_tensor {n}: {engine.seq - before} rounds")
+                grid = torch.empty(world, 2, n // 2, dtype=dtype)
+                comm.all_gather_into_tensor(grid, torch.full((2, n // 2), rank, dtype=dtype))
+                if grid[:, -1, -1].tolist() != list(range(world)):
+                    wrong.append(f"all_gather_into_tensor 2-dim {n}: {grid[:, -1, -1]}")
                 for src in {0, world - 1}:
                     y = torch.full((n,), rank, dtype=dtype)
                     before = engine.seq
@@ -446,6 +470,15 @@ def _checked_lanes(comm) -> list[str]:
                 y = torch.full((n,), rank, dtype=dtype)
                 if not riding.broadcast(y, world - 1) or y[0] != world - 1:
                     wrong.append(f"the entry did not serve broadcast {n} {dtype}")
+                z = mine.clone()
+                if not riding.reduce(z, world - 1, "sum") or not torch.equal(
+                    z, want if rank == world - 1 else mine
+                ):
+                    wrong.append(f"the entry did not serve reduce {n} {dtype}")
+                out = torch.empty(world * n, dtype=dtype)
+                served = riding.all_gather_into_tensor(out, torch.full((n,), rank, dtype=dtype))
+                if not served or out.view(world, n)[:, 0].tolist() != list(range(world)):
+                    wrong.append(f"the entry did not serve all_gather_into_tensor {n} {dtype}")
     # misses go the whole way, same results: mean, a tensor needing grad, non-contiguous
     t = torch.full((4,), float(rank + 1))
     comm.all_reduce(t, "mean")
@@ -468,7 +501,7 @@ def _checked_lanes(comm) -> list[str]:
         # after steady calls one rank changes the shape (same bytes), dtype, op or src:
         # every rank raises the same error, and the next call is right
         for n in (256, 2048):
-            for name in ("shape", "dtype", "op", "src", "broadcast shape"):
+            for name in ("shape", "dtype", "op", "src", "broadcast shape", "dst", "gather shape"):
                 for _ in range(3):
                     _steady_or_odd(comm, name, n, odd=False)
                 try:

@@ -85,7 +85,13 @@ class CheckedLanes:
         self.rides = guard.completed_by_check
 
     def _round(
-        self, host: HostSlots, what: str, key: Hashable, data: torch.Tensor | None, copies: bool
+        self,
+        host: HostSlots,
+        what: str,
+        key: Hashable,
+        data: torch.Tensor | None,
+        copies: bool,
+        apart: bool = False,
     ) -> Round | None:
         # the guard's steady look-up (Guard.check), for a call whose data is declared
         prep = host.rounds.get((what, key))
@@ -93,7 +99,7 @@ class CheckedLanes:
             prep is None
             or prep.learnt != host.rooms.learnt
             or prep.floor != self.guard.slot_size
-            or prep.apart
+            or prep.apart is not apart
             or prep.copies is not copies
         ):
             return None
@@ -256,4 +262,45 @@ class CheckedLanes:
         elif lane is not None:
             flat = output if output.dim() == 1 else output.view(-1)
             engine.direct(what, lane, flat, tensor if tensor.dim() == 1 else tensor.view(-1))
+        return True
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> bool:
+        """A steady checked ``reduce_scatter`` of one ``input`` tensor into ``output``.
+
+        Examples:
+            >>> comm._lanes.riding.reduce_scatter(out, torch.ones(4), "sum")  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or op == "mean" or output.requires_grad or _steps.unfinished:
+            return False
+        world = engine.world_size
+        # what the communicator's validation checks every call (the key names the output)
+        if (
+            input.dtype is not output.dtype
+            or input.numel() != output.numel() * world
+            or not _lanes.takes(engine, output)
+            or not _lanes.takes(engine, input)
+        ):
+            return False
+        what = "reduce_scatter"
+        # chunk j for rank j: every rank's chunk for this one comes back, reduced in rank order
+        data = self._riding(what, input)
+        chunks = None if data is None else data.view(world, -1)
+        key = (op, output.dtype, output.shape)
+        prep = self._round(host, what, key, chunks, True, apart=True)
+        if prep is None:
+            return False
+        lane = None
+        if data is None:
+            lane = self._lane(what, output, op=op, dtype=output.dtype)
+            if lane is None:
+                return False
+        parts = steady(engine, host, prep, what, self.guard.serializer, chunks, None, None)
+        out = output if output.dim() == 1 else output.view(-1)
+        if parts is not None:
+            reduce_into(out, parts, op)
+        elif lane is not None:
+            engine.direct(what, lane, out, input if input.dim() == 1 else input.view(-1))
         return True

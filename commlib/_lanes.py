@@ -190,6 +190,7 @@ class Riding(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int) -> bool: ...
     def reduce(self, tensor: torch.Tensor, dst: int, op: str) -> bool: ...
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> bool: ...
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> bool: ...
 
 
 class Lanes:
@@ -362,6 +363,8 @@ class Lanes:
             or type(op) is not str
         ):
             return False
+        if self.riding is not None and "reduce_scatter" in self.checked:
+            return not self.check_finite and self.riding.reduce_scatter(output, input, op)
         dtype = output.dtype
         lane = self._lane(engine, ("reduce_scatter", op, dtype))
         if lane is None:

@@ -395,6 +395,10 @@ def _steady_or_odd(comm, name: str, n: int, odd: bool) -> None:
         comm.all_reduce(x.int() if odd else x)
     elif name == "op":
         comm.all_reduce(x, "max" if odd else "sum")
+    elif name == "scatter op":
+        comm.reduce_scatter(
+            torch.empty(n), torch.ones(comm.world_size * n), "max" if odd else "sum"
+        )
     elif name == "dst":
         comm.reduce(x, dst=1 if odd else 0)
     elif name == "gather shape":
@@ -417,7 +421,7 @@ def _checked_lanes(comm) -> list[str]:
     # in the round (1 KiB), past what the round carries (8 KiB: MPI's own follows)
     for n, rounds in ((256, 1), (2048, 2)):
         for dtype in (torch.float32, torch.int64):
-            for _ in range(3):  # the first call prepares the round, the next take it
+            for call in range(3):  # the first call prepares the round, the next take it
                 x = torch.full((n,), rank + 1, dtype=dtype)
                 x[-1] = 2**40 if dtype is torch.int64 else 0.1 * (rank + 1)
                 want, mine = x.clone(), x.clone()
@@ -450,6 +454,16 @@ def _checked_lanes(comm) -> list[str]:
                     wrong.append(f"all_gather_into_tensor {n}: {out.view(world, n)[:, -1]}")
                 if world > 1 and engine.seq - before != rounds:
                     wrong.append(f"all_gather_into_tensor {n}: {engine.seq - before} rounds")
+                mine_rs = torch.empty(n, dtype=dtype)
+                before = engine.seq
+                comm.reduce_scatter(mine_rs, torch.arange(world * n, dtype=dtype) * (rank + 1))
+                got = (torch.arange(n, dtype=dtype) + rank * n) * (world * (world + 1) // 2)
+                if not torch.equal(mine_rs, got):
+                    wrong.append(f"reduce_scatter {n}: {mine_rs[-2:]} != {got[-2:]}")
+                # (int64 at 2 ranks: 4 KiB, past the first slot; the slot learns it)
+                rides = world * n * mine_rs.element_size() <= 4096  # (completed_by_check_bytes)
+                if call and world > 1 and engine.seq - before != (1 if rides else 2):
+                    wrong.append(f"reduce_scatter {n}: {engine.seq - before} rounds")
                 grid = torch.empty(world, 2, n // 2, dtype=dtype)
                 comm.all_gather_into_tensor(grid, torch.full((2, n // 2), rank, dtype=dtype))
                 if grid[:, -1, -1].tolist() != list(range(world)):
@@ -475,6 +489,10 @@ def _checked_lanes(comm) -> list[str]:
                     z, want if rank == world - 1 else mine
                 ):
                     wrong.append(f"the entry did not serve reduce {n} {dtype}")
+                mine_rs = torch.empty(n, dtype=dtype)
+                whole = torch.ones(world * n, dtype=dtype)
+                if not riding.reduce_scatter(mine_rs, whole, "sum") or mine_rs[0] != world:
+                    wrong.append(f"the entry did not serve reduce_scatter {n} {dtype}")
                 out = torch.empty(world * n, dtype=dtype)
                 served = riding.all_gather_into_tensor(out, torch.full((n,), rank, dtype=dtype))
                 if not served or out.view(world, n)[:, 0].tolist() != list(range(world)):
@@ -501,7 +519,16 @@ def _checked_lanes(comm) -> list[str]:
         # after steady calls one rank changes the shape (same bytes), dtype, op or src:
         # every rank raises the same error, and the next call is right
         for n in (256, 2048):
-            for name in ("shape", "dtype", "op", "src", "broadcast shape", "dst", "gather shape"):
+            for name in (
+                "shape",
+                "dtype",
+                "op",
+                "src",
+                "broadcast shape",
+                "dst",
+                "gather shape",
+                "scatter op",
+            ):
                 for _ in range(3):
                     _steady_or_odd(comm, name, n, odd=False)
                 try:

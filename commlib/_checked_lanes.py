@@ -38,7 +38,7 @@ import torch
 from commlib import _lanes, _nested, _steps
 from commlib._check_round import steady
 from commlib._guard import write_nothing
-from commlib._host_copy import host_copy
+from commlib._host_copy import host_copy, stack_into
 from commlib.errors import RemoteArgumentError
 from commlib.reductions import reduce_into
 
@@ -303,4 +303,44 @@ class CheckedLanes:
             reduce_into(out, parts, op)
         elif lane is not None:
             engine.direct(what, lane, out, input if input.dim() == 1 else input.view(-1))
+        return True
+
+    def scatter(self, tensor: torch.Tensor, scatter_list: Any, src: int) -> bool:
+        """A steady checked ``scatter`` into ``tensor`` from ``src`` (its list on ``src``).
+
+        Examples:
+            >>> comm._lanes.riding.scatter(out, [torch.ones(2)] * 2, 0)  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or tensor.requires_grad or _steps.unfinished:
+            return False
+        if not _lanes.takes(engine, tensor):
+            return False
+        root = engine.rank == src
+        # what the communicator's validation checks every call on src: the list
+        if root and not _lanes.plain_list(engine, scatter_list, tensor):
+            return False
+        what = "scatter"
+        if what not in self.rides:
+            return False  # (the check alone, then the engine's: not prepared here)
+        # src's piece for each rank rides in the row for it (the rows only declared)
+        rows = self.guard.rows(tensor.dtype, tensor.shape, engine.world_size)
+        data = self._riding(what, rows)
+        key = (src, tensor.dtype, tensor.shape)
+        prep = self._round(host, what, key, data, False, apart=True)
+        if prep is None:
+            return False
+        lane = None
+        if data is None:
+            lane = self._lane(what, tensor, src=src, dtype=tensor.dtype)
+            if lane is None:
+                return False
+        write = (lambda rows: stack_into(rows, scatter_list)) if root else write_nothing
+        got = steady(engine, host, prep, what, self.guard.serializer, data, None, write)
+        if got is not None:
+            host_copy(tensor, got[src])
+        elif lane is not None:
+            _lanes.scatter_by(engine, lane, tensor, scatter_list, src)
         return True

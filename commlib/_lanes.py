@@ -182,6 +182,40 @@ def _plain_like(tensors: Any, length: int, like: torch.Tensor) -> TypeGuard[list
     return True
 
 
+def plain_list(engine: Engine, tensors: Any, like: torch.Tensor) -> TypeGuard[list[torch.Tensor]]:
+    """Whether a direct call takes ``tensors``: a list of the group's size, each like ``like``.
+
+    Examples:
+        >>> engine, one = commlib.Communicator()._engine, torch.ones(2)
+        >>> plain_list(engine, [torch.ones(2)], one), plain_list(engine, None, one)
+        (True, False)
+    """
+    return _plain_like(tensors, engine.world_size, like) and all(takes(engine, t) for t in tensors)
+
+
+def scatter_by(
+    engine: Engine, lane: DirectCall, tensor: torch.Tensor, scatter_list: Any, src: int
+) -> None:
+    """``scatter`` through ``lane``; on ``src``, ``scatter_list`` passed :func:`plain_list`.
+
+    Examples:
+        >>> scatter_by(engine, lane, out, parts, 0)  # doctest: +SKIP
+    """
+    me = engine.rank
+    if me != src:
+        if lane.via is None:
+            engine.direct("scatter", lane, [tensor], [])
+        else:  # the root's list broadcast whole: this rank keeps its part
+            whole = tensor.new_empty((engine.world_size, *tensor.shape))
+            engine.direct("scatter", lane, [whole])
+            tensor.copy_(whole[me])
+    elif lane.via is None:
+        engine.direct("scatter", lane, [tensor], [list(scatter_list)])
+    else:
+        engine.direct("scatter", lane, [torch.stack(scatter_list)])
+        tensor.copy_(scatter_list[me])
+
+
 # -- each collective's fast entry -----------------------------------------------------------
 class Riding(Protocol):
     """The checked calls' fast entries (:class:`commlib._checked_lanes.CheckedLanes`)."""
@@ -191,6 +225,7 @@ class Riding(Protocol):
     def reduce(self, tensor: torch.Tensor, dst: int, op: str) -> bool: ...
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> bool: ...
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> bool: ...
+    def scatter(self, tensor: torch.Tensor, scatter_list: Any, src: int) -> bool: ...
 
 
 class Lanes:
@@ -424,28 +459,14 @@ class Lanes:
             or type(src) is not int
         ):
             return False
+        if self.riding is not None and "scatter" in self.checked:
+            return self.riding.scatter(tensor, scatter_list, src)
         lane = self._lane(engine, ("scatter", src, tensor.dtype))
         if lane is None or not serves(engine, lane, tensor):
             return False
-        me = engine.rank
-        if me != src:
-            if lane.via is None:
-                engine.direct("scatter", lane, [tensor], [])
-            else:  # the root's list broadcast whole: this rank keeps its part
-                whole = tensor.new_empty((engine.world_size, *tensor.shape))
-                engine.direct("scatter", lane, [whole])
-                tensor.copy_(whole[me])
-            return True
-        if not _plain_like(scatter_list, engine.world_size, tensor):
+        if engine.rank == src and not plain_list(engine, scatter_list, tensor):
             return False
-        for t in scatter_list:
-            if not takes(engine, t):
-                return False
-        if lane.via is None:
-            engine.direct("scatter", lane, [tensor], [list(scatter_list)])
-        else:
-            engine.direct("scatter", lane, [torch.stack(scatter_list)])
-            tensor.copy_(scatter_list[me])
+        scatter_by(engine, lane, tensor, scatter_list, src)
         return True
 
     @staticmethod

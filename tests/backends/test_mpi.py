@@ -399,6 +399,10 @@ def _steady_or_odd(comm, name: str, n: int, odd: bool) -> None:
         comm.reduce_scatter(
             torch.empty(n), torch.ones(comm.world_size * n), "max" if odd else "sum"
         )
+    elif name == "scatter src":
+        src = 1 if odd else 0
+        parts = [torch.ones(n)] * comm.world_size if comm.rank == src else None
+        comm.scatter(x, parts, src=src)
     elif name == "dst":
         comm.reduce(x, dst=1 if odd else 0)
     elif name == "gather shape":
@@ -464,6 +468,15 @@ def _checked_lanes(comm) -> list[str]:
                 rides = world * n * mine_rs.element_size() <= 4096  # (completed_by_check_bytes)
                 if call and world > 1 and engine.seq - before != (1 if rides else 2):
                     wrong.append(f"reduce_scatter {n}: {engine.seq - before} rounds")
+                piece = torch.zeros(n, dtype=dtype)
+                sent = [torch.full((n,), 10 * j + 1, dtype=dtype) for j in range(world)]
+                before = engine.seq
+                comm.scatter(piece, sent if rank == world - 1 else None, src=world - 1)
+                if piece.tolist() != [10 * rank + 1] * n:
+                    wrong.append(f"scatter {n}: {piece[:2]}")
+                rides = world * n * piece.element_size() <= 4096  # (completed_by_check_bytes)
+                if call and world > 1 and engine.seq - before != (1 if rides else 2):
+                    wrong.append(f"scatter {n}: {engine.seq - before} rounds")
                 grid = torch.empty(world, 2, n // 2, dtype=dtype)
                 comm.all_gather_into_tensor(grid, torch.full((2, n // 2), rank, dtype=dtype))
                 if grid[:, -1, -1].tolist() != list(range(world)):
@@ -493,6 +506,14 @@ def _checked_lanes(comm) -> list[str]:
                 whole = torch.ones(world * n, dtype=dtype)
                 if not riding.reduce_scatter(mine_rs, whole, "sum") or mine_rs[0] != world:
                     wrong.append(f"the entry did not serve reduce_scatter {n} {dtype}")
+                piece = torch.zeros(n, dtype=dtype)
+                sent = [torch.full((n,), j, dtype=dtype) for j in range(world)]
+                root = world - 1  # (the kind the loop above made steady)
+                if (
+                    not riding.scatter(piece, sent if rank == root else None, root)
+                    or piece[0] != rank
+                ):
+                    wrong.append(f"the entry did not serve scatter {n} {dtype}")
                 out = torch.empty(world * n, dtype=dtype)
                 served = riding.all_gather_into_tensor(out, torch.full((n,), rank, dtype=dtype))
                 if not served or out.view(world, n)[:, 0].tolist() != list(range(world)):

@@ -42,6 +42,7 @@ from commlib import _catalog, _lanes, _objects
 from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
 from commlib._rooms import Rooms, learn_cap, need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot
+from commlib._shared_rows import shared_rows
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
@@ -365,7 +366,11 @@ def exchange(
     rooms = rooms_of(engine)
     floor, slot_size = slot_size, rooms.slot_bytes(slot_size)
     on_cpu = engine.on_cpu
-    host = _slots(engine, slot_size, rooms) if on_cpu else None
+    host = None
+    if on_cpu:
+        if "shared" not in engine.kept:  # set up by the engine's first slot round
+            shared_rows(engine, what, timeout)
+        host = _slots(engine, slot_size, rooms)
     asked_apart = apart
     # parts for each rank where the engine sends every rank every row: the parts
     # travel whole in the sender's slot, and each rank takes its own of each
@@ -397,7 +402,7 @@ def exchange(
             elif write(areas.first) is not False:
                 areas.spread()
         rows = host.rows
-        lane = _lanes.round_lane(engine, slot_size, host.apart) if timeout is None else None
+        lane = _lanes.round_lane(engine, slot_size, host.apart, timeout)
         _issue(engine, host, what, lane, timeout)
     else:
         device = engine.device()
@@ -486,9 +491,12 @@ def steady(
         elif write(prep.spread) is not False and prep.areas is not None:
             prep.areas.spread()
     lane_key = prep.lane_key
-    lane = None if lane_key is None or timeout is not None else engine.lanes.get(lane_key)
-    if lane is not None and lane.unless_in and engine.group in lane.unless_in:
-        lane = None  # an open coalescing manager: the plugin's method (_lanes.round_lane)
+    lane = None if lane_key is None else engine.lanes.get(lane_key)
+    if lane is not None and (
+        (timeout is not None and lane.via != "shared")
+        or (lane.unless_in and engine.group in lane.unless_in)
+    ):
+        lane = None  # another timeout or an open coalescing manager (_lanes.round_lane)
     _issue(engine, host, what, lane, timeout)
     raw = host.every_raw
     if host.heads(raw) != prep.heads:  # every row's header, in one comparison
@@ -524,9 +532,9 @@ def _issue(
     if lane is None:
         engine.run(what, "all_gather_slots", host.every, host.sent.rows, timeout=timeout)
     elif host.apart:
-        engine.direct(what, lane, host.every, host.sent.rows, [], [])
+        engine.direct(what, lane, host.every, host.sent.rows, [], [], limit=timeout)
     else:
-        engine.direct(what, lane, host.every, host.first)
+        engine.direct(what, lane, host.every, host.first, limit=timeout)
 
 
 def _disagree(

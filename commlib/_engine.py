@@ -203,6 +203,9 @@ class Engine:
 
     def abort(self) -> None:
         """Stop what is in flight on the group (once, when it broke)."""
+        shared = self.kept.get("shared")
+        if shared is not None:  # a late rank must not complete a round the others left
+            shared.abort()
         self.plugin.abort(self.group)
 
     # -- errors ----------------------------------------------------------------------
@@ -284,6 +287,22 @@ class Engine:
             work = call(*args, group=self.group, async_op=True, **kwargs)
         return Pending(work, what, seq)
 
+    def start_lane(self, what: str, lane: DirectCall, *args: Any) -> Pending:
+        """Issue ``lane`` (a direct call: ``lane.call(*args, lane.options)``) as one step.
+
+        What :meth:`start` does for a plugin's method; wait with :meth:`wait`.
+
+        Examples:
+            >>> engine.wait(engine.start_lane("all_reduce", DirectCall(None, None)))
+        """
+        seq = self._next(what)
+        call = lane.call
+        if call is None:
+            return Pending(None, what, seq)  # a group of one: the identity
+        with self.map_errors(what, seq, self.timeout):
+            work = call(*args, lane.options)
+        return Pending(work, what, seq)
+
     def _next(self, what: str) -> int:
         """The next engine call's sequence number, once the group is known healthy."""
         self.health.check(what)
@@ -341,7 +360,9 @@ class Engine:
     # Each hands its arguments to _issue with the plugin's method bound once
     # (__init__): nothing is looked up by name nor packed into keywords per call.
     # -- direct calls: the plugin's engine call, issued here --------------------------
-    def direct(self, what: str, lane: DirectCall, *args: Any) -> None:
+    def direct(
+        self, what: str, lane: DirectCall, *args: Any, limit: datetime.timedelta | None = None
+    ) -> None:
         """``lane.call(*args, lane.options)``, blocking: what :meth:`_issue` does, fewer steps.
 
         For a blocking call with the communicator's timeout whose
@@ -356,7 +377,8 @@ class Engine:
         health = self.health
         if health.broken is not None:
             health.check(what)
-        limit = self.timeout
+        if limit is None:
+            limit = self.timeout
         if health.engine_timeout is not limit:
             self.bound_engine_wait(limit)
         self.seq += 1

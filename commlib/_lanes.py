@@ -95,15 +95,21 @@ def learn_once(engine: Engine, collective: str, **key: Any) -> None:
         learn(engine, collective, **key)
 
 
-def round_lane(engine: Engine, slot_bytes: int, apart: bool = False) -> DirectCall | None:
+def round_lane(
+    engine: Engine, slot_bytes: int, apart: bool = False, timeout: Any = None
+) -> DirectCall | None:
     """The direct call for a protocol's first round of ``slot_bytes`` rows, if any.
 
-    The plugin's ``all_gather_slots`` as the one engine call it makes: an
-    all_to_all_single of the rows (``apart``: row ``j`` goes to rank ``j``,
+    Where the group's ranks share this machine's memory, the round through
+    it (:mod:`commlib._shared_rows`, set up by the protocol's first round),
+    with any ``timeout``. Otherwise the plugin's ``all_gather_slots`` as
+    the one engine call it makes: an all_to_all_single of the rows
+    (``apart``: row ``j`` goes to rank ``j``,
     :meth:`~commlib.Backend.sends_slot_rows_apart`) or an all_gather of the
-    first. Asked once per slot size (:func:`learn`); none where the plugin
-    gathers bytes its own way, for a slot outside the call's byte range, or
-    while the group is in an open coalescing manager.
+    first; for the communicator's timeout only (``timeout`` ``None``).
+    Asked once per slot size (:func:`learn`); none where the plugin gathers
+    bytes its own way, for a slot outside the call's byte range, or while
+    the group is in an open coalescing manager.
 
     Examples:
         >>> round_lane(commlib.Communicator()._engine, 4096) is None   # single: none
@@ -111,14 +117,19 @@ def round_lane(engine: Engine, slot_bytes: int, apart: bool = False) -> DirectCa
     """
     key = ("all_gather_slots", slot_bytes, apart)
     lanes = engine.lanes
-    lane = (
-        lanes[key]
-        if key in lanes
-        else learn(engine, "all_gather_slots", slot_bytes=slot_bytes, apart=apart)
-    )
+    if key in lanes:
+        lane = lanes[key]
+    else:
+        shared = engine.kept.get("shared")
+        lane = None if shared is None else shared.lane(slot_bytes, apart)
+        if lane is None:
+            lane = learn(engine, "all_gather_slots", slot_bytes=slot_bytes, apart=apart)
+        else:
+            lanes[key] = lane
     if (
         lane is None
         or lane.call is None
+        or (timeout is not None and lane.via != "shared")
         or not lane.min_bytes <= slot_bytes <= lane.max_bytes
         or (lane.unless_in and engine.group in lane.unless_in)
     ):

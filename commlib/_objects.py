@@ -38,6 +38,7 @@ import torch
 
 from commlib import _validation as check
 from commlib._rooms import need_of, rooms_of
+from commlib._shared_rows import set_up_steps
 from commlib._slots import (
     ALL_GATHER,
     BAD_ARGUMENT,
@@ -96,7 +97,16 @@ def round_one(engine: Engine, out: Outgoing, world: int) -> Steps[ReceivedSlots]
         # host memory Python can parse without going through numpy
         raw: Any = bytearray(world * size)
         gathered = torch.frombuffer(raw, dtype=torch.uint8)
-        yield from call(engine, what, "all_gather_into_tensor", gathered, mine)
+        kept = engine.kept
+        if "shared" in kept:
+            shared = kept["shared"]
+        else:  # set up by the engine's first slot round, as steps: an async call's run later
+            shared = yield from set_up_steps(engine, what)
+        lane = None if shared is None else shared.lane(size, False)
+        if lane is None:
+            yield from call(engine, what, "all_gather_into_tensor", gathered, mine)
+        else:  # every rank on this machine: the round through shared memory
+            yield engine.start_lane(what, lane, gathered, mine)
         return ReceivedSlots(gathered, raw, size, world)
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
     yield from call(engine, what, "all_gather_into_tensor", gathered, mine)

@@ -33,6 +33,7 @@ from commlib import _lanes, _steps
 from commlib._host_copy import host_copy
 from commlib._rooms import HEADER, Rooms, learn_cap, need_of
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
+from commlib._shared_rows import shared_rows
 from commlib.dtypes import dtype_code, dtype_from_code
 from commlib.errors import RemoteArgumentError
 
@@ -725,6 +726,8 @@ def _round(
     size = slots.sent.size
     world = engine.world_size
     if engine.on_cpu:
+        if "shared" not in engine.kept:  # set up by the engine's first slot round
+            shared_rows(engine, what, timeout)
         slots.head(header)
         if areas is not None and data is not None:
             host_copy(areas.every, data)  # into every row at once, on this thread
@@ -740,14 +743,14 @@ def _round(
         else:
             # not zeroed: the round fills every byte, and zeroing megabytes costs
             gathered = torch.empty(world * size, dtype=torch.uint8)
-        lane = _lanes.round_lane(engine, size, slots.apart) if timeout is None else None
+        lane = _lanes.round_lane(engine, size, slots.apart, timeout)
         if lane is None:
             rows = slots.sent.rows
             engine.run(what, "all_gather_slots", gathered, rows, timeout=timeout)
         elif slots.apart:  # the engine's own exchange of the rows, in one step
-            engine.direct(what, lane, gathered, slots.sent.rows, [], [])
+            engine.direct(what, lane, gathered, slots.sent.rows, [], [], limit=timeout)
         else:  # the engine's own gather of the first row
-            engine.direct(what, lane, gathered, slots.first)
+            engine.direct(what, lane, gathered, slots.first, limit=timeout)
         if raw is not None:
             return gathered, raw, size
     else:

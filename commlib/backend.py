@@ -131,6 +131,13 @@ class Backend:
     instead of two. A subclass that overrides one of these methods drops it from the set,
     unless it sets ``completed_by_check`` itself: an overridden collective is always called.
     """
+    shares_host_rounds: ClassVar[bool] = False
+    """Where every rank of a group runs on one machine, commlib may take the protocols' slot
+    rounds (:meth:`all_gather_slots`, the first round of the check, of all_gather and of the
+    object collectives) through shared memory instead of the engine (:mod:`commlib._shared_rows`):
+    for an engine on the host whose own rounds go through sockets. Every rank of a group must
+    use the same plugin class (they do: the group's backend).
+    """
     completed_by_check_bytes: ClassVar[int | None] = None
     """Up to how many bytes of a rank's data complete in the check's round (``None``: as many as
     the slot learns): for an engine whose own collective moves larger data with fewer copies

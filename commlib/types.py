@@ -97,10 +97,12 @@ class DirectCall(NamedTuple):
     group is a key of ``unless_in`` (torch's open coalescing managers) the
     plugin's method is called instead.
 
-    ``via``: the one engine call is another collective's, which the plugin's
-    method composes this one from: ``"broadcast"`` for a ``scatter`` its
-    engine lacks (the root's list broadcast whole, each rank keeping its part;
-    ``call`` and ``options`` then are the broadcast's from ``src``).
+    ``via="shared"``: the slot round through shared memory (:mod:`commlib._shared_rows`),
+    which waits with any timeout. Otherwise ``via``: the one engine call is
+    another collective's, which the plugin's method composes this one from:
+    ``"broadcast"`` for a ``scatter`` its engine lacks (the root's list
+    broadcast whole, each rank keeping its part; ``call`` and ``options``
+    then are the broadcast's from ``src``).
 
     Examples:
         >>> lane = DirectCall(None, None)   # a group of one: nothing to send

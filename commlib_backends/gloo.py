@@ -90,6 +90,7 @@ class GlooBackend(EngineGaps, DirectCalls):
     wire_dtypes = _MOVES
     reduce_dtypes = _MOVES
     mismatch_aborts = True
+    shares_host_rounds = True
     interruptible_wait = True
     p2p_timeout_ends_group = True
     # gloo's results for these are what the check computes from its round

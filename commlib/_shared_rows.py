@@ -1,0 +1,436 @@
+"""The slot rounds of ranks on one machine, through shared memory.
+
+Every protocol's first round (the argument check's, all_gather's, the object
+collectives') gathers one slot of the same size from every rank
+(:mod:`commlib._check_round`). Where every rank of a group runs on this
+machine, that round need not go through the engine's sockets: each rank
+writes its rows into its area of one shared-memory segment, publishes the
+round's number, and copies out every rank's rows once all have published.
+On gloo at 2 ranks that costs a few microseconds where the engine's round
+costs a hundred or more, and it is the round every checked call pays: a
+checked broadcast then costs about what the broadcast does.
+
+The segment holds two generations of areas, taken in turn: a rank writes
+round ``k + 2`` where round ``k`` was, and it gets there only once every
+rank has published round ``k + 1``, which each does only after copying out
+round ``k``. So no rank's rows are overwritten while another still reads
+them, with no second wait.
+
+Set up once per engine, at its first slot round (every rank's first slot
+round is the same round, whatever protocol it belongs to): rank 0 creates
+the segment; in one engine round of a fixed size every rank says whether it
+is willing (``COMMLIB_SHARED_ROUNDS=0`` turns it off; x86-64 only, see
+below) and how to check on its process, rank 0 where the segment is; the
+others map it and check its nonce, and one more engine round tells every
+rank that all did. Otherwise (ranks on several machines, no ``/dev/shm``, a
+rank unwilling) every rank keeps the engine's rounds. The file is unlinked
+once mapped: nothing is left behind when a process dies. Rounds whose rows
+do not fit a rank's area (slots larger than the slot ever learns) take the
+engine's round, alike on every rank (all ranks use the same slot size).
+
+Waiting spins a moment, then yields the core, then naps (growing to 1 ms).
+A peer whose process has ended is reported as such (every rank's process
+record, :func:`commlib._survivors.process_record`), a wait past its limit
+times out as the engine's would, and the caller waits in slices, looking
+for a failure another rank announced (:mod:`commlib._waiting`).
+
+x86-64 only: a rank publishes its round's number with a plain store after
+writing its rows, and x86-64 keeps stores in order; elsewhere that would
+need a fence Python cannot issue.
+"""
+
+from __future__ import annotations
+
+import datetime
+import mmap
+import os
+import platform
+import secrets
+import struct
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from commlib import _steps, _survivors
+from commlib._host_copy import host_copy
+from commlib._rooms import LEARN_TOTAL
+from commlib.types import DirectCall
+
+if TYPE_CHECKING:
+    from commlib._engine import Engine
+    from commlib._steps import Steps
+
+#: set to "0" to keep every slot round on the engine
+ENV = "COMMLIB_SHARED_ROUNDS"
+_MAGIC = b"commlib-rows-v1\0"
+# what each rank tells the others in the set-up round: magic, willing, nonce, then
+# the segment's path (rank 0) and its process record, each with its length
+_RECORD = 512
+_INTRO = struct.Struct("<16sq?16s")
+_SEQ_STRIDE = 8  # int64s between two ranks' round numbers: a cache line each
+_AREA_MIN = 1 << 20  # gloo's rows sent apart fill up to 1 MiB (small_exchange_bytes)
+_TOTAL_MAX = 256 << 20  # address space a group's segment may take (touched as used)
+# waiting: spins first, yields the core for a while, then naps growing to the last
+_SPINS, _YIELD_FOR, _FIRST_NAP, _LAST_NAP = 100, 0.002, 50e-6, 1e-3
+_LOOK = 0.05  # how often a waiting rank checks on its peers' processes
+_GAVE_UP = "shared-memory round {}: a rank of the group gave up on it (the group broke)"
+
+
+#: each process group's segment (None: its rounds stay on the engine)
+_by_group: weakref.WeakKeyDictionary[Any, SharedRows | None] = weakref.WeakKeyDictionary()
+
+
+def _area_for(world: int) -> int:
+    """Bytes of one rank's area: the largest slot ``world`` ranks learn, or the rows apart."""
+    area = max(LEARN_TOTAL // world + 4096, _AREA_MIN)
+    return min(area, _TOTAL_MAX // (2 * world)) // 4096 * 4096
+
+
+def _data_at(world: int) -> int:
+    # magic and nonce, then the ranks' round numbers, then the areas (page aligned)
+    return (32 + 8 * _SEQ_STRIDE * (world + 1) + 4095) // 4096 * 4096
+
+
+def _willing() -> bool:
+    return (
+        os.environ.get(ENV, "1") != "0"
+        and platform.machine().lower() in ("x86_64", "amd64")
+        and os.path.isdir("/dev/shm")
+    )
+
+
+class SharedRows:
+    """One group's segment: two generations of every rank's area, and its round numbers.
+
+    Examples:
+        >>> rows = SharedRows.alone()       # a segment of one rank, for a look
+        >>> out = torch.empty(8, dtype=torch.uint8)
+        >>> rows.lane(8, False).call(out, torch.arange(8, dtype=torch.uint8), None).wait()
+        True
+        >>> out.tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    """
+
+    def __init__(
+        self, buffer: mmap.mmap, world: int, rank: int, records: list[str | None]
+    ) -> None:
+        self.buffer = buffer
+        self.world, self.rank = world, rank
+        self.area = _area_for(world)
+        self.records = records
+        whole = torch.frombuffer(buffer, dtype=torch.uint8)
+        start = _data_at(world)
+        self.generations = whole[start : start + 2 * world * self.area].view(2, world, self.area)
+        words = np.frombuffer(buffer, dtype=np.int64, count=world * _SEQ_STRIDE, offset=32)
+        self.words = words
+        self.seqs = words[::_SEQ_STRIDE]  # every rank's last published round
+        # each rank's rows in each generation: one for all (0) or one for each rank (1)
+        self.modes = (words[1::_SEQ_STRIDE], words[2::_SEQ_STRIDE])
+        self.published = 0
+        self._lanes: dict[tuple[int, bool], DirectCall | None] = {}
+
+    @classmethod
+    def alone(cls) -> SharedRows:
+        """A segment of one rank in anonymous memory (docs and tests)."""
+        return cls(mmap.mmap(-1, _data_at(1) + 2 * _area_for(1)), 1, 0, [None])
+
+    def lane(self, slot_bytes: int, apart: bool) -> DirectCall | None:
+        """The slot round of ``slot_bytes`` rows as a direct call; ``None`` if they do not fit.
+
+        Called as the engine's ``all_gather_slots`` lane is: ``call(output,
+        slots[0], options)``, or with ``apart`` ``call(output, slots, [], [],
+        options)`` (row ``j`` for rank ``j``).
+        """
+        key = (slot_bytes, apart)
+        if key in self._lanes:
+            return self._lanes[key]
+        found = None
+        if slot_bytes * (self.world if apart else 1) <= self.area:
+            found = DirectCall(self._apart if apart else self._gather, None, via="shared")
+        self._lanes[key] = found
+        return found
+
+    def _gather(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
+        return SharedWork(self, self.post(row, False), output, row.numel(), False)
+
+    def _apart(
+        self, output: torch.Tensor, rows: torch.Tensor, _a: Any, _b: Any, _options: Any
+    ) -> SharedWork:
+        return SharedWork(self, self.post(rows, True), output, rows.shape[-1], True)
+
+    def post(self, rows: torch.Tensor, apart: bool) -> int:
+        """Write this rank's ``rows`` into its area of the next generation; publish the round.
+
+        ``apart``: row ``j`` is for rank ``j``; otherwise one row for every rank.
+        """
+        self.published = k = self.published + 1
+        flat = rows.reshape(-1)
+        host_copy(self.generations[k & 1, self.rank, : flat.numel()], flat)
+        self.modes[k & 1][self.rank] = apart
+        self.seqs[self.rank] = k  # after the rows: x86-64 keeps the stores in order
+        return k
+
+    def abort(self) -> None:
+        """Mark the segment given up (the group broke here): no round completes on it any more.
+
+        A rank that arrives late at a round the others abandoned would
+        otherwise find every rank's rows published and complete it alone.
+        """
+        self.words[3] = 1
+
+    def arrived(self, k: int) -> bool:
+        """Whether every rank has published round ``k``."""
+        return int(self.seqs.min()) >= k
+
+    def copy_out(self, k: int, output: torch.Tensor, size: int, apart: bool) -> None:
+        """Every rank's row of round ``k`` for this rank, in rank order, into ``output``."""
+        areas = self.generations[k & 1]
+        mine = self.rank * size
+        modes = self.modes[k & 1].tolist()
+        out = output.view(self.world, size)
+        if modes.count(apart) == self.world:  # every rank sent as this one: one copy
+            host_copy(out, areas[:, mine : mine + size] if apart else areas[:, :size])
+            return
+        # a rank in another protocol's round (its rows apart or not): what the engine
+        # would have delivered from each, so every rank sees the others' headers
+        for r, its in enumerate(modes):
+            host_copy(out[r], areas[r, mine : mine + size] if its else areas[r, :size])
+
+    def wait_for(self, k: int, timeout: datetime.timedelta | None) -> None:
+        """Return once every rank published round ``k``; ``RuntimeError`` past ``timeout``."""
+        seqs = self.seqs
+        for _ in range(_SPINS):
+            if int(seqs.min()) >= k:
+                return
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout.total_seconds()
+        look, nap = start + _LOOK, _FIRST_NAP
+        while int(seqs.min()) < k:
+            now = time.monotonic()
+            if now - start < _YIELD_FOR:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+                nap = min(2 * nap, _LAST_NAP)
+            if now >= look:
+                self._look_at_peers(k)
+                look = now + _LOOK
+            if deadline is not None and now >= deadline:
+                missing = [r for r in range(self.world) if int(seqs[r]) < k]
+                # torch's Work says this when a wait's time ran out (commlib._waiting)
+                raise RuntimeError(
+                    f"Operation timed out: shared-memory round {k} waits for ranks {missing}"
+                )
+
+    def _look_at_peers(self, k: int) -> None:
+        if self.words[3]:
+            raise RuntimeError(_GAVE_UP.format(k))
+        for r, record in enumerate(self.records):
+            if (
+                r != self.rank
+                and record
+                and int(self.seqs[r]) < k
+                and _survivors.record_ended(record)
+            ):
+                raise RuntimeError(
+                    f"rank {r} ended its process before shared-memory round {k} (its record: "
+                    f"{record})"
+                )
+
+
+class SharedWork:
+    """One rank's part in a shared-memory round: posted already; ``wait`` copies the rows out.
+
+    Examples:
+        >>> rows = SharedRows.alone()
+        >>> out = torch.empty(4, dtype=torch.uint8)
+        >>> work = rows.lane(4, False).call(out, torch.ones(4, dtype=torch.uint8), None)
+        >>> work.is_completed(), out.tolist()
+        (True, [1, 1, 1, 1])
+    """
+
+    # its wait only waits (commlib._waiting takes it in slices)
+    interruptible = True
+    __slots__ = ("apart", "done", "k", "output", "rows", "size")
+
+    def __init__(
+        self, rows: SharedRows, k: int, output: torch.Tensor, size: int, apart: bool
+    ) -> None:
+        self.rows, self.k, self.output, self.size, self.apart = rows, k, output, size, apart
+        self.done = False
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Wait for every rank's rows (at most ``timeout``), then copy them out."""
+        if not self.done:
+            rows = self.rows
+            if not rows.arrived(self.k):
+                rows.wait_for(self.k, timeout)
+            if rows.words[3]:
+                raise RuntimeError(_GAVE_UP.format(self.k))
+            rows.copy_out(self.k, self.output, self.size, self.apart)
+            self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether every rank's rows are here (copied out as it says so)."""
+        if not self.done and self.rows.arrived(self.k):
+            self.wait()
+        return self.done
+
+
+def shared_rows(
+    engine: Engine, what: str, timeout: datetime.timedelta | None = None
+) -> SharedRows | None:
+    """The engine's segment, set up at its first slot round (two engine rounds); ``None``: none.
+
+    Call it where every rank issues a slot round (a protocol's first
+    round), before choosing the round's lane; later, ``engine.kept["shared"]``
+    holds the answer. A protocol written as steps sets it up with
+    :func:`set_up_steps` (an async call's rounds run later).
+
+    Examples:
+        >>> shared_rows(commlib.Communicator()._engine, "all_reduce") is None   # single
+        True
+    """
+    kept = engine.kept
+    if "shared" in kept:
+        found: SharedRows | None = kept["shared"]
+        return found
+    return _steps.run(engine, set_up_steps(engine, what), timeout)
+
+
+def set_up_steps(engine: Engine, what: str) -> Steps[SharedRows | None]:
+    """:func:`shared_rows` as steps: the set-up's engine rounds yielded, as a protocol's are.
+
+    Examples:
+        >>> _steps.run(engine, set_up_steps(engine, "all_gather_object")) is None  # single
+        True
+    """
+    kept = engine.kept
+    if "shared" in kept:
+        found: SharedRows | None = kept["shared"]
+        return found
+    found = None
+    group = engine.group
+    if (
+        engine.on_cpu
+        and engine.world_size > 1
+        and group is not None
+        and getattr(engine.plugin, "shares_host_rounds", False)
+    ):
+        # one per process group: every communicator of the group takes the same rounds
+        if group in _by_group:
+            found = _by_group[group]
+        else:
+            found = yield from _set_up(engine, what)
+            _by_group[group] = found
+    kept["shared"] = found
+    return found
+
+
+def _set_up(engine: Engine, what: str) -> Steps[SharedRows | None]:
+    world, rank = engine.world_size, engine.rank
+    size = _data_at(world) + 2 * world * _area_for(world)
+    willing = _willing()
+    nonce, path = secrets.token_bytes(16), ""
+    buffer: mmap.mmap | None = None
+    try:
+        if rank == 0 and willing:
+            try:
+                path = f"/dev/shm/commlib-rows-{os.getpid()}-{secrets.token_hex(6)}"
+                buffer = _create(path, size, nonce)
+            except OSError:
+                willing, path = False, ""
+        record = _survivors.process_record() or ""
+        mine = _intro(rank, willing, nonce, path, record)
+        intros = yield from _exchange(engine, what, mine, _RECORD)
+        told = [_read_intro(intros[r], r) for r in range(world)]
+        ok = all(t[0] for t in told)
+        if ok and rank != 0:
+            buffer = _attach(told[0][2], size, told[0][1])
+            ok = buffer is not None
+        oks = yield from _exchange(engine, what, bytes([ok]) + bytes(15), 16)
+        if not all(o[0] == 1 for o in oks) or buffer is None:
+            return None
+        found = SharedRows(buffer, world, rank, [t[3] or None for t in told])
+        buffer = None  # the segment's now
+        return found
+    finally:
+        if buffer is not None:
+            buffer.close()
+        if path:
+            _unlink(path)
+
+
+def _create(path: str, size: int, nonce: bytes) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        buffer = mmap.mmap(fd, size)
+    except OSError:
+        os.close(fd)
+        _unlink(path)
+        raise
+    os.close(fd)
+    buffer[:32] = _MAGIC + nonce
+    return buffer
+
+
+def _attach(path: str, size: int, nonce: bytes) -> mmap.mmap | None:
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None  # another machine's /dev/shm, or none
+    try:
+        if os.fstat(fd).st_size != size:
+            return None
+        buffer = mmap.mmap(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if buffer[:32] != _MAGIC + nonce:
+        buffer.close()
+        return None
+    return buffer
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # gone already
+
+
+def _intro(rank: int, willing: bool, nonce: bytes, path: str, record: str) -> bytes:
+    tail = b""
+    for text in (path, record):
+        raw = text.encode()[:200]
+        tail += struct.pack("<H", len(raw)) + raw
+    return (_INTRO.pack(_MAGIC, rank, willing, nonce) + tail).ljust(_RECORD, b"\0")
+
+
+def _read_intro(raw: bytes, rank: int) -> tuple[bool, bytes, str, str]:
+    magic, said, willing, nonce = _INTRO.unpack_from(raw)
+    if magic != _MAGIC or said != rank:
+        # another protocol's round, or a group that is not what it says (a fake one,
+        # which hands every rank this rank's bytes): nobody shares
+        return False, b"", "", ""
+    pos, texts = _INTRO.size, []
+    for _ in range(2):
+        (n,) = struct.unpack_from("<H", raw, pos)
+        texts.append(bytes(raw[pos + 2 : pos + 2 + n]).decode(errors="replace"))
+        pos += 2 + n
+    return willing, nonce, texts[0], texts[1]
+
+
+def _exchange(engine: Engine, what: str, mine: bytes, size: int) -> Steps[list[bytes]]:
+    """Every rank's ``mine`` (``size`` bytes on every rank) through one engine all_gather."""
+    every = torch.zeros(engine.world_size * size, dtype=torch.uint8)
+    sent = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    yield from _steps.call(engine, what, "all_gather_into_tensor", every, sent)
+    raw = every.numpy().tobytes()
+    return [raw[r * size : (r + 1) * size] for r in range(engine.world_size)]

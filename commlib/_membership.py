@@ -35,7 +35,6 @@ from commlib import _validation as check
 from commlib._engine import Engine, engine_limit
 from commlib._launched import warn_if_launched_without_init
 from commlib._settings import as_timedelta
-from commlib._shared_rows import shared_rows
 from commlib._torch_groups import release_group
 from commlib.errors import CommError, NotInGroupError, RemoteArgumentError
 
@@ -430,8 +429,7 @@ def derive_new_group(
     # a non-member of it can still divide it: its ranks in the group's order,
     # ascending world ranks as torch numbers them
     group = comm.plugin.new_group(world_ranks, plan.limit)
-    child = derive(comm, group, plan.limit, outside_view=sorted(world_ranks))
-    return _sharing(child, "new_group", plan.limit)
+    return derive(comm, group, plan.limit, outside_view=sorted(world_ranks))
 
 
 def derive_split(
@@ -506,21 +504,7 @@ def _members_only(
     if not distributed:
         return derive(comm, None, limit)
     group = comm.plugin.new_group(world_ranks, limit, members_only=True, keep_order=keep_order)
-    child = derive(comm, group, limit, outside_view=list(world_ranks))
-    return _sharing(child, "split" if keep_order else "new_group", limit)
-
-
-def _sharing(child: Any, what: str, limit: datetime.timedelta) -> Any:
-    """``child``, its members' slot rounds through shared memory where they can be.
-
-    A group made here has all its members in the call: they set up what
-    the group's first slot round would (:mod:`commlib._shared_rows`), so
-    the group's first collective costs what later ones do.
-    """
-    engine = child._engine
-    if engine is not None and "shared" not in engine.kept:
-        shared_rows(engine, what, limit)
-    return child
+    return derive(comm, group, limit, outside_view=list(world_ranks))
 
 
 def _world_ranks_in(comm: Any, ranks: list[int], distributed: bool) -> list[int] | None:

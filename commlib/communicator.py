@@ -38,6 +38,7 @@ from commlib._object_collectives import ObjectCollectives
 from commlib._point_to_point import PointToPoint
 from commlib._reducing_collectives import ReducingCollectives
 from commlib._settings import as_timedelta, default_timeout, strict_from_env
+from commlib._shared_rows import shared_rows
 from commlib._torch_groups import DESTROYED, dist_ready, engine_group, is_destroyed
 from commlib.backend import Backend
 from commlib.errors import CommError, NotInGroupError
@@ -312,7 +313,8 @@ class Communicator(
         if use_local_synchronization:
             self._member("new_group")
         local, distributed = use_local_synchronization, self._distributed
-        return _membership.derive_new_group(self, ranks, timeout, local, distributed, self._world)
+        child = _membership.derive_new_group(self, ranks, timeout, local, distributed, self._world)
+        return _sharing(child, "new_group")
 
     def _world(self, limit: datetime.timedelta) -> Engine | None:
         world = self if self.group is dist.GroupMember.WORLD else Communicator(timeout=limit)
@@ -342,7 +344,8 @@ class Communicator(
             0
         """
         engine = self._member("split")
-        return _membership.derive_split(self, engine, color, key, timeout, self._distributed)
+        child = _membership.derive_split(self, engine, color, key, timeout, self._distributed)
+        return None if child is None else _sharing(child, "split")
 
     @collective("shrink")
     def shrink(
@@ -489,3 +492,17 @@ class Communicator(
             async_op=True,
             value=[],
         )
+
+
+def _sharing(child: Communicator, what: str) -> Communicator:
+    """``child``, its members' slot rounds through shared memory where they can be.
+
+    A group made by ``new_group`` or ``split`` has all its members in the
+    call: they set up what the group's first slot round would
+    (:mod:`commlib._shared_rows`), so its first collective costs what later
+    ones do.
+    """
+    engine = child._engine
+    if engine is not None and "shared" not in engine.kept:
+        shared_rows(engine, what, child.timeout)
+    return child

@@ -51,7 +51,6 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from commlib import _steps, _survivors
@@ -71,10 +70,11 @@ _MAGIC = b"commlib-rows-v1\0"
 _RECORD = 512
 _INTRO = struct.Struct("<16sq?16s")
 _SEQ_STRIDE = 8  # int64s between two ranks' round numbers: a cache line each
+_ABORT = 4 + 3  # the word that says a rank gave up on the segment (rank 0's line)
 _AREA_MIN = 1 << 20  # gloo's rows sent apart fill up to 1 MiB (small_exchange_bytes)
 _TOTAL_MAX = 256 << 20  # address space a group's segment may take (touched as used)
 # waiting: spins first, yields the core for a while, then naps growing to the last
-_SPINS, _YIELD_FOR, _FIRST_NAP, _LAST_NAP = 100, 0.002, 50e-6, 1e-3
+_SPIN_FOR, _YIELD_FOR, _FIRST_NAP, _LAST_NAP = 30e-6, 0.001, 50e-6, 1e-3
 _LOOK = 0.05  # how often a waiting rank checks on its peers' processes
 _GAVE_UP = "shared-memory round {}: a rank of the group gave up on it (the group broke)"
 
@@ -124,11 +124,14 @@ class SharedRows:
         whole = torch.frombuffer(buffer, dtype=torch.uint8)
         start = _data_at(world)
         self.generations = whole[start : start + 2 * world * self.area].view(2, world, self.area)
-        words = np.frombuffer(buffer, dtype=np.int64, count=world * _SEQ_STRIDE, offset=32)
-        self.words = words
-        self.seqs = words[::_SEQ_STRIDE]  # every rank's last published round
-        # each rank's rows in each generation: one for all (0) or one for each rank (1)
-        self.modes = (words[1::_SEQ_STRIDE], words[2::_SEQ_STRIDE])
+        # the words after magic and nonce, read and written one at a time (a memoryview's
+        # item is a Python int in tens of nanoseconds, numpy's a scalar object): rank r's
+        # last published round at SEQ + r * STRIDE, then its rows' mode in each
+        # generation (one row for all: 0, one for each rank: 1); the abort mark in
+        # rank 0's line
+        self.words = memoryview(buffer).cast("q")
+        self.seq_at = [4 + r * _SEQ_STRIDE for r in range(world)]
+        self.mine = self.seq_at[rank]
         self.published = 0
         self._lanes: dict[tuple[int, bool], DirectCall | None] = {}
 
@@ -169,8 +172,9 @@ class SharedRows:
         self.published = k = self.published + 1
         flat = rows.reshape(-1)
         host_copy(self.generations[k & 1, self.rank, : flat.numel()], flat)
-        self.modes[k & 1][self.rank] = apart
-        self.seqs[self.rank] = k  # after the rows: x86-64 keeps the stores in order
+        mine = self.mine
+        self.words[mine + 1 + (k & 1)] = apart
+        self.words[mine] = k  # after the rows: x86-64 keeps the stores in order
         return k
 
     def abort(self) -> None:
@@ -179,17 +183,26 @@ class SharedRows:
         A rank that arrives late at a round the others abandoned would
         otherwise find every rank's rows published and complete it alone.
         """
-        self.words[3] = 1
+        self.words[_ABORT] = 1
+
+    def aborted(self) -> bool:
+        """Whether a rank of the group gave up on it (:meth:`abort`)."""
+        return self.words[_ABORT] != 0
 
     def arrived(self, k: int) -> bool:
         """Whether every rank has published round ``k``."""
-        return int(self.seqs.min()) >= k
+        words = self.words
+        for at in self.seq_at:
+            if words[at] < k:
+                return False
+        return True
 
     def copy_out(self, k: int, output: torch.Tensor, size: int, apart: bool) -> None:
         """Every rank's row of round ``k`` for this rank, in rank order, into ``output``."""
         areas = self.generations[k & 1]
         mine = self.rank * size
-        modes = self.modes[k & 1].tolist()
+        words, gen = self.words, 1 + (k & 1)
+        modes = [words[at + gen] for at in self.seq_at]
         out = output.view(self.world, size)
         if modes.count(apart) == self.world:  # every rank sent as this one: one copy
             host_copy(out, areas[:, mine : mine + size] if apart else areas[:, :size])
@@ -201,14 +214,15 @@ class SharedRows:
 
     def wait_for(self, k: int, timeout: datetime.timedelta | None) -> None:
         """Return once every rank published round ``k``; ``RuntimeError`` past ``timeout``."""
-        seqs = self.seqs
-        for _ in range(_SPINS):
-            if int(seqs.min()) >= k:
-                return
+        arrived = self.arrived
         start = time.monotonic()
+        spin_until = start + _SPIN_FOR
+        while time.monotonic() < spin_until:  # a peer a few microseconds away
+            if arrived(k):
+                return
         deadline = None if timeout is None else start + timeout.total_seconds()
         look, nap = start + _LOOK, _FIRST_NAP
-        while int(seqs.min()) < k:
+        while not arrived(k):
             now = time.monotonic()
             if now - start < _YIELD_FOR:
                 os.sched_yield()
@@ -219,20 +233,20 @@ class SharedRows:
                 self._look_at_peers(k)
                 look = now + _LOOK
             if deadline is not None and now >= deadline:
-                missing = [r for r in range(self.world) if int(seqs[r]) < k]
+                missing = [r for r, at in enumerate(self.seq_at) if self.words[at] < k]
                 # torch's Work says this when a wait's time ran out (commlib._waiting)
                 raise RuntimeError(
                     f"Operation timed out: shared-memory round {k} waits for ranks {missing}"
                 )
 
     def _look_at_peers(self, k: int) -> None:
-        if self.words[3]:
+        if self.aborted():
             raise RuntimeError(_GAVE_UP.format(k))
         for r, record in enumerate(self.records):
             if (
                 r != self.rank
                 and record
-                and int(self.seqs[r]) < k
+                and self.words[self.seq_at[r]] < k
                 and _survivors.record_ended(record)
             ):
                 raise RuntimeError(
@@ -268,7 +282,7 @@ class SharedWork:
             rows = self.rows
             if not rows.arrived(self.k):
                 rows.wait_for(self.k, timeout)
-            if rows.words[3]:
+            if rows.aborted():
                 raise RuntimeError(_GAVE_UP.format(self.k))
             rows.copy_out(self.k, self.output, self.size, self.apart)
             self.done = True

@@ -16,17 +16,20 @@ rank has published round ``k + 1``, which each does only after copying out
 round ``k``. So no rank's rows are overwritten while another still reads
 them, with no second wait.
 
-Set up once per engine, at its first slot round (every rank's first slot
-round is the same round, whatever protocol it belongs to): rank 0 creates
-the segment; in one engine round of a fixed size every rank says whether it
-is willing (``COMMLIB_SHARED_ROUNDS=0`` turns it off; x86-64 only, see
-below) and how to check on its process, rank 0 where the segment is; the
-others map it and check its nonce, and one more engine round tells every
-rank that all did. Otherwise (ranks on several machines, no ``/dev/shm``, a
-rank unwilling) every rank keeps the engine's rounds. The file is unlinked
-once mapped: nothing is left behind when a process dies. Rounds whose rows
-do not fit a rank's area (slots larger than the slot ever learns) take the
-engine's round, alike on every rank (all ranks use the same slot size).
+Set up once per process group, at its first slot round (every rank's first
+slot round is the same round, whatever protocol it belongs to; a group made
+by ``new_group`` or ``split`` sets it up as it is made): rank 0 creates the
+segment; in one engine round of a fixed size every rank says whether it is
+willing (``COMMLIB_SHARED_ROUNDS=0`` turns it off; x86-64 only, see below),
+which machine and network namespace it runs in and how to check on its
+process, rank 0 where the segment is; the others map it and check its
+nonce, and one more engine round tells every rank that all did. Otherwise
+(ranks on several machines or in several network namespaces, no
+``/dev/shm``, a rank unwilling) every rank keeps the engine's rounds. The
+file is unlinked once mapped: nothing is left behind when a process dies.
+Rounds whose rows do not fit a rank's area (slots larger than the slot ever
+learns) take the engine's round, alike on every rank (all ranks use the same
+slot size).
 
 Waiting spins a moment, then yields the core, then naps (growing to 1 ms).
 A peer whose process has ended is reported as such (every rank's process
@@ -359,10 +362,10 @@ def _set_up(engine: Engine, what: str) -> Steps[SharedRows | None]:
             except OSError:
                 willing, path = False, ""
         record = _survivors.process_record() or ""
-        mine = _intro(rank, willing, nonce, path, record)
+        mine = _intro(rank, willing, nonce, path, record, _machine())
         intros = yield from _exchange(engine, what, mine, _RECORD)
         told = [_read_intro(intros[r], r) for r in range(world)]
-        ok = all(t[0] for t in told)
+        ok = all(t[0] for t in told) and len({t[4] for t in told}) == 1
         if ok and rank != 0:
             buffer = _attach(told[0][2], size, told[0][1])
             ok = buffer is not None
@@ -419,26 +422,41 @@ def _unlink(path: str) -> None:
         pass  # gone already
 
 
-def _intro(rank: int, willing: bool, nonce: bytes, path: str, record: str) -> bytes:
+def _machine() -> str:
+    """This machine and network namespace: ranks that share it may share memory.
+
+    Ranks in other network namespaces are taken as other hosts even where they
+    could map the file (the tests' simulated hosts; containers usually have
+    their own ``/dev/shm`` too).
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot} net:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return f"unknown {os.getpid()}"  # no telling: share with nobody
+
+
+def _intro(rank: int, willing: bool, nonce: bytes, path: str, record: str, machine: str) -> bytes:
     tail = b""
-    for text in (path, record):
+    for text in (path, record, machine):
         raw = text.encode()[:200]
         tail += struct.pack("<H", len(raw)) + raw
     return (_INTRO.pack(_MAGIC, rank, willing, nonce) + tail).ljust(_RECORD, b"\0")
 
 
-def _read_intro(raw: bytes, rank: int) -> tuple[bool, bytes, str, str]:
+def _read_intro(raw: bytes, rank: int) -> tuple[bool, bytes, str, str, str]:
     magic, said, willing, nonce = _INTRO.unpack_from(raw)
     if magic != _MAGIC or said != rank:
         # another protocol's round, or a group that is not what it says (a fake one,
         # which hands every rank this rank's bytes): nobody shares
-        return False, b"", "", ""
+        return False, b"", "", "", f"stranger {rank}"
     pos, texts = _INTRO.size, []
-    for _ in range(2):
+    for _ in range(3):
         (n,) = struct.unpack_from("<H", raw, pos)
         texts.append(bytes(raw[pos + 2 : pos + 2 + n]).decode(errors="replace"))
         pos += 2 + n
-    return willing, nonce, texts[0], texts[1]
+    return willing, nonce, texts[0], texts[1], texts[2]
 
 
 def _exchange(engine: Engine, what: str, mine: bytes, size: int) -> Steps[list[bytes]]:

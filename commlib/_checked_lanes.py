@@ -4,8 +4,9 @@ A checked collective goes the whole way on every call: the communicator's
 validation, the guard's look-up of the round its kind prepared
 (:class:`commlib._check_round.Round`), the round, then the engine's
 collective where the data did not ride. Where a plugin sets
-``checked_lanes = True`` (mpi: there the check cannot come off, and its
-host work is most of a small call), a blocking call with the
+``checked_lanes = True`` (mpi: there the check cannot come off; gloo: its
+round goes through shared memory on one machine; on both the check's host
+work is most of a small call), a blocking call with the
 communicator's timeout whose kind already has a prepared round takes it
 from :class:`commlib._lanes.Lanes`' entry instead: the round prepared by an
 earlier call with the same key stands for arguments that passed this
@@ -55,7 +56,7 @@ def checked_lanes(engine: Engine | None, guard: Guard) -> CheckedLanes | None:
     """The checked entries of a communicator's lanes, where its plugin has them.
 
     Only on the host, where the guard checks something, and where the plugin
-    sets ``checked_lanes`` (mpi).
+    sets ``checked_lanes`` (mpi, gloo).
 
     Examples:
         >>> checked_lanes(comm._engine, comm._guard) is None   # single: none
@@ -143,7 +144,7 @@ class CheckedLanes:
         if prep is None:
             return False
         lane = None
-        if data is None:
+        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
             lane = self._lane("all_reduce", tensor, op=op, dtype=tensor.dtype)
             if lane is None:
                 return False
@@ -173,7 +174,7 @@ class CheckedLanes:
         if prep is None:
             return False
         lane = None
-        if data is None:
+        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
             lane = self._lane("broadcast", tensor, src=src, dtype=tensor.dtype)
             if lane is None:
                 return False
@@ -209,7 +210,7 @@ class CheckedLanes:
         if prep is None:
             return False
         lane = None
-        if data is None:
+        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
             lane = self._lane("reduce", tensor, op=op, dst=dst, dtype=tensor.dtype)
             if lane is None:
                 return False
@@ -249,7 +250,7 @@ class CheckedLanes:
         if prep is None:
             return False
         lane = None
-        if data is None:
+        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
             lane = self._lane(what, tensor, dtype=tensor.dtype)
             if lane is None:
                 return False
@@ -293,7 +294,7 @@ class CheckedLanes:
         if prep is None:
             return False
         lane = None
-        if data is None:
+        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
             lane = self._lane(what, output, op=op, dtype=output.dtype)
             if lane is None:
                 return False
@@ -333,7 +334,7 @@ class CheckedLanes:
         if prep is None:
             return False
         lane = None
-        if data is None:
+        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
             lane = self._lane(what, tensor, src=src, dtype=tensor.dtype)
             if lane is None:
                 return False

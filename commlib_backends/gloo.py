@@ -107,6 +107,10 @@ class GlooBackend(EngineGaps, DirectCalls):
             "all_to_all",
         }
     )
+    # a steady checked call goes straight to the round its kind prepared (its rows in
+    # shared memory on one machine): the check's host work is most of a small call
+    # here (commlib._checked_lanes)
+    checked_lanes = True
 
     def is_timeout(self, exc: BaseException) -> bool:
         """Whether gloo's ``exc`` says an operation or a wait ran out of time.

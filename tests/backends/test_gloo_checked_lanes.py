@@ -1,0 +1,237 @@
+"""gloo's checked lanes: a steady checked call goes from the lanes' entry to its prepared round.
+
+As mpi's (tests/backends/test_mpi.py), on the session's gloo worlds: the
+results are the whole way's, a steady call takes one round where its data
+rides and two where it does not (the engine's collective follows), a rank
+changing its arguments after steady calls makes every rank raise the same
+error and the next call is right, and a rank that stays away is a timeout.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from commlib import Communicator
+from commlib.errors import CommTimeoutError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _int_or_float(n: int, value: int, dtype: torch.dtype) -> torch.Tensor:
+    # a last element that shows a reduction order or a lost high word
+    x = torch.full((n,), value, dtype=dtype)
+    x[-1] = 2**40 + value if dtype is torch.int64 else 0.1 * value
+    return x
+
+
+def _rounds(engine, call, *args) -> int:
+    # the engine numbers each call it makes: the rounds ``call`` took
+    before = engine.seq
+    call(*args)
+    return engine.seq - before
+
+
+def _steady_results_and_rounds(comm) -> list[str]:
+    world, rank = comm.world_size, comm.rank
+    engine = comm._engine
+    riding = comm._lanes.riding
+    if riding is None:
+        return ["no checked lanes on gloo"]
+    wrong = []
+    # 256 and 2048 elements ride once the slot learnt them (from all_reduce: 100_000 too)
+    for n in (256, 2048, 100_000):
+        for dtype in (torch.float32, torch.int64):
+            want = _int_or_float(n, 1, dtype)
+            for r in range(1, world):  # rank order, as every rank reduces the parts
+                want = want + _int_or_float(n, r + 1, dtype)
+            for call in range(4):  # the first calls prepare (and teach) the round
+                steady = call == 3
+                counted = {}
+
+                x = _int_or_float(n, rank + 1, dtype)
+                counted["all_reduce"] = _rounds(engine, comm.all_reduce, x)
+                if not torch.equal(x, want):
+                    wrong.append(f"all_reduce {n} {dtype}: {x[-2:]} != {want[-2:]}")
+                for dst in sorted({0, world - 1}):
+                    z = _int_or_float(n, rank + 1, dtype)
+                    mine = z.clone()
+                    counted[f"reduce to {dst}"] = _rounds(engine, comm.reduce, z, dst)
+                    if not torch.equal(z, want if rank == dst else mine):
+                        wrong.append(f"reduce {n} {dtype} to {dst}: {z[-2:]}")
+                for src in sorted({0, world - 1}):
+                    y = torch.full((n,), rank, dtype=dtype)
+                    counted[f"broadcast from {src}"] = _rounds(engine, comm.broadcast, y, src)
+                    if not torch.equal(y, torch.full((n,), src, dtype=dtype)):
+                        wrong.append(f"broadcast {n} {dtype} from {src}: {y[:2]}")
+                out = torch.empty(world * n, dtype=dtype)
+                mine = torch.full((n,), rank, dtype=dtype)
+                counted["all_gather"] = _rounds(engine, comm.all_gather_into_tensor, out, mine)
+                if out.view(world, n)[:, -1].tolist() != list(range(world)):
+                    wrong.append(f"all_gather_into_tensor {n}: {out.view(world, n)[:, -1]}")
+                got = torch.empty(n, dtype=dtype)
+                whole = torch.arange(world * n, dtype=dtype) * (rank + 1)
+                counted["reduce_scatter"] = _rounds(engine, comm.reduce_scatter, got, whole)
+                right = (torch.arange(n, dtype=dtype) + rank * n) * (world * (world + 1) // 2)
+                if not torch.equal(got, right):
+                    wrong.append(f"reduce_scatter {n} {dtype}: {got[-2:]} != {right[-2:]}")
+                piece = torch.zeros(n, dtype=dtype)
+                sent = [torch.full((n,), 10 * j + 1, dtype=dtype) for j in range(world)]
+                root = world - 1
+                ins = sent if rank == root else None
+                counted["scatter"] = _rounds(engine, comm.scatter, piece, ins, root)
+                if not torch.equal(piece, torch.full((n,), 10 * rank + 1, dtype=dtype)):
+                    wrong.append(f"scatter {n} {dtype}: {piece[:2]}")
+                if steady and n <= 2048:  # the data rides: one round each
+                    more = {k: v for k, v in counted.items() if v != 1}
+                    if more:
+                        wrong.append(f"steady {n} {dtype}: rounds {more}")
+                elif steady:  # (the slot learnt them from all_reduce: they ride too)
+                    if any(v > 2 for v in counted.values()):
+                        wrong.append(f"steady {n} {dtype}: rounds {counted}")
+            # the entry itself serves each steady call (True: it ran the call)
+            x = _int_or_float(n, rank + 1, dtype)
+            if not riding.all_reduce(x, "sum") or not torch.equal(x, want):
+                wrong.append(f"the entry did not serve all_reduce {n} {dtype}")
+            y = torch.full((n,), rank, dtype=dtype)
+            if not riding.broadcast(y, world - 1) or y[0] != world - 1 or y[-1] != world - 1:
+                wrong.append(f"the entry did not serve broadcast {n} {dtype}")
+            z = _int_or_float(n, rank + 1, dtype)
+            mine = z.clone()
+            if not riding.reduce(z, world - 1, "sum") or not torch.equal(
+                z, want if rank == world - 1 else mine
+            ):
+                wrong.append(f"the entry did not serve reduce {n} {dtype}")
+            out = torch.empty(world * n, dtype=dtype)
+            served = riding.all_gather_into_tensor(out, torch.full((n,), rank, dtype=dtype))
+            if not served or out.view(world, n)[:, 0].tolist() != list(range(world)):
+                wrong.append(f"the entry did not serve all_gather_into_tensor {n} {dtype}")
+    return wrong
+
+
+def test_steady_checked_calls_on_gloo_are_right_in_their_rounds(multi_world):
+    assert multi_world.run(_steady_results_and_rounds) == [[]] * multi_world.size
+
+
+def _past_the_slot(comm) -> list[str]:
+    # a group of its own, whose slot no all_reduce taught: 400 KB broadcast and reduced
+    # stay past what they teach it (128 KiB), so the engine's collective follows the round
+    c = Communicator().new_group(range(comm.world_size))
+    world, rank, engine = c.world_size, c.rank, c._engine
+    wrong = []
+    n = 100_000
+    for call in range(4):
+        y = torch.full((n,), float(rank))
+        took = _rounds(engine, c.broadcast, y, world - 1)
+        if not torch.equal(y, torch.full((n,), float(world - 1))):
+            wrong.append(f"broadcast {call}: {y[:2]}")
+        z = torch.full((n,), float(rank + 1))
+        took_reduce = _rounds(engine, c.reduce, z, 0)
+        if z[0] != (world * (world + 1) // 2 if rank == 0 else rank + 1) or z[-1] != z[0]:
+            wrong.append(f"reduce {call}: {z[:2]}")
+        if call and (took, took_reduce) != (2, 2):
+            wrong.append(f"rounds {call}: {took}, {took_reduce}")
+    y = torch.full((n,), float(rank))
+    if not c._lanes.riding.broadcast(y, world - 1) or y[-1] != world - 1:
+        wrong.append(f"the entry did not serve broadcast past the slot: {y[-2:]}")
+    return wrong
+
+
+def test_steady_checked_calls_past_the_slot_take_the_engines_collective(multi_world):
+    assert multi_world.run(_past_the_slot) == [[]] * multi_world.size
+
+
+def _steady_or_odd(comm, name: str, n: int, odd: bool) -> None:
+    # a steady call of ``name``'s kind, or (``odd``) the same call with that one thing changed
+    x = torch.ones(n)
+    if name == "shape":
+        comm.all_reduce(x.view(2, n // 2) if odd else x)
+    elif name == "dtype":
+        comm.all_reduce(x.int() if odd else x)
+    elif name == "op":
+        comm.all_reduce(x, "max" if odd else "sum")
+    elif name == "scatter op":
+        comm.reduce_scatter(
+            torch.empty(n), torch.ones(comm.world_size * n), "max" if odd else "sum"
+        )
+    elif name == "scatter src":
+        src = 1 if odd else 0
+        parts = [torch.ones(n)] * comm.world_size if comm.rank == src else None
+        comm.scatter(x, parts, src=src)
+    elif name == "dst":
+        comm.reduce(x, dst=1 if odd else 0)
+    elif name == "gather shape":
+        out = torch.empty(comm.world_size * n)
+        comm.all_gather_into_tensor(out.view(-1, 2) if odd else out, x.view(-1, 2) if odd else x)
+    elif name == "src":
+        comm.broadcast(x, src=1 if odd else 0)
+    else:
+        comm.broadcast(x.view(2, n // 2) if odd else x, src=0)
+
+
+def _a_rank_changes_after_steady_calls(comm) -> list[str]:
+    world, rank = comm.world_size, comm.rank
+    wrong = []
+    # a rank on the whole way (non-contiguous) meets ranks on the entry: they agree
+    for _ in range(3):
+        comm.all_reduce(torch.full((2, 4), float(rank + 1)))  # steady on every rank
+    c = torch.full((4, 2), float(rank + 1)).t() if rank == 0 else torch.full((2, 4), rank + 1.0)
+    comm.all_reduce(c)
+    if c.tolist() != [[world * (world + 1) / 2] * 4] * 2:
+        wrong.append(f"non-contiguous {c}")
+    for n in (256, 100_000):
+        for name in (
+            "shape",
+            "dtype",
+            "op",
+            "src",
+            "broadcast shape",
+            "dst",
+            "gather shape",
+            "scatter op",
+            "scatter src",
+        ):
+            for _ in range(3):
+                _steady_or_odd(comm, name, n, odd=False)
+            try:
+                _steady_or_odd(comm, name, n, odd=rank == world - 1)
+                wrong.append(f"{name} {n}: no error")
+            except ValueError as exc:
+                if "ranks passed different arguments" not in str(exc):
+                    wrong.append(f"{name} {n}: {exc}")
+            x = torch.ones(n)
+            comm.all_reduce(x)
+            if x[0] != world or x[-1] != world:
+                wrong.append(f"after {name} {n}: {x[0]}")
+    return wrong
+
+
+def test_a_rank_changing_its_arguments_after_steady_calls_fails_every_rank_alike(multi_world):
+    assert multi_world.run(_a_rank_changes_after_steady_calls) == [[]] * multi_world.size
+
+
+def _steady_call_times_out(comm) -> tuple[str, float, bool]:
+    c = Communicator(timeout=1.0).new_group(range(comm.world_size))
+    for _ in range(2):  # the round is prepared (the whole way)
+        c.all_reduce(torch.ones(4))
+    took = c._lanes.riding is not None and c._lanes.riding.all_reduce(torch.ones(4), "sum")
+    if c.rank == 0:
+        time.sleep(3)  # past the others' timeout: they wait in the steady round
+        return "away", 0.0, took
+    start = time.monotonic()
+    try:
+        c.all_reduce(torch.ones(4))
+        outcome = "no error"
+    except CommTimeoutError as exc:
+        outcome = type(exc).__name__
+    return outcome, time.monotonic() - start, took
+
+
+def test_a_steady_checked_calls_round_times_out_when_a_rank_stays_away(world3):
+    results = world3.run(_steady_call_times_out)
+    assert results[0] == ("away", 0.0, True), results
+    for outcome, waited, took in results[1:]:
+        assert (outcome, took) == ("CommTimeoutError", True), results
+        assert 0.9 < waited < 15, results

@@ -132,12 +132,8 @@ class Backend:
     unless it sets ``completed_by_check`` itself: an overridden collective is always called.
     """
     shares_host_rounds: ClassVar[bool] = False
-    """Where every rank of a group runs on one machine, commlib may take the protocols' slot
-    rounds (:meth:`all_gather_slots`, the first round of the check, of all_gather and of the
-    object collectives) through shared memory instead of the engine (:mod:`commlib._shared_rows`):
-    for an engine on the host whose own rounds go through sockets. Every rank of a group must
-    use the same plugin class (they do: the group's backend).
-    """
+    """On one machine, the protocols' slot rounds (:meth:`all_gather_slots`) may go through
+    shared memory instead of the engine (:mod:`commlib._shared_rows`): gloo's sockets."""
     completed_by_check_bytes: ClassVar[int | None] = None
     """Up to how many bytes of a rank's data complete in the check's round (``None``: as many as
     the slot learns): for an engine whose own collective moves larger data with fewer copies

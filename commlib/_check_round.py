@@ -40,9 +40,9 @@ import torch
 
 from commlib import _catalog, _lanes, _objects
 from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
-from commlib._rooms import Rooms, learn_cap, need_of, rooms_of
+from commlib._rooms import HEADER, Rooms, learn_cap, need_of, rooms_of
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot
-from commlib._shared_rows import shared_rows
+from commlib._shared_rows import SharedRows, shared_rows
 from commlib.dtypes import byte_view
 from commlib.errors import RemoteArgumentError
 
@@ -63,6 +63,10 @@ _TAIL = struct.Struct("<qq")
 _MAGIC = 0x434F4D4D4C494221  # "COMMLIB!"
 _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
+#: the calls where one rank's data is for others alone: on a group whose rounds go
+#: through shared memory their data rides up to the segment's room (a large slot
+#: pads nothing there: only the bytes written are copied)
+ONE_WAY = frozenset({"broadcast", "scatter", "reduce"})
 
 
 def fingerprint(description: str) -> int:
@@ -96,7 +100,9 @@ class HostSlots:
     shaped like the data, are made once per layout, as the sent slot's are.
     """
 
-    def __init__(self, world: int, slot_size: int, apart: bool, rooms: Rooms):
+    def __init__(
+        self, world: int, slot_size: int, apart: bool, rooms: Rooms, shared: bool = False
+    ):
         self.slot_size = slot_size
         #: the group's learnt rooms (one object for the engine's life: :func:`rooms_of`)
         self.rooms = rooms
@@ -106,6 +112,11 @@ class HostSlots:
         self.world = world
         #: whether the engine sends row ``j`` to rank ``j`` (``sends_slot_rows_apart``)
         self.apart = apart
+        #: whether the round goes through shared memory: there each call sends its rows
+        #: apart or one for all as it needs, so data for all is written in one row
+        self.shared = shared
+        #: whether data for every rank goes into every row (the engine sends them apart)
+        self.spreads = apart and not shared
         # rows apart: one slot per rank; otherwise the engine gathers the first row
         # alone (Backend.all_gather_slots), so the others would be copies never sent
         copies = world if apart else 1
@@ -121,6 +132,18 @@ class HostSlots:
         self.heads = operator.itemgetter(*(slice(s, s + _HEADER_SIZE) for s in self.starts))
         self.layouts: dict[tuple[torch.dtype, torch.Size], list[torch.Tensor]] = {}
         self.own: dict[tuple[torch.dtype, torch.Size, int], list[torch.Tensor]] = {}
+        self.upto: dict[tuple[int, bool], torch.Tensor] = {}
+
+    def sent_upto(self, used: int, apart: bool) -> torch.Tensor:
+        """The sent rows' first ``used`` bytes (all rows, or the first), as a shared round
+        takes them (its lane's rows)."""
+        found = self.upto.get((used, apart))
+        if found is None:
+            if len(self.upto) >= LAYOUTS:
+                self.upto.clear()
+            rows = self.sent.rows
+            found = self.upto[used, apart] = rows[:, :used] if apart else rows[0, :used]
+        return found
 
     def gathered(self, data: torch.Tensor, nbytes: int) -> list[torch.Tensor]:
         """Every rank's data area in the gathered slots, typed and shaped like ``data``."""
@@ -157,12 +180,33 @@ def _block(host: HostSlots, like: torch.Tensor, nbytes: int, own: int | None) ->
     return block if own is None else block[:, own]
 
 
+def _rows_apart(engine: Engine, slot_size: int) -> bool:
+    # whether the round of ``slot_size`` rows sends row j to rank j: a shared round
+    # that fits does, whatever the engine would
+    shared: SharedRows | None = engine.kept.get("shared")
+    if shared is not None and shared.fits(slot_size, True):
+        return True
+    return engine.sends_slot_rows_apart(slot_size)
+
+
+def _one_way_cap(engine: Engine, what: str) -> int | None:
+    # the most a ``what`` call's data teaches the slot where the group's rounds go
+    # through shared memory; ``None``: the engine's rule (:func:`_rooms.need_of`)
+    if what not in ONE_WAY:
+        return None
+    shared: SharedRows | None = engine.kept.get("shared")
+    return None if shared is None else shared.area - HEADER - 16
+
+
 def _slots(engine: Engine, slot_size: int, rooms: Rooms) -> HostSlots:
     slots: HostSlots | None = engine.kept.get("check")
     if slots is None or slots.slot_size != slot_size:
         world = engine.world_size
-        apart = engine.sends_slot_rows_apart(slot_size)
-        slots = engine.kept["check"] = HostSlots(world, slot_size, apart, rooms)
+        apart = _rows_apart(engine, slot_size)
+        shared: SharedRows | None = engine.kept.get("shared")
+        # (both of its lanes: a call's rows apart, and one row for all)
+        on_shared = shared is not None and shared.fits(slot_size, True)
+        slots = engine.kept["check"] = HostSlots(world, slot_size, apart, rooms, on_shared)
     return slots
 
 
@@ -182,6 +226,7 @@ class Round:
         "area",
         "areas",
         "block",
+        "cap",
         "copies",
         "dtype",
         "empty",
@@ -194,16 +239,19 @@ class Round:
         "need",
         "parts",
         "quiet",
+        "rows_apart",
         "shape",
         "small",
         "spread",
         "text",
+        "used",
     )
 
     apart: bool  # the call asked for its parts apart
     area: torch.Tensor | None  # where the data is copied (or written): every sent row's
     areas: Areas | None  # the sent rows' data areas
     block: torch.Tensor | None  # the parts returned, as one (world, *part) tensor
+    cap: int | None  # the most the slot learns from this kind (None: the engine's rule)
     copies: bool  # the call copies its data (no writer)
     dtype: torch.dtype | None  # the data's (None: a call without data)
     empty: bool  # data of no bytes: every rank's is an empty tensor
@@ -214,12 +262,14 @@ class Round:
     lane_key: tuple[str, int, bool] | None  # the round's lane in engine.lanes
     learnt: int  # the slot's learnt room the round ran with
     need: int  # what the call teaches the slot
+    rows_apart: bool  # the round sends row j to rank j (its lane's mode)
     parts: tuple[torch.Tensor, ...] | None  # the views returned
     quiet: bool  # learning ``need`` again leaves the slot as it is
     shape: torch.Size | None
     small: bool  # the copy in stays under torch's grain: one op on this thread
     spread: torch.Tensor | None  # a writer's first row's area, copied into the others
     text: str  # the description (the same key, the same description): for a mismatch
+    used: int  # the bytes of each sent row the data fills (a shared round copies those)
 
     def serves(
         self,
@@ -255,6 +305,7 @@ def _prepare(
     inline: bool,
     whole: bool,
     need: int,
+    cap: int | None,
 ) -> Round:
     # what a steady call of this kind needs, made once (see Round)
     prep = Round()
@@ -266,26 +317,31 @@ def _prepare(
     prep.dtype = None if data is None else data.dtype
     prep.shape = None if data is None else data.shape
     prep.inline = inline
-    prep.need = need
+    prep.need, prep.cap = need, cap
     # learning ``need`` again changes nothing while the slot stays as it is
-    largest = 0 if need > learn_cap(host.world) else need
+    largest = 0 if need > (learn_cap(host.world) if cap is None else cap) else need
     prep.quiet = largest <= rooms.learnt <= 2 * largest
-    lane = _lanes.round_lane(engine, host.slot_size, host.apart)
-    prep.lane_key = None if lane is None else ("all_gather_slots", host.slot_size, host.apart)
+    apart = asked_apart and not whole
+    # a shared round sends rows apart only for a call whose parts go apart
+    prep.rows_apart = rows_apart = apart if host.shared else host.apart
+    lane = _lanes.round_lane(engine, host.slot_size, rows_apart)
+    prep.lane_key = None if lane is None else ("all_gather_slots", host.slot_size, rows_apart)
     prep.area = prep.areas = prep.spread = prep.parts = prep.block = None
     prep.small = prep.empty = False
+    prep.used = _used(host, 0)
     if data is None or not inline:
         return prep
-    apart = asked_apart and not whole
     like = data[0] if apart else data
     nbytes = like.nbytes
+    prep.used = _used(host, nbytes)
     if not nbytes:
         prep.empty = True
         return prep
     areas = host.sent.areas(like, nbytes)
-    prep.areas = areas
-    prep.area = areas.every
-    prep.small = areas.every.numel() < PARALLEL_FROM
+    spreads = host.spreads and not apart  # data for all, into every row
+    prep.areas = areas if spreads else None
+    prep.area = areas.every if apart or spreads else areas.first
+    prep.small = prep.area.numel() < PARALLEL_FROM
     # a writer fills the first row's area, then the others get copies (a true apart writes all)
     prep.spread = None if apart else areas.first
     if whole:
@@ -390,20 +446,27 @@ def exchange(
         if header != host.written:  # only this module writes the rows' headers
             host.sent.head(header)
             host.written = header
+        wrote = 0
         if inline and nbytes and data is not None and like is not None:
             areas = host.sent.areas(like, nbytes)
+            wrote = nbytes
             if apart:
                 if write is None:
                     host_copy(areas.every, data)  # part j into row j, one op
-                else:
-                    write(areas.every)
+                elif write(areas.every) is False:
+                    wrote = 0
             elif write is None:
-                host_copy(areas.every, data)  # into every sent row at once
+                # into every sent row at once (where the engine sends them apart)
+                host_copy(areas.every if host.spreads else areas.first, data)
             elif write(areas.first) is not False:
-                areas.spread()
+                if host.spreads:
+                    areas.spread()
+            else:
+                wrote = 0
         rows = host.rows
-        lane = _lanes.round_lane(engine, slot_size, host.apart, timeout)
-        _issue(engine, host, what, lane, timeout)
+        rows_apart = apart if host.shared else host.apart
+        lane = _lanes.round_lane(engine, slot_size, rows_apart, timeout)
+        _issue(engine, host, what, lane, timeout, _used(host, wrote), rows_apart)
     else:
         device = engine.device()
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -430,8 +493,12 @@ def exchange(
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
-    need = need_of(nbytes, what in _catalog.EVERYONE_NEEDS_ALL)
-    if apart and need and not engine.sends_slot_rows_apart(rooms.slot_for(need, floor)):
+    cap = _one_way_cap(engine, what) if on_cpu else None
+    if cap is not None and nbytes <= cap:
+        need = nbytes  # a shared round: only the bytes written are copied
+    else:
+        need = need_of(nbytes, what in _catalog.EVERYONE_NEEDS_ALL)
+    if apart and need and not _rows_apart(engine, rooms.slot_for(need, floor)):
         need = 0  # a slot that large would not go apart: the parts could not ride
     if host is not None:
         # the steady calls of this kind take the prepared round (before learning: the
@@ -439,9 +506,9 @@ def exchange(
         if len(host.rounds) >= LAYOUTS:
             host.rounds.clear()
         host.rounds[key] = _prepare(
-            host, engine, text, header, floor, data, write, asked_apart, inline, whole, need
+            host, engine, text, header, floor, data, write, asked_apart, inline, whole, need, cap
         )
-    rooms.learn(need, world)
+    rooms.learn(need, world, cap)
     if like is None or not inline:
         return None
     if not nbytes:
@@ -480,6 +547,7 @@ def steady(
         host.sent.head(header)
         host.written = header
     area = prep.area
+    used = prep.used
     if area is not None:
         if write is None:
             if prep.small:
@@ -487,9 +555,13 @@ def steady(
             else:
                 host_copy(area, data)  # type: ignore[arg-type]
         elif prep.spread is None:
-            write(area)
-        elif write(prep.spread) is not False and prep.areas is not None:
-            prep.areas.spread()
+            if write(area) is False:
+                used = _used(host, 0)
+        elif write(prep.spread) is not False:
+            if prep.areas is not None:
+                prep.areas.spread()
+        else:
+            used = _used(host, 0)
     lane_key = prep.lane_key
     lane = None if lane_key is None else engine.lanes.get(lane_key)
     if lane is not None and (
@@ -497,14 +569,14 @@ def steady(
         or (lane.unless_in and engine.group in lane.unless_in)
     ):
         lane = None  # another timeout or an open coalescing manager (_lanes.round_lane)
-    _issue(engine, host, what, lane, timeout)
+    _issue(engine, host, what, lane, timeout, used, prep.rows_apart)
     raw = host.every_raw
     if host.heads(raw) != prep.heads:  # every row's header, in one comparison
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
         _disagree(engine, what, prep.text, serializer, host.slot_size, heads)
     rooms = host.rooms
     if not prep.quiet or rooms.smaller:
-        rooms.learn(prep.need, host.world)
+        rooms.learn(prep.need, host.world, prep.cap)
     parts = prep.parts
     if parts is not None:
         if into is not None:
@@ -520,17 +592,33 @@ def steady(
     return None
 
 
+def _used(host: HostSlots, nbytes: int) -> int:
+    # the bytes of a sent row that matter: the data's, or any protocol's header alone
+    return min(host.slot_size, _DATA + nbytes if nbytes else HEADER)
+
+
 def _issue(
     engine: Engine,
     host: HostSlots,
     what: str,
     lane: DirectCall | None,
     timeout: datetime.timedelta | None,
+    used: int,
+    apart: bool,
 ) -> None:
     # the round of the sent rows: the engine's own exchange in one step where a lane
-    # serves, the plugin's all_gather_slots otherwise
+    # serves, the plugin's all_gather_slots otherwise; a shared round copies the
+    # ``used`` bytes of each row alone, of every row where they go ``apart``
+    if lane is None and host.shared:  # (the lanes forgotten: a shared round always serves)
+        lane = _lanes.round_lane(engine, host.slot_size, apart, timeout)
     if lane is None:
         engine.run(what, "all_gather_slots", host.every, host.sent.rows, timeout=timeout)
+    elif lane.via == "shared":
+        rows = host.sent_upto(used, apart)
+        if apart:
+            engine.direct(what, lane, host.every, rows, [], [], limit=timeout)
+        else:
+            engine.direct(what, lane, host.every, rows, limit=timeout)
     elif host.apart:
         engine.direct(what, lane, host.every, host.sent.rows, [], [], limit=timeout)
     else:

@@ -106,9 +106,13 @@ class Rooms:
         """
         return max(floor, HEADER + (need + 15) // 16 * 16)
 
-    def learn(self, largest: int, world: int) -> None:
-        """The largest byte count of the round just gathered (known alike on every rank)."""
-        if largest > learn_cap(world):
+    def learn(self, largest: int, world: int, cap: int | None = None) -> None:
+        """The largest byte count of the round just gathered (known alike on every rank).
+
+        ``cap``: the most it learns, where not :func:`learn_cap` (a shared
+        round's one-way calls, :mod:`commlib._check_round`).
+        """
+        if largest > (learn_cap(world) if cap is None else cap):
             largest = 0
         if largest > self.learnt:
             self.learnt = (largest + 15) // 16 * 16

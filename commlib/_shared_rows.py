@@ -74,7 +74,12 @@ _RECORD = 512
 _INTRO = struct.Struct("<16sq?16s")
 _SEQ_STRIDE = 8  # int64s between two ranks' round numbers: a cache line each
 _ABORT = 4 + 3  # the word that says a rank gave up on the segment (rank 0's line)
-_AREA_MIN = 1 << 20  # gloo's rows sent apart fill up to 1 MiB (small_exchange_bytes)
+_USED = 5  # a rank's line: how many bytes of each row it wrote, per generation
+#: what a one-way call's data (a broadcast's, a scatter's rows, a reduce's) may take of
+#: a rank's area: here a large slot pads nothing, only the bytes written are copied
+ONE_WAY_ROOM = 4 << 20
+_AREA_MIN = ONE_WAY_ROOM + 4096  # the room and a slot's header, page aligned
+_ONE_COPY_UP_TO = 64 << 10  # rows written short copied out in one copy up to this many bytes
 _TOTAL_MAX = 256 << 20  # address space a group's segment may take (touched as used)
 # waiting: spins first, yields the core for a while, then naps growing to the last
 _SPIN_FOR, _YIELD_FOR, _FIRST_NAP, _LAST_NAP = 30e-6, 0.001, 50e-6, 1e-3
@@ -148,36 +153,61 @@ class SharedRows:
 
         Called as the engine's ``all_gather_slots`` lane is: ``call(output,
         slots[0], options)``, or with ``apart`` ``call(output, slots, [], [],
-        options)`` (row ``j`` for rank ``j``).
+        options)`` (row ``j`` for rank ``j``). The rows handed in may be the
+        first bytes of each slot alone (``slots[0][:used]``, ``slots[:,
+        :used]``): only those are copied, in and out (``output`` says the
+        slot's size); the rest of every gathered row is left as it was.
         """
         key = (slot_bytes, apart)
         if key in self._lanes:
             return self._lanes[key]
         found = None
-        if slot_bytes * (self.world if apart else 1) <= self.area:
+        if self.fits(slot_bytes, apart):
             found = DirectCall(self._apart if apart else self._gather, None, via="shared")
         self._lanes[key] = found
         return found
 
+    def fits(self, slot_bytes: int, apart: bool) -> bool:
+        """Whether a round of ``slot_bytes`` rows (one for each rank, ``apart``) fits an area.
+
+        Examples:
+            >>> rows = SharedRows.alone()
+            >>> rows.fits(4096, apart=False), rows.fits(rows.area + 1, apart=False)
+            (True, False)
+        """
+        return slot_bytes * (self.world if apart else 1) <= self.area
+
     def _gather(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
-        return SharedWork(self, self.post(row, False), output, row.numel(), False)
+        size = output.numel() // self.world
+        return SharedWork(self, self.post(row, False, size), output, size, False)
 
     def _apart(
         self, output: torch.Tensor, rows: torch.Tensor, _a: Any, _b: Any, _options: Any
     ) -> SharedWork:
-        return SharedWork(self, self.post(rows, True), output, rows.shape[-1], True)
+        size = output.numel() // self.world
+        return SharedWork(self, self.post(rows, True, size), output, size, True)
 
-    def post(self, rows: torch.Tensor, apart: bool) -> int:
+    def post(self, rows: torch.Tensor, apart: bool, size: int | None = None) -> int:
         """Write this rank's ``rows`` into its area of the next generation; publish the round.
 
-        ``apart``: row ``j`` is for rank ``j``; otherwise one row for every rank.
+        ``apart``: row ``j`` is for rank ``j`` (``(world, used)``), laid ``size``
+        bytes apart (the slot's size; ``used`` when ``None``); otherwise one
+        row for every rank, of which ``rows`` are the bytes used.
         """
         self.published = k = self.published + 1
-        flat = rows.reshape(-1)
-        host_copy(self.generations[k & 1, self.rank, : flat.numel()], flat)
-        mine = self.mine
-        self.words[mine + 1 + (k & 1)] = apart
-        self.words[mine] = k  # after the rows: x86-64 keeps the stores in order
+        area = self.generations[k & 1, self.rank]
+        if apart:
+            used = rows.shape[-1]
+            size = used if size is None else size
+            host_copy(area[: len(rows) * size].view(len(rows), size)[:, :used], rows)
+        else:
+            used = rows.numel()
+            host_copy(area[:used], rows.reshape(-1))
+        mine, gen = self.mine, k & 1
+        words = self.words
+        words[mine + _USED + gen] = used
+        words[mine + 1 + gen] = apart
+        words[mine] = k  # after the rows: x86-64 keeps the stores in order
         return k
 
     def abort(self) -> None:
@@ -201,19 +231,36 @@ class SharedRows:
         return True
 
     def copy_out(self, k: int, output: torch.Tensor, size: int, apart: bool) -> None:
-        """Every rank's row of round ``k`` for this rank, in rank order, into ``output``."""
+        """Every rank's row of round ``k`` for this rank, in rank order, into ``output``.
+
+        Only the bytes the ranks wrote (:meth:`post`: each rank's, or in a
+        small round the longest's from every rank, in one copy); the rest of
+        the rows in ``output`` is left as it was.
+        """
         areas = self.generations[k & 1]
         mine = self.rank * size
-        words, gen = self.words, 1 + (k & 1)
-        modes = [words[at + gen] for at in self.seq_at]
+        words, gen = self.words, k & 1
+        modes = [words[at + 1 + gen] for at in self.seq_at]
+        useds = [min(words[at + _USED + gen], size) for at in self.seq_at]
         out = output.view(self.world, size)
-        if modes.count(apart) == self.world:  # every rank sent as this one: one copy
-            host_copy(out, areas[:, mine : mine + size] if apart else areas[:, :size])
+        if modes.count(apart) == self.world:  # every rank sent as this one
+            most = max(useds)
+            if min(useds) == most or most * self.world <= _ONE_COPY_UP_TO:
+                # one copy (a rank's bytes past what it wrote are its own old ones: no
+                # rank writes this generation again before this rank's next round)
+                host_copy(
+                    out[:, :most], areas[:, mine : mine + most] if apart else areas[:, :most]
+                )
+                return
+            for r, used in enumerate(useds):  # a root's data and the others' headers
+                at = mine if apart else 0
+                host_copy(out[r, :used], areas[r, at : at + used])
             return
         # a rank in another protocol's round (its rows apart or not): what the engine
         # would have delivered from each, so every rank sees the others' headers
         for r, its in enumerate(modes):
-            host_copy(out[r], areas[r, mine : mine + size] if its else areas[r, :size])
+            used = useds[r]
+            host_copy(out[r, :used], areas[r, mine : mine + used] if its else areas[r, :used])
 
     def wait_for(self, k: int, timeout: datetime.timedelta | None) -> None:
         """Return once every rank published round ``k``; ``RuntimeError`` past ``timeout``."""

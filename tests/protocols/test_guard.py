@@ -11,6 +11,7 @@ unchecked, small tensors in one round.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,8 @@ import pytest
 import torch
 
 import commlib
-from commlib import Communicator, helpers, results
+from commlib import Communicator, _shared_rows, helpers, results
+from commlib._rooms import learn_cap
 from commlib._settings import strict_from_env
 from commlib.errors import RemoteArgumentError
 
@@ -281,12 +283,18 @@ def test_scatter_in_the_check_keeps_shapes(multi_world):
     assert multi_world.run(_on_scatter_shapes) == [True] * multi_world.size
 
 
-def _on_rounds(comm) -> dict:
+def _on_rounds(comm, shared: bool) -> dict:
     # the engine numbers each call it makes: how many rounds each collective took
     out = {}
     for name, strict in (("checked", None), ("unchecked", False), ("strict", True)):
         # a group of its own: the slot a group learns starts empty
-        c = Communicator(timeout=TIMEOUT, strict=strict).new_group(range(comm.world_size))
+        if not shared:  # the engine's rounds (on every rank: each turns it off)
+            os.environ[_shared_rows.ENV] = "0"
+        try:
+            c = Communicator(timeout=TIMEOUT, strict=strict).new_group(range(comm.world_size))
+        finally:
+            os.environ.pop(_shared_rows.ENV, None)
+        assert (c._engine.kept.get("shared") is not None) is shared
         w = comm.world_size
         for label, splits in (("even", None), ("uneven", [1] * w)):
             before = c._engine.seq
@@ -312,9 +320,10 @@ def _on_rounds(comm) -> dict:
     return out
 
 
-def test_a_small_checked_collective_is_one_round(multi_world):
-    rounds = multi_world.run(_on_rounds)[0]
-    assert rounds == {
+@pytest.mark.parametrize("shared", [False, True], ids=["on the engine", "shared"])
+def test_a_small_checked_collective_is_one_round(multi_world, shared):
+    rounds = multi_world.run(_on_rounds, shared)[0]
+    expected = {
         "checked small even all_to_all_single": 1,  # the input travelled with the check
         "checked small uneven all_to_all_single": 1,  # the chunks rode with the sizes
         "checked small scatter": 1,  # src's list travelled in its slot
@@ -349,6 +358,13 @@ def test_a_small_checked_collective_is_one_round(multi_world):
         "strict huge all_reduce": 2,
         "strict barrier": 2,
     }
+    if shared:
+        # through shared memory a slot pads nothing: the large scatter teaches it its
+        # 400 KB, and the large broadcasts and all_reduces ride from then on
+        for name in ("checked", "strict"):
+            for label in ("large broadcast", "large again broadcast", "large all_reduce"):
+                expected[f"{name} {label}"] = 1
+    assert rounds == expected
 
 
 def _on_shrinking(comm) -> list[int]:
@@ -658,9 +674,15 @@ _RIDING = {
 }
 
 
-def _on_riding(comm, case: str) -> list[object]:
+def _on_riding(comm, case: str, shared: bool) -> list[object]:
     dtype, chunk, _ = _RIDING[case]
-    checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+    if not shared:  # the engine's rounds (on every rank: each turns it off)
+        os.environ[_shared_rows.ENV] = "0"
+    try:
+        checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+    finally:
+        os.environ.pop(_shared_rows.ENV, None)
+    assert (checked._engine.kept.get("shared") is not None) is shared or comm.world_size == 1
     unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(comm.world_size))
     first, again = _riding_rounds(checked, dtype, chunk), _riding_rounds(checked, dtype, chunk)
     want = _riding_rounds(unchecked, dtype, chunk)
@@ -676,11 +698,18 @@ def _on_riding(comm, case: str) -> list[object]:
     return [first[0], first[2], again[0], again[2]]
 
 
-@pytest.mark.parametrize("case", list(_RIDING))
-def test_scatter_and_all_to_all_single_parts_ride_in_the_check(world, case):
+_PAST = ["float32 past what a scatter learns", "uint8 past what goes apart"]
+
+
+@pytest.mark.parametrize(
+    ("case", "shared"),
+    [(case, True) for case in _RIDING] + [(case, False) for case in _PAST],
+    ids=[*_RIDING, *(f"{case}, on the engine" for case in _PAST)],
+)
+def test_scatter_and_all_to_all_single_parts_ride_in_the_check(world, case, shared):
     # each rank's part travels in the check's row that goes to it: one round when it
     # fits, the same bits as unchecked whatever the dtype and shape
-    rounds = world.run(_on_riding, case, timeout=120)
+    rounds = world.run(_on_riding, case, shared, timeout=120)
     where = _RIDING[case][2]
     if world.size == 1:  # nothing to check in a world of one
         return
@@ -694,6 +723,10 @@ def test_scatter_and_all_to_all_single_parts_ride_in_the_check(world, case):
         # world x slot past gloo's small_exchange_bytes: the rows would not go apart
         "past": [2, 2, 2, 2],
     }[where]
+    if shared and where in ("scatter past", "past"):
+        # through shared memory a scatter learns up to the segment's room and rows of
+        # any size go apart: after the first scatter, everything rides
+        expected = [2, 1, 1, 1]
     assert rounds == [expected] * world.size
 
 
@@ -714,9 +747,14 @@ def _lists_rounds(c: Communicator, dtype: torch.dtype, chunk: tuple[int, ...]):
     return c._engine.seq - before, outs
 
 
-def _on_lists(comm, case: str):
+def _on_lists(comm, case: str, shared: bool):
     dtype, chunk, _ = _LISTS[case]
-    checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+    if not shared:  # the engine's rounds (on every rank: each turns it off)
+        os.environ[_shared_rows.ENV] = "0"
+    try:
+        checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+    finally:
+        os.environ.pop(_shared_rows.ENV, None)
     unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(comm.world_size))
     (first, got), (again, got_again) = (_lists_rounds(checked, dtype, chunk) for _ in range(2))
     _, want = _lists_rounds(unchecked, dtype, chunk)
@@ -729,11 +767,18 @@ def _on_lists(comm, case: str):
     return [first, again]
 
 
-@pytest.mark.parametrize("case", list(_LISTS))
-def test_all_to_all_lists_of_one_shape_ride_in_the_check(world, case):
-    rounds = world.run(_on_lists, case, timeout=120)
+@pytest.mark.parametrize(
+    ("case", "shared"),
+    [(case, True) for case in _LISTS] + [("uint8 past what goes apart", False)],
+    ids=[*_LISTS, "uint8 past what goes apart, on the engine"],
+)
+def test_all_to_all_lists_of_one_shape_ride_in_the_check(world, case, shared):
+    rounds = world.run(_on_lists, case, shared, timeout=120)
+    expected = _LISTS[case][2]
+    if shared and case == "uint8 past what goes apart" and 600_000 <= learn_cap(world.size):
+        expected = [2, 1]  # through shared memory rows of any size go apart
     if world.size > 1:
-        assert rounds == [_LISTS[case][2]] * world.size
+        assert rounds == [expected] * world.size
 
 
 def _on_lists_of_kinds(comm, kind: str):

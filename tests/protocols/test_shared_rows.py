@@ -85,6 +85,43 @@ def test_rows_larger_than_an_area_take_the_engine():
     assert a.lane(a.area // 2 + 16, True) is None  # two rows apart
 
 
+def test_only_the_bytes_written_are_copied_in_and_out():
+    # a root's 48 bytes and the others' 8 in rows of 64: each gathered row gets what its
+    # rank wrote, and the rest of the rows stays as it was
+    ranks = _pair(3)
+    outs = [torch.full((3 * 64,), 9, dtype=torch.uint8) for _ in ranks]
+    for round_ in range(3):  # both generations, then the first again
+        works = [
+            r.lane(64, False).call(outs[i], _row(10 * round_ + i, 48 if i == 1 else 8), None)
+            for i, r in enumerate(ranks)
+        ]
+        for work in works:
+            work.wait()
+        for out in outs:
+            rows = out.view(3, 64)
+            assert rows[:, 0].tolist() == [10 * round_ + i for i in range(3)]
+            assert rows[1, :48].tolist() == [10 * round_ + 1] * 48
+            # past the longest row written (a small round copies up to it from every rank)
+            assert rows[0, 48:].tolist() == rows[2, 48:].tolist() == [9] * 16
+
+
+def test_rows_apart_written_short_reach_their_rank():
+    a, b = _pair(2)
+    outs = [torch.zeros(2 * 64, dtype=torch.uint8) for _ in range(2)]
+    sent = [torch.stack([_row(10 * i + j) for j in range(2)]) for i in range(2)]
+    # rank 0 writes 40 bytes of each row, rank 1 its header's 8
+    works = [
+        a.lane(64, True).call(outs[0], sent[0][:, :40], [], [], None),
+        b.lane(64, True).call(outs[1], sent[1][:, :8], [], [], None),
+    ]
+    for w in works:
+        w.wait()
+    for j, out in enumerate(outs):
+        rows = out.view(2, 64)
+        assert rows[0, :40].tolist() == [j] * 40 and rows[1, :8].tolist() == [10 + j] * 8
+        assert rows[1, 8:].tolist() == [0] * 56
+
+
 def test_a_wait_times_out_naming_the_ranks_missing():
     a, _ = _pair(2)
     work = a.lane(16, False).call(torch.zeros(32, dtype=torch.uint8), _row(1, 16), None)
@@ -228,3 +265,93 @@ def test_a_late_rank_does_not_complete_a_round_the_group_gave_up():
     late = b.lane(16, False).call(torch.zeros(32, dtype=torch.uint8), _row(2, 16), None)
     with pytest.raises(RuntimeError, match="gave up on it"):
         late.wait(_seconds(5))
+
+
+# -- one-way calls' data riding in the shared round, past the engine's 128 KiB -----------
+def _apart_view(t: torch.Tensor) -> torch.Tensor:
+    # ``t``'s values in every other element of a larger tensor: not contiguous
+    every = torch.zeros(2 * t.numel(), dtype=t.dtype)
+    every[1::2] = t
+    return every[1::2]
+
+
+def _one_way(comm) -> list[str]:
+    # broadcast, scatter and reduce of 400 KB and 1 MB, several dtypes, contiguous and
+    # not: every result equals the unchecked one bit for bit, and a steady call whose
+    # data fits the segment's room takes one round (its data rode in it)
+    from commlib._rooms import HEADER
+
+    c = Communicator(timeout=60).new_group(range(comm.world_size))
+    plain = Communicator(c.group, strict=False, timeout=60)
+    shared = c._engine.kept.get("shared")
+    if shared is None:
+        return ["the group does not share its rounds"]
+    world, rank, engine = c.world_size, c.rank, c._engine
+    wrong, rode = [], 0
+
+    def rounds(call, *args) -> int:
+        before = engine.seq
+        call(*args)
+        return engine.seq - before
+
+    for n in (100_000, 250_000):
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.complex64):
+
+            def filled(value: int, count: int = n, dtype: torch.dtype = dtype) -> torch.Tensor:
+                # integers: exact in every dtype, so any reduction order gives the same bits
+                return (torch.arange(count) % 7 + value).to(dtype)
+
+            nbytes = filled(0).nbytes
+            fits = nbytes + HEADER + 16 <= shared.area
+            fits_apart = shared.fits(HEADER + (nbytes + 15) // 16 * 16, True)
+            for odd in (False, True):
+                for call in range(4):
+                    steady = call == 3 and not odd
+                    src = world - 1
+                    # broadcast
+                    got, want = filled(rank), filled(rank)
+                    if odd:  # non-contiguous: every other element of a larger tensor
+                        got = _apart_view(got)
+                    took = rounds(c.broadcast, got, src)
+                    plain.broadcast(want, src)
+                    if not torch.equal(got, want):
+                        wrong.append(f"broadcast {n} {dtype} odd={odd}")
+                    if steady and fits:
+                        rode += 1
+                        if took != 1:
+                            wrong.append(f"broadcast {n} {dtype}: {took} rounds")
+                    # scatter
+                    parts = [filled(10 * j + 1) for j in range(world)] if rank == src else None
+                    if odd and parts is not None:
+                        parts = [_apart_view(p) for p in parts]
+                    piece, want = (
+                        torch.zeros(2 * n, dtype=dtype)[::2] if odd else filled(0),
+                        filled(0),
+                    )
+                    took = rounds(c.scatter, piece, parts, src)
+                    plain.scatter(want, parts, src)
+                    if not torch.equal(piece, want):
+                        wrong.append(f"scatter {n} {dtype} odd={odd}")
+                    if steady and fits_apart and took != 1:
+                        wrong.append(f"scatter {n} {dtype}: {took} rounds")
+                    # reduce (sum; max for complex, which has no order: sum there too)
+                    got, want = filled(rank + 1), filled(rank + 1)
+                    if odd:
+                        got = _apart_view(got)
+                    took = rounds(c.reduce, got, 0)
+                    plain.reduce(want, 0)
+                    if rank == 0 and not torch.equal(got, want):
+                        wrong.append(f"reduce {n} {dtype} odd={odd}")
+                    if rank != 0 and not torch.equal(got, filled(rank + 1)):
+                        wrong.append(f"reduce {n} {dtype} odd={odd}: a non-dst input changed")
+                    if steady and fits and took != 1:
+                        wrong.append(f"reduce {n} {dtype}: {took} rounds")
+    if not rode:
+        wrong.append("no call rode")
+    return wrong
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_one_way_calls_ride_in_the_shared_round_past_the_engines_cap(multi_world):
+    assert multi_world.run(_one_way, timeout=500) == [[]] * multi_world.size

@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from commlib._engine import Engine
     from commlib.backend import DirectCall
     from commlib.serialization import Serializer
+#: where a round's gathered rows lie: ``None``, in the host's rows; else in the segment,
+#: ``(generation, apart)`` (:meth:`SharedRows.rows_of`)
+At = tuple[int, bool] | None
 # magic and fingerprint, then byte count and whether the data follows: a slot
 # any other protocol's first round would not be mistaken for
 _HEAD = struct.Struct("<qq")
@@ -101,7 +104,12 @@ class HostSlots:
     """
 
     def __init__(
-        self, world: int, slot_size: int, apart: bool, rooms: Rooms, shared: bool = False
+        self,
+        world: int,
+        slot_size: int,
+        apart: bool,
+        rooms: Rooms,
+        segment: SharedRows | None = None,
     ):
         self.slot_size = slot_size
         #: the group's learnt rooms (one object for the engine's life: :func:`rooms_of`)
@@ -112,9 +120,11 @@ class HostSlots:
         self.world = world
         #: whether the engine sends row ``j`` to rank ``j`` (``sends_slot_rows_apart``)
         self.apart = apart
-        #: whether the round goes through shared memory: there each call sends its rows
-        #: apart or one for all as it needs, so data for all is written in one row
-        self.shared = shared
+        #: the segment the round goes through (shared memory), if any: there each call
+        #: sends its rows apart or one for all as it needs, so data for all is written
+        #: in one row, and every rank's data is read where it lies (headers come out)
+        self.segment = segment
+        self.shared = shared = segment is not None
         #: whether data for every rank goes into every row (the engine sends them apart)
         self.spreads = apart and not shared
         # rows apart: one slot per rank; otherwise the engine gathers the first row
@@ -130,8 +140,8 @@ class HostSlots:
         self.starts = range(0, world * slot_size, slot_size)  # where each gathered row begins
         #: every gathered row's header, cut out in one call (a tuple; one row: the row's)
         self.heads = operator.itemgetter(*(slice(s, s + _HEADER_SIZE) for s in self.starts))
-        self.layouts: dict[tuple[torch.dtype, torch.Size], list[torch.Tensor]] = {}
-        self.own: dict[tuple[torch.dtype, torch.Size, int], list[torch.Tensor]] = {}
+        self.layouts: dict[tuple[torch.dtype, torch.Size, At], list[torch.Tensor]] = {}
+        self.own: dict[tuple[torch.dtype, torch.Size, int, At], list[torch.Tensor]] = {}
         self.upto: dict[tuple[int, bool], torch.Tensor] = {}
 
     def sent_upto(self, used: int, apart: bool) -> torch.Tensor:
@@ -145,26 +155,39 @@ class HostSlots:
             found = self.upto[used, apart] = rows[:, :used] if apart else rows[0, :used]
         return found
 
-    def gathered(self, data: torch.Tensor, nbytes: int) -> list[torch.Tensor]:
+    def at(self, apart: bool) -> At:
+        """Where the last round's rows lie: ``None`` (in :attr:`rows`), or in the segment."""
+        segment = self.segment
+        return None if segment is None else (segment.published & 1, apart)
+
+    def rows_at(self, at: At) -> torch.Tensor:
+        """Every rank's row for this rank, ``(world, slot_size)``, where ``at`` says."""
+        if at is None or self.segment is None:
+            return self.rows
+        return self.segment.rows_of(at[0], at[1], self.slot_size)
+
+    def gathered(self, data: torch.Tensor, nbytes: int, at: At = None) -> list[torch.Tensor]:
         """Every rank's data area in the gathered slots, typed and shaped like ``data``."""
-        key = (data.dtype, data.shape)
+        key = (data.dtype, data.shape, at)
         found = self.layouts.get(key)
         if found is None:
             if len(self.layouts) >= LAYOUTS:
                 self.layouts.clear()
             found = self.layouts[key] = [
-                _typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows.unbind(0)
+                _typed(row.narrow(0, _DATA, nbytes), data) for row in self.rows_at(at).unbind(0)
             ]
         return found
 
-    def own_parts(self, data: torch.Tensor, nbytes: int, rank: int) -> list[torch.Tensor]:
+    def own_parts(
+        self, data: torch.Tensor, nbytes: int, rank: int, at: At = None
+    ) -> list[torch.Tensor]:
         """Part ``rank`` of every rank's ``data`` (``(world, *part)``) in the gathered slots."""
-        key = (data.dtype, data.shape, rank)
+        key = (data.dtype, data.shape, rank, at)
         found = self.own.get(key)
         if found is None:
             if len(self.own) >= LAYOUTS:
                 self.own.clear()
-            found = self.own[key] = [every[rank] for every in self.gathered(data, nbytes)]
+            found = self.own[key] = [every[rank] for every in self.gathered(data, nbytes, at)]
         return found
 
 
@@ -172,10 +195,12 @@ def _typed(area: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return area.view(like.dtype).view(like.shape)
 
 
-def _block(host: HostSlots, like: torch.Tensor, nbytes: int, own: int | None) -> torch.Tensor:
+def _block(
+    host: HostSlots, like: torch.Tensor, nbytes: int, own: int | None, at: At = None
+) -> torch.Tensor:
     # every rank's data area as one strided tensor, (world, *like.shape); ``own``: of
     # each rank's parts (``like`` is (world, *part)), the one for rank ``own``
-    areas = host.rows.narrow(1, _DATA, nbytes).view(like.dtype)
+    areas = host.rows_at(at).narrow(1, _DATA, nbytes).view(like.dtype)
     block = areas.view(host.world, *like.shape)
     return block if own is None else block[:, own]
 
@@ -204,9 +229,10 @@ def _slots(engine: Engine, slot_size: int, rooms: Rooms) -> HostSlots:
         world = engine.world_size
         apart = _rows_apart(engine, slot_size)
         shared: SharedRows | None = engine.kept.get("shared")
-        # (both of its lanes: a call's rows apart, and one row for all)
-        on_shared = shared is not None and shared.fits(slot_size, True)
-        slots = engine.kept["check"] = HostSlots(world, slot_size, apart, rooms, on_shared)
+        # (its lane for one row for all, and for rows apart where they go apart)
+        if shared is not None and not shared.fits(slot_size, apart):
+            shared = None
+        slots = engine.kept["check"] = HostSlots(world, slot_size, apart, rooms, shared)
     return slots
 
 
@@ -250,7 +276,7 @@ class Round:
     apart: bool  # the call asked for its parts apart
     area: torch.Tensor | None  # where the data is copied (or written): every sent row's
     areas: Areas | None  # the sent rows' data areas
-    block: torch.Tensor | None  # the parts returned, as one (world, *part) tensor
+    block: tuple[torch.Tensor, ...] | None  # the parts returned, as one (world, *part) tensor
     cap: int | None  # the most the slot learns from this kind (None: the engine's rule)
     copies: bool  # the call copies its data (no writer)
     dtype: torch.dtype | None  # the data's (None: a call without data)
@@ -263,7 +289,9 @@ class Round:
     learnt: int  # the slot's learnt room the round ran with
     need: int  # what the call teaches the slot
     rows_apart: bool  # the round sends row j to rank j (its lane's mode)
-    parts: tuple[torch.Tensor, ...] | None  # the views returned
+    # the views returned (each of these: one where the rows lie, two in a segment's
+    # generations, :meth:`HostSlots.at`)
+    parts: tuple[tuple[torch.Tensor, ...], ...] | None
     quiet: bool  # learning ``need`` again leaves the slot as it is
     shape: torch.Size | None
     small: bool  # the copy in stays under torch's grain: one op on this thread
@@ -324,7 +352,7 @@ def _prepare(
     apart = asked_apart and not whole
     # a shared round sends rows apart only for a call whose parts go apart
     prep.rows_apart = rows_apart = apart if host.shared else host.apart
-    lane = _lanes.round_lane(engine, host.slot_size, rows_apart)
+    lane = None if host.shared else _lanes.round_lane(engine, host.slot_size, rows_apart)
     prep.lane_key = None if lane is None else ("all_gather_slots", host.slot_size, rows_apart)
     prep.area = prep.areas = prep.spread = prep.parts = prep.block = None
     prep.small = prep.empty = False
@@ -344,12 +372,18 @@ def _prepare(
     prep.small = prep.area.numel() < PARALLEL_FROM
     # a writer fills the first row's area, then the others get copies (a true apart writes all)
     prep.spread = None if apart else areas.first
-    if whole:
-        prep.parts = tuple(host.own_parts(like, nbytes, engine.rank))
-        prep.block = _block(host, like, nbytes, engine.rank)
-    else:
-        prep.parts = tuple(host.gathered(like, nbytes))
-        prep.block = _block(host, like, nbytes, None)
+    # where the rows lie: the host's rows, or either generation of the segment's
+    ats: tuple[At, ...] = (None,) if host.segment is None else ((0, apart), (1, apart))
+    own = engine.rank if whole else None
+    prep.parts = tuple(
+        tuple(
+            host.own_parts(like, nbytes, engine.rank, at)
+            if whole
+            else host.gathered(like, nbytes, at)
+        )
+        for at in ats
+    )
+    prep.block = tuple(_block(host, like, nbytes, own, at) for at in ats)
     return prep
 
 
@@ -465,7 +499,7 @@ def exchange(
                 wrote = 0
         rows = host.rows
         rows_apart = apart if host.shared else host.apart
-        lane = _lanes.round_lane(engine, slot_size, rows_apart, timeout)
+        lane = None if host.shared else _lanes.round_lane(engine, slot_size, rows_apart, timeout)
         _issue(engine, host, what, lane, timeout, _used(host, wrote), rows_apart)
     else:
         device = engine.device()
@@ -514,10 +548,11 @@ def exchange(
     if not nbytes:
         return [torch.empty_like(like[0] if whole else like) for _ in range(world)]
     if host is not None:
+        at = host.at(apart)  # (where the data lies: in a segment, read there)
         if whole:
-            parts = list(host.own_parts(like, nbytes, engine.rank))
+            parts = list(host.own_parts(like, nbytes, engine.rank, at))
         else:
-            parts = list(host.gathered(like, nbytes))
+            parts = list(host.gathered(like, nbytes, at))
         if into is not None:
             stack_into(into, parts)
         return parts
@@ -577,14 +612,18 @@ def steady(
     rooms = host.rooms
     if not prep.quiet or rooms.smaller:
         rooms.learn(prep.need, host.world, prep.cap)
-    parts = prep.parts
-    if parts is not None:
+    every = prep.parts
+    if every is not None:
+        # where the rows lie: the generation of the segment this round took
+        segment = host.segment
+        at = 0 if segment is None else segment.published & 1
         if into is not None:
+            block = prep.block[at]  # type: ignore[index]  # (parts: a block too)
             if prep.small:
-                into.copy_(prep.block)  # type: ignore[arg-type]  # (parts: a block too)
+                into.copy_(block)
             else:
-                host_copy(into, prep.block)  # type: ignore[arg-type]
-        return list(parts)
+                host_copy(into, block)
+        return list(every[at])
     if prep.empty:
         assert data is not None
         like = data[0] if prep.apart else data
@@ -609,16 +648,17 @@ def _issue(
     # the round of the sent rows: the engine's own exchange in one step where a lane
     # serves, the plugin's all_gather_slots otherwise; a shared round copies the
     # ``used`` bytes of each row alone, of every row where they go ``apart``
-    if lane is None and host.shared:  # (the lanes forgotten: a shared round always serves)
-        lane = _lanes.round_lane(engine, host.slot_size, apart, timeout)
-    if lane is None:
-        engine.run(what, "all_gather_slots", host.every, host.sent.rows, timeout=timeout)
-    elif lane.via == "shared":
+    segment = host.segment
+    if segment is not None:  # only the headers come out: the data is read where it lies
+        lane = segment.heads_lane(host.slot_size, apart)
+        assert lane is not None  # (the host's slot fits as it goes: _slots)
         rows = host.sent_upto(used, apart)
         if apart:
             engine.direct(what, lane, host.every, rows, [], [], limit=timeout)
         else:
             engine.direct(what, lane, host.every, rows, limit=timeout)
+    elif lane is None:
+        engine.run(what, "all_gather_slots", host.every, host.sent.rows, timeout=timeout)
     elif host.apart:
         engine.direct(what, lane, host.every, host.sent.rows, [], [], limit=timeout)
     else:

@@ -58,7 +58,7 @@ import torch
 
 from commlib import _steps, _survivors
 from commlib._host_copy import host_copy
-from commlib._rooms import LEARN_TOTAL
+from commlib._rooms import HEADER, LEARN_TOTAL
 from commlib.types import DirectCall
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class SharedRows:
         self.seq_at = [4 + r * _SEQ_STRIDE for r in range(world)]
         self.mine = self.seq_at[rank]
         self.published = 0
-        self._lanes: dict[tuple[int, bool], DirectCall | None] = {}
+        self._lanes: dict[tuple[int, bool, bool], DirectCall | None] = {}
 
     @classmethod
     def alone(cls) -> SharedRows:
@@ -158,7 +158,7 @@ class SharedRows:
         :used]``): only those are copied, in and out (``output`` says the
         slot's size); the rest of every gathered row is left as it was.
         """
-        key = (slot_bytes, apart)
+        key = (slot_bytes, apart, False)
         if key in self._lanes:
             return self._lanes[key]
         found = None
@@ -166,6 +166,46 @@ class SharedRows:
             found = DirectCall(self._apart if apart else self._gather, None, via="shared")
         self._lanes[key] = found
         return found
+
+    def heads_lane(self, slot_bytes: int, apart: bool) -> DirectCall | None:
+        """:meth:`lane`, copying out each row's first :data:`~commlib._rooms.HEADER` bytes alone.
+
+        For a protocol that reads the rest where the rows lie (:meth:`rows_of`,
+        the generation :meth:`generation` says), valid until this rank's next
+        round: no rank writes that generation again before then.
+
+        Examples:
+            >>> rows = SharedRows.alone()
+            >>> out, row = torch.zeros(512, dtype=torch.uint8), torch.ones(512, dtype=torch.uint8)
+            >>> rows.heads_lane(512, False).call(out, row, None).wait()
+            True
+            >>> int(out.sum()), int(rows.rows_of(rows.generation(), False, 512).sum())
+            (288, 512)
+        """
+        key = (slot_bytes, apart, True)
+        if key in self._lanes:
+            return self._lanes[key]
+        found = None
+        if self.fits(slot_bytes, apart):
+            call = self._apart_heads if apart else self._gather_heads
+            found = DirectCall(call, None, via="shared")
+        self._lanes[key] = found
+        return found
+
+    def generation(self) -> int:
+        """The generation of this rank's last round (where :meth:`rows_of` finds its rows)."""
+        return self.published & 1
+
+    def rows_of(self, generation: int, apart: bool, size: int) -> torch.Tensor:
+        """Every rank's row of ``size`` bytes for this rank in ``generation``: ``(world, size)``.
+
+        ``apart``: each rank's row ``j`` for rank ``j`` (this rank's of each),
+        else each rank's one row.
+        """
+        areas = self.generations[generation]
+        if apart:
+            return areas[:, self.rank * size : (self.rank + 1) * size]
+        return areas[:, :size]
 
     def fits(self, slot_bytes: int, apart: bool) -> bool:
         """Whether a round of ``slot_bytes`` rows (one for each rank, ``apart``) fits an area.
@@ -179,13 +219,23 @@ class SharedRows:
 
     def _gather(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
         size = output.numel() // self.world
-        return SharedWork(self, self.post(row, False, size), output, size, False)
+        return SharedWork(self, self.post(row, False, size), output, size, False, size)
 
     def _apart(
         self, output: torch.Tensor, rows: torch.Tensor, _a: Any, _b: Any, _options: Any
     ) -> SharedWork:
         size = output.numel() // self.world
-        return SharedWork(self, self.post(rows, True, size), output, size, True)
+        return SharedWork(self, self.post(rows, True, size), output, size, True, size)
+
+    def _gather_heads(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
+        size = output.numel() // self.world
+        return SharedWork(self, self.post(row, False, size), output, size, False, HEADER)
+
+    def _apart_heads(
+        self, output: torch.Tensor, rows: torch.Tensor, _a: Any, _b: Any, _options: Any
+    ) -> SharedWork:
+        size = output.numel() // self.world
+        return SharedWork(self, self.post(rows, True, size), output, size, True, HEADER)
 
     def post(self, rows: torch.Tensor, apart: bool, size: int | None = None) -> int:
         """Write this rank's ``rows`` into its area of the next generation; publish the round.
@@ -230,18 +280,21 @@ class SharedRows:
                 return False
         return True
 
-    def copy_out(self, k: int, output: torch.Tensor, size: int, apart: bool) -> None:
+    def copy_out(
+        self, k: int, output: torch.Tensor, size: int, apart: bool, upto: int | None = None
+    ) -> None:
         """Every rank's row of round ``k`` for this rank, in rank order, into ``output``.
 
         Only the bytes the ranks wrote (:meth:`post`: each rank's, or in a
-        small round the longest's from every rank, in one copy); the rest of
-        the rows in ``output`` is left as it was.
+        small round the longest's from every rank, in one copy), and of those
+        the first ``upto``; the rest of the rows in ``output`` is left as it was.
         """
         areas = self.generations[k & 1]
         mine = self.rank * size
         words, gen = self.words, k & 1
         modes = [words[at + 1 + gen] for at in self.seq_at]
-        useds = [min(words[at + _USED + gen], size) for at in self.seq_at]
+        upto = size if upto is None else min(upto, size)
+        useds = [min(words[at + _USED + gen], upto) for at in self.seq_at]
         out = output.view(self.world, size)
         if modes.count(apart) == self.world:  # every rank sent as this one
             most = max(useds)
@@ -318,12 +371,13 @@ class SharedWork:
 
     # its wait only waits (commlib._waiting takes it in slices)
     interruptible = True
-    __slots__ = ("apart", "done", "k", "output", "rows", "size")
+    __slots__ = ("apart", "done", "k", "output", "rows", "size", "upto")
 
     def __init__(
-        self, rows: SharedRows, k: int, output: torch.Tensor, size: int, apart: bool
+        self, rows: SharedRows, k: int, output: torch.Tensor, size: int, apart: bool, upto: int
     ) -> None:
         self.rows, self.k, self.output, self.size, self.apart = rows, k, output, size, apart
+        self.upto = upto  # the bytes of each row copied out (the rest is read where it lies)
         self.done = False
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
@@ -334,7 +388,7 @@ class SharedWork:
                 rows.wait_for(self.k, timeout)
             if rows.aborted():
                 raise RuntimeError(_GAVE_UP.format(self.k))
-            rows.copy_out(self.k, self.output, self.size, self.apart)
+            rows.copy_out(self.k, self.output, self.size, self.apart, self.upto)
             self.done = True
         return True
 

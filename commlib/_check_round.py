@@ -70,6 +70,9 @@ _DATA = 64  # where the data starts in a slot: aligned for every dtype
 #: through shared memory their data rides up to the segment's room (a large slot
 #: pads nothing there: only the bytes written are copied)
 ONE_WAY = frozenset({"broadcast", "scatter", "reduce"})
+#: data of this many bytes or more that a call copies goes straight into the segment
+#: (one copy where the slot would take two; below, one copy of the whole row is cheaper)
+DIRECT_FROM = 64 << 10
 
 
 def fingerprint(description: str) -> int:
@@ -254,6 +257,7 @@ class Round:
         "block",
         "cap",
         "copies",
+        "direct",
         "dtype",
         "empty",
         "floor",
@@ -279,6 +283,7 @@ class Round:
     block: tuple[torch.Tensor, ...] | None  # the parts returned, as one (world, *part) tensor
     cap: int | None  # the most the slot learns from this kind (None: the engine's rule)
     copies: bool  # the call copies its data (no writer)
+    direct: bool  # the data goes straight into the segment (DIRECT_FROM)
     dtype: torch.dtype | None  # the data's (None: a call without data)
     empty: bool  # data of no bytes: every rank's is an empty tensor
     floor: int  # the communicator's slot size
@@ -355,7 +360,7 @@ def _prepare(
     lane = None if host.shared else _lanes.round_lane(engine, host.slot_size, rows_apart)
     prep.lane_key = None if lane is None else ("all_gather_slots", host.slot_size, rows_apart)
     prep.area = prep.areas = prep.spread = prep.parts = prep.block = None
-    prep.small = prep.empty = False
+    prep.small = prep.empty = prep.direct = False
     prep.used = _used(host, 0)
     if data is None or not inline:
         return prep
@@ -366,6 +371,7 @@ def _prepare(
         prep.empty = True
         return prep
     areas = host.sent.areas(like, nbytes)
+    prep.direct = write is None and host.segment is not None and nbytes >= DIRECT_FROM
     spreads = host.spreads and not apart  # data for all, into every row
     prep.areas = areas if spreads else None
     prep.area = areas.every if apart or spreads else areas.first
@@ -481,10 +487,13 @@ def exchange(
             host.sent.head(header)
             host.written = header
         wrote = 0
+        direct = None  # data that goes straight into the segment
         if inline and nbytes and data is not None and like is not None:
             areas = host.sent.areas(like, nbytes)
             wrote = nbytes
-            if apart:
+            if write is None and host.segment is not None and nbytes >= DIRECT_FROM:
+                direct = _flat(data, apart, world)
+            elif apart:
                 if write is None:
                     host_copy(areas.every, data)  # part j into row j, one op
                 elif write(areas.every) is False:
@@ -500,7 +509,7 @@ def exchange(
         rows = host.rows
         rows_apart = apart if host.shared else host.apart
         lane = None if host.shared else _lanes.round_lane(engine, slot_size, rows_apart, timeout)
-        _issue(engine, host, what, lane, timeout, _used(host, wrote), rows_apart)
+        _issue(engine, host, what, lane, timeout, _used(host, wrote), rows_apart, direct)
     else:
         device = engine.device()
         mine = torch.zeros(slot_size, dtype=torch.uint8, device=device)
@@ -583,8 +592,11 @@ def steady(
         host.written = header
     area = prep.area
     used = prep.used
+    direct = None
     if area is not None:
-        if write is None:
+        if prep.direct:
+            direct = _flat(data, prep.rows_apart, host.world)  # type: ignore[arg-type]
+        elif write is None:
             if prep.small:
                 area.copy_(data)  # type: ignore[arg-type]  # (an area: the data is declared)
             else:
@@ -604,7 +616,7 @@ def steady(
         or (lane.unless_in and engine.group in lane.unless_in)
     ):
         lane = None  # another timeout or an open coalescing manager (_lanes.round_lane)
-    _issue(engine, host, what, lane, timeout, used, prep.rows_apart)
+    _issue(engine, host, what, lane, timeout, used, prep.rows_apart, direct)
     raw = host.every_raw
     if host.heads(raw) != prep.heads:  # every row's header, in one comparison
         heads = [raw[start : start + _HEADER_SIZE] for start in host.starts]
@@ -631,6 +643,12 @@ def steady(
     return None
 
 
+def _flat(data: torch.Tensor, apart: bool, world: int) -> torch.Tensor:
+    # the data's bytes as a segment's data lane takes them (apart: a row for each rank)
+    flat = byte_view(data)
+    return flat.view(world, -1) if apart else flat
+
+
 def _used(host: HostSlots, nbytes: int) -> int:
     # the bytes of a sent row that matter: the data's, or any protocol's header alone
     return min(host.slot_size, _DATA + nbytes if nbytes else HEADER)
@@ -644,12 +662,17 @@ def _issue(
     timeout: datetime.timedelta | None,
     used: int,
     apart: bool,
+    direct: torch.Tensor | None = None,
 ) -> None:
     # the round of the sent rows: the engine's own exchange in one step where a lane
     # serves, the plugin's all_gather_slots otherwise; a shared round copies the
     # ``used`` bytes of each row alone, of every row where they go ``apart``
     segment = host.segment
-    if segment is not None:  # only the headers come out: the data is read where it lies
+    if segment is not None and direct is not None:  # the data straight into the segment
+        lane = segment.data_lane(host.slot_size, apart)
+        assert lane is not None  # (the host's slot fits as it goes: _slots)
+        engine.direct(what, lane, host.every, host.sent_upto(_DATA, apart), direct, limit=timeout)
+    elif segment is not None:  # only the headers come out: the data is read where it lies
         lane = segment.heads_lane(host.slot_size, apart)
         assert lane is not None  # (the host's slot fits as it goes: _slots)
         rows = host.sent_upto(used, apart)

@@ -62,6 +62,8 @@ from commlib._rooms import HEADER, LEARN_TOTAL
 from commlib.types import DirectCall
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from commlib._engine import Engine
     from commlib._steps import Steps
 
@@ -141,7 +143,7 @@ class SharedRows:
         self.seq_at = [4 + r * _SEQ_STRIDE for r in range(world)]
         self.mine = self.seq_at[rank]
         self.published = 0
-        self._lanes: dict[tuple[int, bool, bool], DirectCall | None] = {}
+        self._lanes: dict[tuple[int, bool, str], DirectCall | None] = {}
 
     @classmethod
     def alone(cls) -> SharedRows:
@@ -158,14 +160,7 @@ class SharedRows:
         :used]``): only those are copied, in and out (``output`` says the
         slot's size); the rest of every gathered row is left as it was.
         """
-        key = (slot_bytes, apart, False)
-        if key in self._lanes:
-            return self._lanes[key]
-        found = None
-        if self.fits(slot_bytes, apart):
-            found = DirectCall(self._apart if apart else self._gather, None, via="shared")
-        self._lanes[key] = found
-        return found
+        return self._lane(slot_bytes, apart, "rows")
 
     def heads_lane(self, slot_bytes: int, apart: bool) -> DirectCall | None:
         """:meth:`lane`, copying out each row's first :data:`~commlib._rooms.HEADER` bytes alone.
@@ -182,13 +177,39 @@ class SharedRows:
             >>> int(out.sum()), int(rows.rows_of(rows.generation(), False, 512).sum())
             (288, 512)
         """
-        key = (slot_bytes, apart, True)
+        return self._lane(slot_bytes, apart, "heads")
+
+    def data_lane(self, slot_bytes: int, apart: bool) -> DirectCall | None:
+        """:meth:`heads_lane` for rows in two pieces: ``call(output, head, data, options)``.
+
+        ``head`` (uint8: each row's first bytes, ``(world, n)`` apart) then
+        ``data`` (uint8: what follows in the row, ``(world, m)`` apart, one
+        for each rank) go straight into this rank's area: the data is not
+        first copied into a slot.
+
+        Examples:
+            >>> rows = SharedRows.alone()
+            >>> out, head = torch.zeros(512, dtype=torch.uint8), torch.ones(64, dtype=torch.uint8)
+            >>> lane = rows.data_lane(512, False)
+            >>> lane.call(out, head, torch.ones(100, dtype=torch.uint8), None).wait()
+            True
+            >>> int(rows.rows_of(rows.generation(), False, 512)[0, :200].sum())
+            164
+        """
+        return self._lane(slot_bytes, apart, "data")
+
+    def _lane(self, slot_bytes: int, apart: bool, copies: str) -> DirectCall | None:
+        key = (slot_bytes, apart, copies)
         if key in self._lanes:
             return self._lanes[key]
         found = None
         if self.fits(slot_bytes, apart):
-            call = self._apart_heads if apart else self._gather_heads
-            found = DirectCall(call, None, via="shared")
+            calls: dict[str, tuple[Callable[..., SharedWork], Callable[..., SharedWork]]] = {
+                "rows": (self._gather, self._apart),
+                "heads": (self._gather_heads, self._apart_heads),
+                "data": (self._gather_data, self._gather_data),  # (apart: a head of rows)
+            }
+            found = DirectCall(calls[copies][apart], None, via="shared")
         self._lanes[key] = found
         return found
 
@@ -237,6 +258,29 @@ class SharedRows:
         size = output.numel() // self.world
         return SharedWork(self, self.post(rows, True, size), output, size, True, HEADER)
 
+    def _gather_data(
+        self, output: torch.Tensor, head: torch.Tensor, data: torch.Tensor, _options: Any
+    ) -> SharedWork:
+        size = output.numel() // self.world
+        apart = head.dim() == 2
+        k = self.post_data(head, data, apart, size)
+        return SharedWork(self, k, output, size, apart, HEADER)
+
+    def post_data(self, head: torch.Tensor, data: torch.Tensor, apart: bool, size: int) -> int:
+        """:meth:`post` of rows made of ``head`` and then ``data`` (:meth:`data_lane`)."""
+        self.published = k = self.published + 1
+        area = self.generations[k & 1, self.rank]
+        at, n = head.shape[-1], data.shape[-1]
+        if apart:
+            rows = area[: self.world * size].view(self.world, size)
+            rows[:, :at].copy_(head)
+            host_copy(rows[:, at : at + n], data)
+        else:
+            area[:at].copy_(head)
+            host_copy(area[at : at + n], data)
+        self._publish(k, at + n, apart)
+        return k
+
     def post(self, rows: torch.Tensor, apart: bool, size: int | None = None) -> int:
         """Write this rank's ``rows`` into its area of the next generation; publish the round.
 
@@ -253,12 +297,15 @@ class SharedRows:
         else:
             used = rows.numel()
             host_copy(area[:used], rows.reshape(-1))
+        self._publish(k, used, apart)
+        return k
+
+    def _publish(self, k: int, used: int, apart: bool) -> None:
         mine, gen = self.mine, k & 1
         words = self.words
         words[mine + _USED + gen] = used
         words[mine + 1 + gen] = apart
         words[mine] = k  # after the rows: x86-64 keeps the stores in order
-        return k
 
     def abort(self) -> None:
         """Mark the segment given up (the group broke here): no round completes on it any more.

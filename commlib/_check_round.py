@@ -25,6 +25,16 @@ where every rank needs every rank's data (``all_reduce``,
 ``all_gather_into_tensor``), and only up to ``_rooms.PAD_UP_TO`` (128 KiB)
 from the others: a broadcast or reduce carried in a large slot would send
 every rank's padding to every rank, more than the second round costs.
+
+Where the group's rounds go through shared memory (:mod:`commlib._shared_rows`)
+a large slot pads nothing: each rank copies in only what it wrote, data a
+call copies goes straight into the segment (:data:`DIRECT_FROM`), only the
+headers come out, and every rank's data is read where it lies. There the
+one-way calls (:data:`ONE_WAY`: a broadcast's, a scatter's, a reduce's
+data, whose root would otherwise wait for the engine's collective after the
+round) teach the slot up to the segment's room, 4 MiB a rank, and a checked
+broadcast is one round: the receivers copy the root's data once, from the
+segment into their tensor.
 """
 
 from __future__ import annotations

@@ -413,7 +413,9 @@ class _Steady:
         self.strides, self.offset = layout.strides, layout.offset
         #: the direct call's arguments after the gathered buffer: the engine's exchange
         #: of the rows, or its gather of the first
-        self.args: tuple[Any, ...] = (slots.sent.rows, [], []) if slots.apart else (slots.first,)
+        self.args: tuple[Any, ...] = _sent_args(
+            slots, lane, _HEADER_BYTES + layout.areas.first.nbytes
+        )
         #: every rank's header in the gathered slots, read in one step, and this rank's
         #: header as often: equal when every rank made this call
         gap = size - _HEADER_BYTES
@@ -709,6 +711,15 @@ def refuse(
         _agree(what, heads, gathered, size)
 
 
+def _sent_args(slots: _Slots, lane: DirectCall, used: int) -> tuple[Any, ...]:
+    """The round's lane's arguments after the gathered buffer: the rows apart or the first;
+    through shared memory only their ``used`` bytes (the rest is read from nobody)."""
+    rows = slots.sent.rows
+    if lane.via == "shared":
+        return (rows[:, :used], [], []) if slots.apart else (rows[0, :used],)
+    return (rows, [], []) if slots.apart else (slots.first,)
+
+
 def _round(
     engine: Engine,
     what: str,
@@ -747,10 +758,9 @@ def _round(
         if lane is None:
             rows = slots.sent.rows
             engine.run(what, "all_gather_slots", gathered, rows, timeout=timeout)
-        elif slots.apart:  # the engine's own exchange of the rows, in one step
-            engine.direct(what, lane, gathered, slots.sent.rows, [], [], limit=timeout)
-        else:  # the engine's own gather of the first row
-            engine.direct(what, lane, gathered, slots.first, limit=timeout)
+        else:  # the engine's own exchange of the rows or gather of the first, in one step
+            used = _HEADER_BYTES + (data.nbytes if areas is not None and data is not None else 0)
+            engine.direct(what, lane, gathered, *_sent_args(slots, lane, used), limit=timeout)
         if raw is not None:
             return gathered, raw, size
     else:

@@ -32,7 +32,9 @@ LEARN_TOTAL = 2 << 20
 #: broadcast, a reduce, a gather): a larger slot would pad every rank's part of
 #: the first round by more than the second round costs. Measured on gloo,
 #: 127.0.0.1: 128 KiB slots cost 55 us more a round than 4 KiB ones at 2 ranks
-#: (230 us at 4), less than the round they save (160-430 us).
+#: (230 us at 4), less than the round they save (160-430 us). Through shared
+#: memory a slot pads nothing: there the check's one-way calls learn more
+#: (:data:`commlib._check_round.ONE_WAY`).
 PAD_UP_TO = 128 << 10
 
 #: calls in a row needing less than half the room before it shrinks

@@ -31,6 +31,14 @@ Rounds whose rows do not fit a rank's area (slots larger than the slot ever
 learns) take the engine's round, alike on every rank (all ranks use the same
 slot size).
 
+Only the bytes a rank wrote are copied, in and out: each rank says how many
+in a word of its own per generation, so a large slot costs nothing where
+little of it is used, and one-way calls' data (a broadcast's up to
+:data:`ONE_WAY_ROOM`) rides in it. The argument check's round goes further
+(:meth:`SharedRows.heads_lane`, :meth:`SharedRows.data_lane`): its data goes
+straight into the area, only the headers come out, and every rank reads the
+data where it lies, before its next round.
+
 Waiting spins a moment, then yields the core, then naps (growing to 1 ms).
 A peer whose process has ended is reported as such (every rank's process
 record, :func:`commlib._survivors.process_record`), a wait past its limit

@@ -355,3 +355,34 @@ def _one_way(comm) -> list[str]:
 @pytest.mark.timeout(600)
 def test_one_way_calls_ride_in_the_shared_round_past_the_engines_cap(multi_world):
     assert multi_world.run(_one_way, timeout=500) == [[]] * multi_world.size
+
+
+def _after_a_large_one_way_call(comm) -> list[str]:
+    # a 1 MB broadcast teaches the slot 1 MB: the other protocols' rounds then copy only
+    # the bytes their rows hold, and every result is still right (no byte of an earlier
+    # round read as data)
+    c = Communicator(timeout=60).new_group(range(comm.world_size))
+    world, rank = c.world_size, c.rank
+    wrong = []
+    for call in range(3):
+        big = torch.full((250_000,), float(rank))
+        c.broadcast(big, 0)
+        if not torch.equal(big, torch.zeros(250_000)):
+            wrong.append(f"broadcast {call}")
+        for n in (3, 1):  # a shorter row after a longer one
+            got = c.all_gather(torch.full((n + rank,), float(10 * call + rank)))
+            want = [torch.full((n + r,), float(10 * call + r)) for r in range(world)]
+            if not all(torch.equal(g, w) for g, w in zip(got, want)):
+                wrong.append(f"all_gather {call} {n}: {got}")
+        out = c.all_gather_object({"rank": rank, "call": call})
+        if out != [{"rank": r, "call": call} for r in range(world)]:
+            wrong.append(f"all_gather_object {call}: {out}")
+        x = torch.full((4,), float(rank + call))
+        c.all_reduce(x)
+        if x.tolist() != [float(sum(r + call for r in range(world)))] * 4:
+            wrong.append(f"all_reduce {call}: {x}")
+    return wrong
+
+
+def test_other_rounds_after_a_large_one_way_call_are_right(multi_world):
+    assert multi_world.run(_after_a_large_one_way_call, timeout=120) == [[]] * multi_world.size

@@ -44,7 +44,7 @@ import functools
 import hashlib
 import operator
 import struct
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -156,6 +156,7 @@ class HostSlots:
         self.layouts: dict[tuple[torch.dtype, torch.Size, At], list[torch.Tensor]] = {}
         self.own: dict[tuple[torch.dtype, torch.Size, int, At], list[torch.Tensor]] = {}
         self.upto: dict[tuple[int, bool], torch.Tensor] = {}
+        self.nexts: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def sent_upto(self, used: int, apart: bool) -> torch.Tensor:
         """The sent rows' first ``used`` bytes (all rows, or the first), as a shared round
@@ -166,6 +167,25 @@ class HostSlots:
                 self.upto.clear()
             rows = self.sent.rows
             found = self.upto[used, apart] = rows[:, :used] if apart else rows[0, :used]
+        return found
+
+    def next_area(
+        self, like: torch.Tensor, nbytes: int, apart: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where a writer puts the next round's data in the segment: this rank's data
+        area (apart: of every row) typed and shaped like ``like``, and its bytes."""
+        segment = self.segment
+        assert segment is not None
+        generation = (segment.published + 1) & 1
+        key = (like.dtype, like.shape, generation, apart)
+        found = self.nexts.get(key)
+        if found is None:
+            if len(self.nexts) >= LAYOUTS:
+                self.nexts.clear()
+            rows = segment.next_rows(generation, apart, self.slot_size)
+            every = Areas(rows, _DATA, like, nbytes).every
+            flat = rows[:, _DATA : _DATA + nbytes]
+            found = self.nexts[key] = (every, flat) if apart else (every[0], flat[0])
         return found
 
     def at(self, apart: bool) -> At:
@@ -276,6 +296,8 @@ class Round:
         "inline",
         "lane_key",
         "learnt",
+        "like",
+        "nbytes",
         "need",
         "parts",
         "quiet",
@@ -293,7 +315,7 @@ class Round:
     block: tuple[torch.Tensor, ...] | None  # the parts returned, as one (world, *part) tensor
     cap: int | None  # the most the slot learns from this kind (None: the engine's rule)
     copies: bool  # the call copies its data (no writer)
-    direct: bool  # the data goes straight into the segment (DIRECT_FROM)
+    direct: bool  # the data goes straight into the segment, or a writer writes it there
     dtype: torch.dtype | None  # the data's (None: a call without data)
     empty: bool  # data of no bytes: every rank's is an empty tensor
     floor: int  # the communicator's slot size
@@ -303,6 +325,8 @@ class Round:
     lane_key: tuple[str, int, bool] | None  # the round's lane in engine.lanes
     learnt: int  # the slot's learnt room the round ran with
     need: int  # what the call teaches the slot
+    like: torch.Tensor  # what one row's data is shaped like (a writer's area in the segment)
+    nbytes: int  # its bytes
     rows_apart: bool  # the round sends row j to rank j (its lane's mode)
     # the views returned (each of these: one where the rows lie, two in a segment's
     # generations, :meth:`HostSlots.at`)
@@ -381,7 +405,9 @@ def _prepare(
         prep.empty = True
         return prep
     areas = host.sent.areas(like, nbytes)
-    prep.direct = write is None and host.segment is not None and nbytes >= DIRECT_FROM
+    prep.direct = host.segment is not None and nbytes >= DIRECT_FROM
+    # (its dtype and shape alone: a caller's tensor is not kept)
+    prep.like, prep.nbytes = torch.empty((), dtype=like.dtype).expand(like.shape), nbytes
     spreads = host.spreads and not apart  # data for all, into every row
     prep.areas = areas if spreads else None
     prep.area = areas.every if apart or spreads else areas.first
@@ -501,8 +527,13 @@ def exchange(
         if inline and nbytes and data is not None and like is not None:
             areas = host.sent.areas(like, nbytes)
             wrote = nbytes
-            if write is None and host.segment is not None and nbytes >= DIRECT_FROM:
-                direct = _flat(data, apart, world)
+            if host.segment is not None and nbytes >= DIRECT_FROM:
+                if write is None:
+                    direct = _flat(data, apart, world)
+                else:  # the writer writes into the segment itself
+                    there, direct = host.next_area(like, nbytes, apart)
+                    if write(there) is False:
+                        wrote, direct = 0, None
             elif apart:
                 if write is None:
                     host_copy(areas.every, data)  # part j into row j, one op
@@ -605,7 +636,12 @@ def steady(
     direct = None
     if area is not None:
         if prep.direct:
-            direct = _flat(data, prep.rows_apart, host.world)  # type: ignore[arg-type]
+            if write is None:
+                direct = _flat(data, prep.rows_apart, host.world)  # type: ignore[arg-type]
+            else:  # the writer writes into the segment itself
+                there, direct = host.next_area(prep.like, prep.nbytes, prep.rows_apart)
+                if write(there) is False:
+                    used, direct = _used(host, 0), None
         elif write is None:
             if prep.small:
                 area.copy_(data)  # type: ignore[arg-type]  # (an area: the data is declared)

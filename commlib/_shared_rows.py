@@ -275,19 +275,38 @@ class SharedRows:
         return SharedWork(self, k, output, size, apart, HEADER)
 
     def post_data(self, head: torch.Tensor, data: torch.Tensor, apart: bool, size: int) -> int:
-        """:meth:`post` of rows made of ``head`` and then ``data`` (:meth:`data_lane`)."""
+        """:meth:`post` of rows made of ``head`` and then ``data`` (:meth:`data_lane`).
+
+        ``data`` may already be where it goes (written there through
+        :meth:`next_rows`): then only the head is copied.
+        """
         self.published = k = self.published + 1
         area = self.generations[k & 1, self.rank]
         at, n = head.shape[-1], data.shape[-1]
         if apart:
             rows = area[: self.world * size].view(self.world, size)
             rows[:, :at].copy_(head)
-            host_copy(rows[:, at : at + n], data)
+            there = rows[:, at : at + n]
         else:
             area[:at].copy_(head)
-            host_copy(area[at : at + n], data)
+            there = area[at : at + n]
+        if there.data_ptr() != data.data_ptr():
+            host_copy(there, data)
         self._publish(k, at + n, apart)
         return k
+
+    def next_rows(self, generation: int, apart: bool, size: int) -> torch.Tensor:
+        """This rank's rows of ``size`` bytes in its area of ``generation``: ``(world, size)``
+        apart, else ``(1, size)``; a protocol may write its next round's data there itself
+        (safe from one round to the next: no rank reads it any more, :meth:`post`).
+
+        Examples:
+            >>> SharedRows.alone().next_rows(1, False, 64).shape
+            torch.Size([1, 64])
+        """
+        area = self.generations[generation, self.rank]
+        rows = self.world if apart else 1
+        return area[: rows * size].view(rows, size)
 
     def post(self, rows: torch.Tensor, apart: bool, size: int | None = None) -> int:
         """Write this rank's ``rows`` into its area of the next generation; publish the round.

@@ -87,7 +87,8 @@ class DirectCall(NamedTuple):
     ``apart`` (rows sent apart) ``call(output, slots, [], [], options)``,
     ``barrier`` ``call(options)``; ``send`` and ``recv`` ``call([tensor],
     peer, tag)`` (no options). It
-    returns the operation's work. ``call=None``: the collective is the
+    returns the operation's work, or ``None`` where the operation has
+    completed already (mpi tests a fresh request a few times). ``call=None``: the collective is the
     identity here (a group of one rank): nothing to issue.
 
     It serves tensors of ``min_bytes`` to ``max_bytes`` bytes (this rank's
@@ -110,7 +111,7 @@ class DirectCall(NamedTuple):
         (0, 9223372036854775807)
     """
 
-    call: Callable[..., Work] | None
+    call: Callable[..., Work | None] | None
     options: Any
     min_bytes: int = 0
     max_bytes: int = 2**63 - 1

@@ -57,7 +57,7 @@ from commlib_backends import mpi_group
 from commlib_backends.engine_gaps import EngineGaps
 from commlib_backends.mpi_group import MPIWork, finish, mpi
 from commlib_backends.mpi_lanes import as_bytes as _bytes
-from commlib_backends.mpi_lanes import lane_call
+from commlib_backends.mpi_lanes import lane_call, settled
 from commlib_backends.mpi_lanes import run_of as _run_of
 
 _ALL_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
@@ -460,14 +460,14 @@ class _SlotGather:
             found = self.buffers[key] = [self.names.address(key[0], key[1]), self.names.byte]
         return found
 
-    def __call__(self, output: torch.Tensor, row: torch.Tensor, options: Any) -> MPIWork:
+    def __call__(self, output: torch.Tensor, row: torch.Tensor, options: Any) -> MPIWork | None:
         last = self.last
         if output is last[0] and row is last[1]:
             into, mine = last[2], last[3]
         else:
             into, mine = self._buffer(output), self._buffer(row)
             self.last = (output, row, into, mine)
-        return MPIWork([self.comm.Iallgather(mine, into)], keep=(output, row))
+        return settled(self.comm.Iallgather(mine, into), (output, row))
 
 
 def _copy_out(

@@ -77,11 +77,12 @@ class CheckedLanes:
     says whether it ran the call.
     """
 
-    __slots__ = ("engine", "guard", "rides")
+    __slots__ = ("engine", "guard", "rides", "serializer")
 
     def __init__(self, engine: Engine, guard: Guard):
         self.engine = engine
         self.guard = guard
+        self.serializer = guard.serializer
         #: the collectives whose small data completes in the check's round
         self.rides = guard.completed_by_check
 
@@ -126,6 +127,27 @@ class CheckedLanes:
             return None
         return lane
 
+    def _ready(
+        self,
+        host: HostSlots,
+        what: str,
+        key: Hashable,
+        data: torch.Tensor | None,
+        copies: bool,
+        tensor: torch.Tensor,
+        apart: bool = False,
+        **lane_key: Any,
+    ) -> tuple[Round, DirectCall | None] | None:
+        # the prepared round, and the engine's lane (keyed by ``lane_key``, for ``tensor``)
+        # where the data does not ride: None before anything is sent, if either is missing
+        prep = self._round(host, what, key, data, copies, apart)
+        if prep is None:
+            return None
+        if prep.inline:
+            return prep, None
+        lane = self._lane(what, tensor, **lane_key)  # (no data declared, or past the slot)
+        return None if lane is None else (prep, lane)
+
     def all_reduce(self, tensor: torch.Tensor, op: str) -> bool:
         """A steady checked ``all_reduce`` of ``tensor`` with ``op`` (not ``mean``), if it serves.
 
@@ -140,15 +162,20 @@ class CheckedLanes:
         if not _lanes.takes(engine, tensor):
             return False
         data = self._riding("all_reduce", tensor)
-        prep = self._round(host, "all_reduce", (op, tensor.dtype, tensor.shape), data, True)
-        if prep is None:
+        ready = self._ready(
+            host,
+            "all_reduce",
+            (op, tensor.dtype, tensor.shape),
+            data,
+            True,
+            tensor,
+            op=op,
+            dtype=tensor.dtype,
+        )
+        if ready is None:
             return False
-        lane = None
-        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
-            lane = self._lane("all_reduce", tensor, op=op, dtype=tensor.dtype)
-            if lane is None:
-                return False
-        parts = steady(engine, host, prep, "all_reduce", self.guard.serializer, data, None, None)
+        prep, lane = ready
+        parts = steady(engine, host, prep, "all_reduce", self.serializer, data, None, None)
         if parts is not None:
             reduce_into(tensor, parts, op)  # every rank alike, in rank order
         elif lane is not None:
@@ -170,19 +197,22 @@ class CheckedLanes:
             return False
         data = self._riding("broadcast", tensor)
         root = engine.rank == src
-        prep = self._round(host, "broadcast", (src, tensor.dtype, tensor.shape), data, root)
-        if prep is None:
+        ready = self._ready(
+            host,
+            "broadcast",
+            (src, tensor.dtype, tensor.shape),
+            data,
+            root,
+            tensor,
+            src=src,
+            dtype=tensor.dtype,
+        )
+        if ready is None:
             return False
-        lane = None
-        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
-            lane = self._lane("broadcast", tensor, src=src, dtype=tensor.dtype)
-            if lane is None:
-                return False
+        prep, lane = ready
         write = None if root else write_nothing
         try:
-            parts = steady(
-                engine, host, prep, "broadcast", self.guard.serializer, data, None, write
-            )
+            parts = steady(engine, host, prep, "broadcast", self.serializer, data, None, write)
         except RemoteArgumentError as exc:  # as the communicator words it
             raise _nested.tensor_meets_no_tensor(exc, src) from None
         if parts is not None:
@@ -206,15 +236,21 @@ class CheckedLanes:
         if not _lanes.takes(engine, tensor):
             return False
         data = self._riding("reduce", tensor)
-        prep = self._round(host, "reduce", (dst, op, tensor.dtype, tensor.shape), data, True)
-        if prep is None:
+        ready = self._ready(
+            host,
+            "reduce",
+            (dst, op, tensor.dtype, tensor.shape),
+            data,
+            True,
+            tensor,
+            op=op,
+            dst=dst,
+            dtype=tensor.dtype,
+        )
+        if ready is None:
             return False
-        lane = None
-        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
-            lane = self._lane("reduce", tensor, op=op, dst=dst, dtype=tensor.dtype)
-            if lane is None:
-                return False
-        parts = steady(engine, host, prep, "reduce", self.guard.serializer, data, None, None)
+        prep, lane = ready
+        parts = steady(engine, host, prep, "reduce", self.serializer, data, None, None)
         is_dst = engine.rank == dst
         if parts is not None:
             if is_dst:
@@ -246,15 +282,13 @@ class CheckedLanes:
             return False
         what = "all_gather_into_tensor"
         data = self._riding(what, tensor)
-        prep = self._round(host, what, (tensor.dtype, tensor.shape), data, True)
-        if prep is None:
+        ready = self._ready(
+            host, what, (tensor.dtype, tensor.shape), data, True, tensor, dtype=tensor.dtype
+        )
+        if ready is None:
             return False
-        lane = None
-        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
-            lane = self._lane(what, tensor, dtype=tensor.dtype)
-            if lane is None:
-                return False
-        parts = steady(engine, host, prep, what, self.guard.serializer, data, None, None)
+        prep, lane = ready
+        parts = steady(engine, host, prep, what, self.serializer, data, None, None)
         if parts is not None:
             if output.dim() == 1 == tensor.dim():
                 torch.cat(parts, out=output)  # one op, no view
@@ -290,15 +324,13 @@ class CheckedLanes:
         data = self._riding(what, input)
         chunks = None if data is None else data.view(world, -1)
         key = (op, output.dtype, output.shape)
-        prep = self._round(host, what, key, chunks, True, apart=True)
-        if prep is None:
+        ready = self._ready(
+            host, what, key, chunks, True, output, apart=True, op=op, dtype=output.dtype
+        )
+        if ready is None:
             return False
-        lane = None
-        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
-            lane = self._lane(what, output, op=op, dtype=output.dtype)
-            if lane is None:
-                return False
-        parts = steady(engine, host, prep, what, self.guard.serializer, chunks, None, None)
+        prep, lane = ready
+        parts = steady(engine, host, prep, what, self.serializer, chunks, None, None)
         out = output if output.dim() == 1 else output.view(-1)
         if parts is not None:
             reduce_into(out, parts, op)
@@ -330,18 +362,63 @@ class CheckedLanes:
         rows = self.guard.rows(tensor.dtype, tensor.shape, engine.world_size)
         data = self._riding(what, rows)
         key = (src, tensor.dtype, tensor.shape)
-        prep = self._round(host, what, key, data, False, apart=True)
-        if prep is None:
+        ready = self._ready(
+            host, what, key, data, False, tensor, apart=True, src=src, dtype=tensor.dtype
+        )
+        if ready is None:
             return False
-        lane = None
-        if not prep.inline:  # (no data declared, or past the slot): the engine's follows
-            lane = self._lane(what, tensor, src=src, dtype=tensor.dtype)
-            if lane is None:
-                return False
+        prep, lane = ready
         write = (lambda rows: stack_into(rows, scatter_list)) if root else write_nothing
-        got = steady(engine, host, prep, what, self.guard.serializer, data, None, write)
+        got = steady(engine, host, prep, what, self.serializer, data, None, write)
         if got is not None:
             host_copy(tensor, got[src])
         elif lane is not None:
             _lanes.scatter_by(engine, lane, tensor, scatter_list, src)
+        return True
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> bool:
+        """A steady checked ``all_to_all_single`` of ``input`` into ``output``, even splits.
+
+        Where another rank passed explicit splits the headers differ, and this
+        rank compares the sizes pair by pair with it, as the communicator's
+        method does (:meth:`~commlib._guard.Guard.pairs_after`): the same
+        error on every rank, or the call with explicit splits on every rank.
+
+        Examples:
+            >>> comm._lanes.riding.all_to_all_single(out, torch.ones(2))  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or output.requires_grad or _steps.unfinished:
+            return False
+        # what the communicator's validation checks every call (the key names both
+        # shapes): the dtypes, and this rank's own pair (rows sent itself, expected)
+        if (
+            output.dtype is not input.dtype
+            or output.shape != input.shape
+            or not _lanes.takes(engine, input)
+            or not _lanes.takes(engine, output)
+        ):
+            return False
+        what = "all_to_all_single"
+        key = (input.dtype, input.shape, output.shape)
+        views = self.guard.views.get(key)  # (made by the key's first call)
+        if views is None:
+            return False
+        data = self._riding(what, views[0].of(input))
+        ready = self._ready(host, what, key, data, True, input, apart=True, dtype=input.dtype)
+        if ready is None:
+            return False
+        prep, lane = ready
+        into = None if data is None else views[1].of(output)
+        try:
+            parts = steady(engine, host, prep, what, self.serializer, data, None, None, into)
+        except RemoteArgumentError as exc:  # another rank passed explicit splits?
+            rows = [input.shape[0] // engine.world_size] * engine.world_size
+            self.guard.pairs_after(exc, engine, input, rows, rows, None)
+            engine.all_to_all_single(output, input, rows, rows, value=[output])
+            return True
+        if parts is None and lane is not None:
+            engine.direct(what, lane, output, input, [], [])
         return True

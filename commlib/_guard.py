@@ -511,15 +511,39 @@ class Guard:
             check.self_pair(rows_out[me], rows_in[me], me)
             return "rode" if rode else "engine"
         except RemoteArgumentError as exc:
-            texts = list(exc.failures.values())
-            if (
-                exc.refused
-                or exc.summary != _check_round.DIFFERENT
-                or not all(text.startswith(f"{what}(") for text in texts)
-                or not any(text.endswith("even splits)") for text in texts)
-                or all(text.endswith("even splits)") for text in texts)
-            ):
-                raise
+            self.pairs_after(exc, engine, in_t, rows_out, rows_in, timeout)
+        return "explicit"
+
+    def pairs_after(
+        self,
+        exc: RemoteArgumentError,
+        engine: Engine,
+        in_t: torch.Tensor,
+        rows_out: Sequence[int],
+        rows_in: Sequence[int],
+        timeout: Timeout,
+    ) -> None:
+        """After all_to_all_single's check raised ``exc``: the sizes pair by pair, or ``exc``.
+
+        Where some ranks passed ``None`` splits and others explicit ones, the
+        descriptions differed in kind only: every rank saw the same ones, so
+        all compare the sizes pair by pair (one round more); if they match the
+        call goes on with explicit splits on every rank. Any other difference
+        is raised as it is.
+
+        Examples:
+            >>> guard.pairs_after(exc, engine, in_t, [1, 1], [1, 1], None)  # doctest: +SKIP
+        """
+        what = "all_to_all_single"
+        texts = list(exc.failures.values())
+        if (
+            exc.refused
+            or exc.summary != _check_round.DIFFERENT
+            or not all(text.startswith(f"{what}(") for text in texts)
+            or not any(text.endswith("even splits)") for text in texts)
+            or all(text.endswith("even splits)") for text in texts)
+        ):
+            raise exc
         rows_of = tuple(in_t.shape[1:])
         scale = math.prod(rows_of)
         self.check_pairs(
@@ -530,7 +554,6 @@ class Guard:
             [n * scale for n in rows_in],
             timeout,
         )
-        return "explicit"
 
     def refuse(
         self,

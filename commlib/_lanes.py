@@ -237,6 +237,7 @@ class Riding(Protocol):
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> bool: ...
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> bool: ...
     def scatter(self, tensor: torch.Tensor, scatter_list: Any, src: int) -> bool: ...
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> bool: ...
 
 
 class Lanes:
@@ -514,12 +515,14 @@ class Lanes:
             or async_op
             or timeout is not None
             or type(input) not in PLAIN
+            or type(output) not in PLAIN
         ):
             return False
+        if self.riding is not None and "all_to_all_single" in self.checked:
+            return self.riding.all_to_all_single(output, input)
         lane = self._lane(engine, ("all_to_all_single", input.dtype))
         if (
             lane is None
-            or type(output) not in PLAIN
             or output.dtype is not input.dtype
             or output.dim() != 1
             or input.dim() != 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from commlib import Communicator, _shared_rows
-from commlib.errors import CommTimeoutError
+from commlib.errors import CommTimeoutError, RemoteArgumentError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -241,3 +241,97 @@ def test_a_steady_checked_calls_round_times_out_when_a_rank_stays_away(world3):
     for outcome, waited, took in results[1:]:
         assert (outcome, took) == ("CommTimeoutError", True), results
         assert 0.9 < waited < 15, results
+
+
+def steady_all_to_all_single(comm) -> list[str]:
+    """all_to_all_single's checked lane (gloo's and mpi's): results, rounds, mismatches.
+
+    Even splits, rows of 1 and of 3 elements, small (riding) and past the slot;
+    after steady calls a rank passing explicit splits that match goes on with
+    every rank, one passing others makes every rank raise the same error, one
+    changing its shape too; the next call is right.
+    """
+    world, rank = comm.world_size, comm.rank
+    engine = comm._engine
+    riding = comm._lanes.riding
+    wrong = []
+
+    def want(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        # rank r's chunk for this rank holds r * 1000 + this rank's chunk index
+        rows = shape[0] // world
+        got = torch.empty(shape, dtype=dtype)
+        for r, chunk in enumerate(got.split(rows)):
+            chunk.copy_(_sent(r, shape, dtype)[rank * rows : (rank + 1) * rows])
+        return got
+
+    for shape in ((world * 64,), (world * 2, 3), (world * 40_000,)):
+        for dtype in (torch.float32, torch.int64):
+            expected = want(shape, dtype)
+            for call in range(4):  # the first calls prepare (and teach) the round
+                out = torch.full(shape, -1, dtype=dtype)
+                rounds = _rounds(engine, comm.all_to_all_single, out, _sent(rank, shape, dtype))
+                if not torch.equal(out, expected):
+                    wrong.append(f"{shape} {dtype} call {call}: {out.view(-1)[:4]}")
+                if call == 3 and world > 1 and rounds not in (1, 2):
+                    wrong.append(f"{shape} {dtype}: {rounds} rounds")
+            if riding is not None and world > 1:
+                out = torch.full(shape, -1, dtype=dtype)
+                if not riding.all_to_all_single(out, _sent(rank, shape, dtype)):
+                    wrong.append(f"the entry did not serve {shape} {dtype}")
+                elif not torch.equal(out, expected):
+                    wrong.append(f"the entry's result {shape} {dtype}: {out.view(-1)[:4]}")
+    if world == 1:
+        return wrong
+    n = world * 64
+    even = [64] * world
+    # explicit splits that match the even ones, on one rank: every rank goes on with them
+    for _ in range(3):
+        comm.all_to_all_single(torch.empty(n), _sent(rank, (n,), torch.float32))
+    out = torch.empty(n)
+    splits = even if rank == world - 1 else None
+    comm.all_to_all_single(out, _sent(rank, (n,), torch.float32), splits, splits)
+    if not torch.equal(out, want((n,), torch.float32)):
+        wrong.append(f"explicit splits on one rank: {out[:4]}")
+    # other splits on one rank, or another shape: the same error on every rank
+    for odd in ("splits", "shape"):
+        for _ in range(3):
+            comm.all_to_all_single(torch.empty(n), _sent(rank, (n,), torch.float32))
+        last = rank == world - 1
+        try:
+            if odd == "splits":
+                other = [64 + 1, *[64] * (world - 2), 64 - 1] if last else None
+                comm.all_to_all_single(torch.empty(n), torch.ones(n), other, other)
+            else:
+                m = n + world if last else n
+                comm.all_to_all_single(torch.empty(m), torch.ones(m))
+            wrong.append(f"{odd}: no error")
+        except RemoteArgumentError as exc:
+            wrong.append(f"{odd} raised: {exc}")  # the same text on every rank
+        x = torch.ones(4)
+        comm.all_reduce(x)
+        if x[0] != world:
+            wrong.append(f"after {odd}: {x}")
+    return wrong
+
+
+def _sent(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # this rank's input: element i of its chunk for rank j is rank * 1000 + j (+ i for floats)
+    rows = shape[0]
+    got = torch.arange(rows).repeat_interleave(max(1, torch.Size(shape[1:]).numel()))
+    return (got.view(shape) % 1000 + rank * 1000).to(dtype)
+
+
+def raised_alike(results: list[list[str]]) -> bool:
+    """Whether every rank's list is its two errors ("splits", "shape"), the same on every rank."""
+    first = results[0]
+    return (
+        len(first) == 2
+        and first[0].startswith("splits raised: ")
+        and first[1].startswith("shape raised: ")
+        and all(r == first for r in results)
+    )
+
+
+def test_steady_checked_all_to_all_single_on_gloo(world):
+    results = world.run(steady_all_to_all_single)
+    assert results == [[]] if world.size == 1 else raised_alike(results), results

@@ -43,6 +43,7 @@ from commlib._manager import registered_at, registrations
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle, ResultHandle
 from commlib.observe import builtin
+from commlib.observe.call_site import _by_id as _sites_by_code
 from commlib.observe.call_site import caller_of
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
@@ -426,8 +427,18 @@ class _Collective:
         live._op, live._observers, live._eng = self, observers, engine
         live.communicator, live._args, live._kwargs = comm, args, kwargs
         live.state = ""  # not started (yet)
-        # from the wrapper's caller: a program's direct call is found at once
-        live.call_site = caller_of(sys._getframe(2)) if observers.call_sites else None
+        if observers.call_sites:
+            # from the wrapper's caller: a program's direct call is found at once,
+            # its site kept by code and instruction (caller_of's first step, inline)
+            f = _getframe(2)
+            code = f.f_code
+            known = _sites_by_code.get(id(code))
+            site = None
+            if known is not None and known[0] is code and known[1] is not None:
+                site = known[1].get(f.f_lasti)
+            live.call_site = caller_of(f) if site is None else site
+        else:
+            live.call_site = None
         engine.observed = live
         if observers.any:
             engine.on_call = live._begin
@@ -507,6 +518,7 @@ class _Live(CollectiveEvent):
         "_args",
         "_dtypes",
         "_eng",
+        "_facts",
         "_kwargs",
         "_nbytes",
         "_observers",
@@ -522,6 +534,10 @@ class _Live(CollectiveEvent):
     _args: Any
     _kwargs: Any
     _t0: float
+    #: the facts shared by the events of its collective on its engine with its
+    #: payload's shape and dtype (see _bases), where made at the start (the flight
+    #: recorder keeps this one tuple); unset otherwise, None once a field changed
+    _facts: _Facts | None
     #: what the event's payload facts are still to be made from (None: made)
     _payload: Any
     _shapes: tuple[tuple[int, ...], ...]
@@ -543,7 +559,7 @@ class _Live(CollectiveEvent):
     @shapes.setter
     def shapes(self, value: tuple[tuple[int, ...], ...]) -> None:
         self._describe()  # the other facts first, from the payload
-        self._payload = None
+        self._payload = self._facts = None
         self._shapes = value
 
     @property
@@ -555,7 +571,7 @@ class _Live(CollectiveEvent):
     @dtypes.setter
     def dtypes(self, value: tuple[str, ...]) -> None:
         self._describe()  # the other facts first, from the payload
-        self._payload = None
+        self._payload = self._facts = None
         self._dtypes = value
 
     @property
@@ -567,7 +583,7 @@ class _Live(CollectiveEvent):
     @nbytes.setter
     def nbytes(self, value: int) -> None:
         self._describe()  # the other facts first, from the payload
-        self._payload = None
+        self._payload = self._facts = None
         self._nbytes = value
 
     def _describe(self) -> None:
@@ -646,6 +662,7 @@ class _Live(CollectiveEvent):
                             facts = _with_facts(bases, key, value)
                     else:
                         facts = (*bases[None][:5], *payload_facts(value))
+                self._facts = facts
                 (
                     self.name,
                     self.group,
@@ -741,6 +758,7 @@ _Live.__name__ = _Live.__qualname__ = CollectiveEvent.__qualname__
 _new_live = _Live.__new__
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 _perf_counter = time.perf_counter
+_getframe = sys._getframe
 _getrefcount = sys.getrefcount
 # the references to an event nobody kept, as sys.getrefcount counts them at the
 # end of _Collective.call: its local and the function's argument. Python 3.14

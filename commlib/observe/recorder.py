@@ -33,54 +33,43 @@ DEFAULT_CAPACITY = 2000
 _ERROR_CHARS = 500  # enough to name the ranks; a whole traceback would swamp the file
 
 
-# a record's start, as the start hook keeps it: the recorder's number for it, then
-# the event's fields at its start (less the communicator: the ring must not keep
-# communicators alive), in this order; the dump turns it into the trace file's dict
-_STARTED = (
-    "group",
-    "seq",
-    "name",
-    "rank",
-    "shapes",
-    "dtypes",
-    "nbytes",
-    "peers",
-    "op",
-    "uniform",
-    "point_to_point",
-    "start",
-    "call_site",
-)
+# a record's start, as the start hook keeps it: the recorder's number for it, the
+# facts every call of its collective on its communicator with its payload's shape
+# and dtype shares (one tuple the dispatcher made once, see _FACTS: the ring must
+# not keep communicators alive, and shares this tuple rather than copying it), then
+# the call's own: seq, peers, op, point_to_point, start, call_site. Its end, as the
+# end hook keeps it: the duration alone for a completed collective (a float: no
+# tuple to make), else (duration, state, error). The dump makes the trace file's dicts.
+_FACTS = ("name", "group", "group_ranks", "rank", "uniform", "shapes", "dtypes", "nbytes")
 
 
-def as_entry(started: tuple[Any, ...], ended: tuple[Any, ...] | None) -> dict[str, Any]:
-    """A record as the trace file stores it: ``started`` as the start hook kept it
-    (its number first, then the fields named in ``_STARTED``), ``ended`` the end
-    hook's ``(end, state, error)`` (``None``: still running).
+def _facts_of(event: CollectiveEvent) -> tuple[Any, ...]:
+    """The facts of ``event`` the dispatcher shares (``_FACTS``), made here for another event."""
+    return tuple([getattr(event, name) for name in _FACTS])
+
+
+def as_entry(started: tuple[Any, ...], ended: Any) -> dict[str, Any]:
+    """A record as the trace file stores it: ``started`` as the start hook kept it,
+    ``ended`` as the end hook did (``None``: still running).
 
     Examples:
-        >>> started = (1, "world", 3, "barrier", 0, (), (), 0, {}, None, False, False, 5.0, None)
-        >>> entry = as_entry(started, (5.5, "completed", None))
+        >>> facts = ("barrier", "world", (0,), 0, False, (), (), 0)
+        >>> started = (1, facts, 3, {}, None, False, 5.0, None)
+        >>> entry = as_entry(started, 0.5)
         >>> entry["name"], entry["seq"], entry["end"], entry["state"], entry["call_site"]
         ('barrier', 3, 5.5, 'completed', None)
+        >>> as_entry(started, None)["state"], as_entry(started, (1.0, "failed", "E: x"))["error"]
+        ('started', 'E: x')
     """
-    (
-        _,
-        group,
-        seq,
-        name,
-        rank,
-        shapes,
-        dtypes,
-        nbytes,
-        peers,
-        op,
-        uniform,
-        point_to_point,
-        start,
-        site,
-    ) = started
-    end, state, error = (None, "started", None) if ended is None else ended
+    _, facts, seq, peers, op, point_to_point, start, site = started
+    name, group, _, rank, uniform, shapes, dtypes, nbytes = facts
+    if ended is None:
+        end, state, error = None, "started", None
+    elif type(ended) is tuple:
+        duration, state, error = ended
+        end = start + (duration or 0.0)
+    else:
+        end, state, error = start + (ended or 0.0), "completed", None
     return {
         "group": group,
         "seq": seq,
@@ -141,6 +130,7 @@ class FlightRecorder:
         "_last_number",
         "_last_slot",
         "_open",
+        "_rank",
         "_started",
         "capacity",
         "on_failure",
@@ -157,12 +147,12 @@ class FlightRecorder:
         # does, per run) would write somewhere else at its failure or exit
         self.directory = Path(directory).absolute() if directory else None
         self.recorded = 0
-        # the ring, made once: record n (from 1) is kept at (n - 1) % capacity, its
-        # start (a tuple, see as_entry) in _started and its end in _ended, both
+        # the ring, made once: record n (from 1) is kept at n % capacity, its
+        # start (a tuple, see _FACTS) in _started and its end in _ended, both
         # written over once the ring is full: a tuple a collective, no dict, and
         # the trace file's dicts made only when it is written
         self._started: list[tuple[Any, ...] | None] = [None] * capacity
-        self._ended: list[tuple[Any, ...] | None] = [None] * capacity
+        self._ended: list[Any] = [None] * capacity  # see _FACTS
         # the collective started last, until it ends: the event (held no longer
         # than its call, unless nobody waits on its handle: then until the next
         # start), its number and its slot (most end before the next starts, and
@@ -186,28 +176,23 @@ class FlightRecorder:
     def commlib_collective_start(self, event: CollectiveEvent) -> None:
         """Keep a record of ``event`` (the oldest record goes when full)."""
         number = self.recorded + 1
-        slot = (number - 1) % self.capacity
+        slot = number % self.capacity
         try:
-            # made at the start for us (commlib_reads_payload), read from where the
-            # dispatcher put them (commlib.observe.dispatch._Live's slots): the
-            # event's shapes/dtypes/nbytes are properties, a Python call each
-            shapes, dtypes, nbytes = event._shapes, event._dtypes, event._nbytes  # type: ignore[attr-defined]
+            # the dispatcher's shared facts (commlib.observe.dispatch._Live), made at
+            # the start for us (commlib_reads_payload): one read, not eight
+            facts = event._facts  # type: ignore[attr-defined]
         except AttributeError:  # an event made elsewhere (a test's, say)
-            shapes, dtypes, nbytes = event.shapes, event.dtypes, event.nbytes
+            facts = None
+        if facts is None:
+            facts = _facts_of(event)
         # the end first: a dump between the two lines sees the new start still running
         self._ended[slot] = None
         self._started[slot] = (
             number,
-            event.group,
+            facts,
             event.seq,
-            event.name,
-            event.rank,
-            shapes,
-            dtypes,
-            nbytes,
             event.peers,
             event.op,
-            event.uniform,
             event.point_to_point,
             event.start,
             event.call_site,
@@ -220,10 +205,8 @@ class FlightRecorder:
         self._last = event
         self._last_number = number
         self._last_slot = slot
-        if event.group not in self._groups:
-            self._groups[event.group] = list(event.group_ranks)
-            if self._rank is None:
-                self._learn_rank(event)
+        if self._rank is None:
+            self._learn_rank(event)
 
     @hookimpl
     def commlib_collective_end(self, event: CollectiveEvent) -> None:
@@ -235,20 +218,20 @@ class FlightRecorder:
             number = self._open.pop(id(event), None)
             if number is None:
                 return
-            slot = (number - 1) % self.capacity
+            slot = number % self.capacity
             started = self._started[slot]
             if started is None or started[0] != number:
                 return  # its slot holds a later collective now: it left the ring
         error = event.error
         if error is None:
-            self._ended[slot] = (event.start + (event.duration or 0.0), event.state, None)
+            state = event.state
+            # a completed collective's end is its duration alone (see _FACTS)
+            self._ended[slot] = (
+                event.duration if state == "completed" else (event.duration, state, None)
+            )
             return
         text = f"{type(error).__name__}: {error}"
-        self._ended[slot] = (
-            event.start + (event.duration or 0.0),
-            event.state,
-            text[:_ERROR_CHARS],
-        )
+        self._ended[slot] = (event.duration, event.state, text[:_ERROR_CHARS])
         # arguments refused on every rank explain themselves: no file, nothing
         # to tell the others
         if self.on_failure is not None and not _refused(error):
@@ -301,10 +284,14 @@ class FlightRecorder:
         rank, world = self.identity()
         # oldest first: the slot the next collective fills, onwards (another
         # thread may dump while this one records: slicing a list is atomic)
-        cut = self.recorded % self.capacity
+        cut = (self.recorded + 1) % self.capacity
         started = self._started[cut:] + self._started[:cut]
         ended = self._ended[cut:] + self._ended[:cut]
         entries = [as_entry(s, e) for s, e in zip(started, ended) if s is not None]
+        groups = self._groups
+        for s in started:  # the groups of the records kept (and of those written before)
+            if s is not None and s[1][1] not in groups:
+                groups[s[1][1]] = list(s[1][2])
         return {
             "format": trace_files.FORMAT,
             "rank": rank,

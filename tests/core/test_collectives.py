@@ -481,6 +481,9 @@ def _on_recorded(comm):
     from commlib.observe import disable_flight_recorder, enable_flight_recorder
 
     recorder = enable_flight_recorder()
+    # the process's recorder keeps what this rank's earlier tests recorded (tests/tools'
+    # and tests/torch_programs' in the same session): only this run's records count
+    before = recorder.recorded
     try:
         n, r = comm.world_size, comm.rank
         comm.reduce(torch.ones(3), dst=n - 1, op="max")
@@ -493,6 +496,7 @@ def _on_recorded(comm):
         elif r == n - 1:
             comm.recv_object_list([None], src=0)
         entries = recorder.snapshot()["entries"]
+        entries = entries[len(entries) - (recorder.recorded - before) :]
         return [(e["name"], e["state"], e["seq"]) for e in entries]
     finally:
         disable_flight_recorder()

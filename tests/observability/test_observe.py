@@ -35,7 +35,7 @@ from commlib.observe import (
     enable_flight_recorder,
     trace_files,
 )
-from commlib.observe.event import payload_facts
+from commlib.observe.event import CollectiveEvent, payload_facts
 from commlib.plugins import list_observers, plugin_manager
 
 ROOT = Path(__file__).parents[2]
@@ -892,3 +892,40 @@ def test_an_event_is_a_collective_event_dataclass_whoever_observes():
         ((2, 2),),
         ("float32",),
     )
+
+
+def test_flight_recorder_keeps_what_an_earlier_observer_set_and_events_made_elsewhere():
+    class Renames:
+        @hookimpl
+        def commlib_collective_start(self, event):
+            event.shapes = ((9, 9),)  # registered after the recorder: told first
+
+    recorder = FlightRecorder(capacity=4)
+    renames = Renames()
+    plugin_manager().register(recorder)
+    plugin_manager().register(renames)
+    try:
+        Communicator().all_reduce(torch.ones(2))
+    finally:
+        plugin_manager().unregister(renames)
+        plugin_manager().unregister(recorder)
+    # an event made outside the dispatcher, ending in failure, then one still running
+    made = CollectiveEvent(None, "broadcast", 7, "world", (0,), 0, ((3,),), ("int64",), 24)
+    made.peers, made.start = {"src": 0}, 10.0
+    recorder.commlib_collective_start(made)
+    made.duration, made.state, made.error = 2.0, "failed", RuntimeError("gone")
+    recorder.commlib_collective_end(made)
+    running = CollectiveEvent(None, "barrier", 8, "world", (0,), 0)
+    recorder.commlib_collective_start(running)
+    first, failed, still = recorder.snapshot()["entries"]
+    assert first["name"] == "all_reduce" and first["shapes"] == [[9, 9]]
+    assert first["state"] == "completed" and first["end"] >= first["start"]
+    assert (failed["seq"], failed["shapes"], failed["dtypes"], failed["nbytes"]) == (
+        7,
+        [[3]],
+        ["int64"],
+        24,
+    )
+    assert failed["peers"] == {"src": 0} and failed["end"] == 12.0
+    assert (failed["state"], failed["error"]) == ("failed", "RuntimeError: gone")
+    assert (still["name"], still["state"], still["end"]) == ("barrier", "started", None)

@@ -112,12 +112,24 @@ def _data_at(world: int) -> int:
     return (32 + 8 * _SEQ_STRIDE * (world + 1) + 4095) // 4096 * 4096
 
 
-def _willing() -> bool:
+def _willing(size: int) -> bool:
     return (
         os.environ.get(ENV, "1") != "0"
         and platform.machine().lower() in ("x86_64", "amd64")
         and os.path.isdir("/dev/shm")
+        and _shm_free() >= 2 * size
     )
+
+
+def _shm_free() -> int:
+    # the segment's pages are taken as they are first written, and a write past what
+    # /dev/shm holds ends the process (SIGBUS): share only where the whole segment fits
+    # twice (a container's /dev/shm may be 64 MiB)
+    try:
+        found = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return found.f_bavail * found.f_frsize
 
 
 class SharedRows:
@@ -526,7 +538,7 @@ def set_up_steps(engine: Engine, what: str) -> Steps[SharedRows | None]:
 def _set_up(engine: Engine, what: str) -> Steps[SharedRows | None]:
     world, rank = engine.world_size, engine.rank
     size = _data_at(world) + 2 * world * _area_for(world)
-    willing = _willing()
+    willing = _willing(size)
     nonce, path = secrets.token_bytes(16), ""
     buffer: mmap.mmap | None = None
     try:

@@ -122,6 +122,16 @@ def test_rows_apart_written_short_reach_their_rank():
         assert rows[1, 8:].tolist() == [0] * 56
 
 
+def test_no_sharing_where_dev_shm_cannot_hold_the_segment_twice(monkeypatch):
+    # a write past what /dev/shm holds would end the process: such ranks keep the engine
+    size = _shared_rows._data_at(2) + 2 * 2 * _shared_rows._area_for(2)
+    monkeypatch.delenv(_shared_rows.ENV, raising=False)
+    monkeypatch.setattr(_shared_rows, "_shm_free", lambda: 2 * size - 1)
+    assert not _shared_rows._willing(size)
+    monkeypatch.setattr(_shared_rows, "_shm_free", lambda: 2 * size)
+    assert _shared_rows._willing(size) is (os.uname().machine in ("x86_64", "amd64"))
+
+
 def test_a_wait_times_out_naming_the_ranks_missing():
     a, _ = _pair(2)
     work = a.lane(16, False).call(torch.zeros(32, dtype=torch.uint8), _row(1, 16), None)

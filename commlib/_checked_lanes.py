@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _lanes, _nested, _steps
+from commlib import _validation as check
 from commlib._check_round import steady
 from commlib._guard import write_nothing
-from commlib._host_copy import host_copy, stack_into
+from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
 from commlib.errors import RemoteArgumentError
 from commlib.reductions import reduce_into
 
@@ -421,4 +422,51 @@ class CheckedLanes:
             return True
         if parts is None and lane is not None:
             engine.direct(what, lane, output, input, [], [])
+        return True
+
+    def all_to_all(self, outputs: Any, inputs: Any) -> bool:
+        """A steady checked ``all_to_all`` of lists of one shape (plain tensors), if it serves.
+
+        Examples:
+            >>> comm._lanes.riding.all_to_all(outs, ins)  # doctest: +SKIP
+            True
+        """
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if host is None or _steps.unfinished:
+            return False
+        # what the communicator's validation checks every call: the lists (the key
+        # names their one dtype and shape)
+        plain = check.plain_tensor_lists(outputs, inputs, engine.world_size)
+        if plain is None or not plain[1]:
+            return False
+        what = "all_to_all"
+        first = inputs[0]
+        dtype = first.dtype
+        # this rank's part for rank j rides in the row for j (the rows only declared)
+        rows = self.guard.rows(dtype, first.shape, engine.world_size)
+        data = self._riding(what, rows)
+        key = (dtype, first.shape)
+        ready = self._ready(host, what, key, data, False, first, apart=True, dtype=dtype)
+        if ready is None:
+            return False
+        prep, lane = ready
+        outs, ins = list(outputs), list(inputs)
+        try:
+            parts = steady(
+                engine, host, prep, what, self.serializer, data, None, lambda a: stack_into(a, ins)
+            )
+        except RemoteArgumentError as exc:  # another rank's lists of other shapes?
+            self.guard.lists_after(exc, engine, dtype, outs, ins, None)
+            if not _lanes.Lanes.all_to_all(engine, outs, ins, dtype):
+                engine.all_to_all(outs, ins, value=outs)
+            return True
+        if parts is not None:
+            if first.numel() * engine.world_size < PARALLEL_FROM:
+                torch._foreach_copy_(outs, parts)  # small, one shape: one op
+            else:
+                for out, part in zip(outs, parts):
+                    host_copy(out, part)
+        elif lane is not None:
+            engine.direct(what, lane, outs, ins)
         return True

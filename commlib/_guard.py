@@ -417,23 +417,44 @@ class Guard:
                 key=key,
             )
         except RemoteArgumentError as exc:
-            # ranks whose lists differ in kind describe them differently: their pairs may
-            # still match. Every rank saw the same descriptions, so all go on alike
-            if (
-                exc.refused
-                or exc.summary != _check_round.DIFFERENT
-                or not all(text.startswith(f"{what}(") for text in exc.failures.values())
-            ):
-                raise
+            self.lists_after(exc, engine, dtype, outputs, inputs, timeout)
+        return None
+
+    def lists_after(
+        self,
+        exc: RemoteArgumentError,
+        engine: Engine,
+        dtype: torch.dtype,
+        outputs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        timeout: Timeout,
+    ) -> None:
+        """After all_to_all's check raised ``exc``: the sizes pair by pair, or ``exc``.
+
+        Ranks whose lists differ in kind (one shape, or not) describe them
+        differently: their pairs may still match. Every rank saw the same
+        descriptions, so all compare the pairs alike (one round more) and, if
+        they match, go on to the engine's all_to_all; any other difference is
+        raised as it is.
+
+        Examples:
+            >>> guard.lists_after(exc, engine, torch.float32, outs, ins, None)  # doctest: +SKIP
+        """
+        what = "all_to_all"
+        if (
+            exc.refused
+            or exc.summary != _check_round.DIFFERENT
+            or not all(text.startswith(f"{what}(") for text in exc.failures.values())
+        ):
+            raise exc
         self.check_pairs(
             engine,
             what,
-            lambda: f"{dtype}, {world} tensors",
+            lambda: f"{dtype}, {engine.world_size} tensors",
             [t.numel() for t in inputs],
             [t.numel() for t in outputs],
             timeout,
         )
-        return None
 
     def check_all_to_all_single(
         self,

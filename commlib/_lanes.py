@@ -238,6 +238,7 @@ class Riding(Protocol):
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> bool: ...
     def scatter(self, tensor: torch.Tensor, scatter_list: Any, src: int) -> bool: ...
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> bool: ...
+    def all_to_all(self, outputs: Any, inputs: Any) -> bool: ...
 
 
 class Lanes:
@@ -480,6 +481,13 @@ class Lanes:
             return False
         scatter_by(engine, lane, tensor, scatter_list, src)
         return True
+
+    def all_to_all_checked(self, outputs: Any, inputs: Any, async_op: bool, timeout: Any) -> bool:
+        """A steady checked ``all_to_all`` (lists of one shape) from its prepared round."""
+        riding = self.riding
+        if riding is None or async_op or timeout is not None or "all_to_all" not in self.checked:
+            return False
+        return riding.all_to_all(outputs, inputs)
 
     @staticmethod
     def all_to_all(

@@ -314,6 +314,75 @@ def steady_all_to_all_single(comm) -> list[str]:
     return wrong
 
 
+def steady_all_to_all(comm) -> list[str]:
+    """all_to_all's checked lane (lists of one shape; gloo's and mpi's): results, mismatches.
+
+    Small parts (riding) and past the slot, float and int64; after steady calls a
+    rank passing lists of other shapes whose pairs match goes on with every rank,
+    one whose pairs do not, or of another shape, makes every rank raise the same
+    error; the next call is right.
+    """
+    world, rank = comm.world_size, comm.rank
+    engine = comm._engine
+    riding = comm._lanes.riding
+    wrong = []
+
+    def ins(n: int, dtype: torch.dtype, me: int = rank) -> list[torch.Tensor]:
+        # part j of rank r: r * 1000 + j, its last element + 7 (an order shows)
+        parts = [torch.full((n,), me * 1000 + j, dtype=dtype) for j in range(world)]
+        for p in parts:
+            p[-1] += 7
+        return parts
+
+    for n in (16, 300, 50_000):
+        for dtype in (torch.float32, torch.int64):
+            want = [ins(n, dtype, r)[rank] for r in range(world)]
+            for call in range(4):  # the first calls prepare (and teach) the round
+                outs = [torch.full((n,), -1, dtype=dtype) for _ in range(world)]
+                rounds = _rounds(engine, comm.all_to_all, outs, ins(n, dtype))
+                if not all(torch.equal(o, w) for o, w in zip(outs, want)):
+                    wrong.append(f"all_to_all {n} {dtype} call {call}: {outs[0][:2]}")
+                if call == 3 and world > 1 and rounds not in (1, 2):
+                    wrong.append(f"all_to_all {n} {dtype}: {rounds} rounds")
+            if riding is not None and world > 1:
+                outs = [torch.full((n,), -1, dtype=dtype) for _ in range(world)]
+                if not riding.all_to_all(outs, ins(n, dtype)):
+                    wrong.append(f"the entry did not serve all_to_all {n} {dtype}")
+                elif not all(torch.equal(o, w) for o, w in zip(outs, want)):
+                    wrong.append(f"the entry's all_to_all {n} {dtype}: {outs[0][:2]}")
+    if world == 1:
+        return wrong
+    n = 16
+    last = rank == world - 1
+    # lists of other shapes whose pairs match, on one rank: every rank goes on
+    for _ in range(3):
+        comm.all_to_all([torch.empty(n) for _ in range(world)], ins(n, torch.float32))
+    outs = [torch.empty(n) for _ in range(world)]
+    sent = [p.view(2, n // 2) if last else p for p in ins(n, torch.float32)]
+    got = [o.view(2, n // 2) if last else o for o in outs]
+    comm.all_to_all(got, sent)
+    if not all(torch.equal(o, ins(n, torch.float32, r)[rank]) for r, o in enumerate(outs)):
+        wrong.append(f"all_to_all, lists of other shapes on one rank: {outs[0][:2]}")
+    # pairs that do not match on one rank, or another shape: the same error on every rank
+    for odd in ("pairs", "shape"):
+        for _ in range(3):
+            comm.all_to_all([torch.empty(n) for _ in range(world)], ins(n, torch.float32))
+        try:
+            if odd == "pairs":
+                sizes = [n + 1 if j == 0 and last else n for j in range(world)]
+            else:
+                sizes = [n + 2 if last else n] * world
+            comm.all_to_all([torch.empty(m) for m in sizes], [torch.ones(m) for m in sizes])
+            wrong.append(f"all_to_all {odd}: no error")
+        except RemoteArgumentError as exc:
+            wrong.append(f"{odd} raised: {exc}")  # the same text on every rank
+        x = torch.ones(4)
+        comm.all_reduce(x)
+        if x[0] != world:
+            wrong.append(f"after all_to_all {odd}: {x}")
+    return wrong
+
+
 def _sent(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     # this rank's input: element i of its chunk for rank j is rank * 1000 + j (+ i for floats)
     rows = shape[0]
@@ -321,12 +390,12 @@ def _sent(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
     return (got.view(shape) % 1000 + rank * 1000).to(dtype)
 
 
-def raised_alike(results: list[list[str]]) -> bool:
-    """Whether every rank's list is its two errors ("splits", "shape"), the same on every rank."""
+def raised_alike(results: list[list[str]], first_odd: str = "splits") -> bool:
+    """Whether every rank's list is its two errors (``first_odd``, "shape"), alike everywhere."""
     first = results[0]
     return (
         len(first) == 2
-        and first[0].startswith("splits raised: ")
+        and first[0].startswith(f"{first_odd} raised: ")
         and first[1].startswith("shape raised: ")
         and all(r == first for r in results)
     )
@@ -335,3 +404,8 @@ def raised_alike(results: list[list[str]]) -> bool:
 def test_steady_checked_all_to_all_single_on_gloo(world):
     results = world.run(steady_all_to_all_single)
     assert results == [[]] if world.size == 1 else raised_alike(results), results
+
+
+def test_steady_checked_all_to_all_on_gloo(world):
+    results = world.run(steady_all_to_all)
+    assert results == [[]] if world.size == 1 else raised_alike(results, "pairs"), results

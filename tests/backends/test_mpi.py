@@ -33,7 +33,11 @@ if importlib.util.find_spec("mpi4py") is None:
 from commlib_backends import mpi as mpi_backend
 from commlib_backends import mpi_group
 from commlib_backends.mpi import MPIBackend
-from tests.backends.test_gloo_checked_lanes import raised_alike, steady_all_to_all_single
+from tests.backends.test_gloo_checked_lanes import (
+    raised_alike,
+    steady_all_to_all,
+    steady_all_to_all_single,
+)
 
 
 def _plugin() -> commlib.Backend:
@@ -905,3 +909,11 @@ def test_steady_checked_all_to_all_single_takes_its_lane(size):
     # the body is gloo's (tests/backends/test_gloo_checked_lanes.py): one world of each size
     results = _kit().call(size, steady_all_to_all_single)
     assert results == [[]] if size == 1 else raised_alike(results), results
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_steady_checked_all_to_all_takes_its_lane(size):
+    results = _kit().call(size, steady_all_to_all)
+    assert results == [[]] if size == 1 else raised_alike(results, "pairs"), results

@@ -26,7 +26,10 @@ process, rank 0 where the segment is; the others map it and check its
 nonce, and one more engine round tells every rank that all did. Otherwise
 (ranks on several machines or in several network namespaces, no
 ``/dev/shm``, a rank unwilling) every rank keeps the engine's rounds. The
-file is unlinked once mapped: nothing is left behind when a process dies.
+file is unlinked once every rank mapped it; a rank 0 killed between
+creating and unlinking leaves it behind, so the next rank 0 that sets up a
+segment on this machine removes those whose creator's process has ended
+(:func:`sweep_stale`).
 Rounds whose rows do not fit a rank's area (slots larger than the slot ever
 learns) take the engine's round, alike on every rank (all ranks use the same
 slot size).
@@ -94,6 +97,7 @@ _TOTAL_MAX = 256 << 20  # address space a group's segment may take (touched as u
 # waiting: spins first, yields the core for a while, then naps growing to the last
 _SPIN_FOR, _YIELD_FOR, _FIRST_NAP, _LAST_NAP = 30e-6, 0.001, 50e-6, 1e-3
 _LOOK = 0.05  # how often a waiting rank checks on its peers' processes
+_SHM, _PREFIX = "/dev/shm", "commlib-rows-"
 _GAVE_UP = "shared-memory round {}: a rank of the group gave up on it (the group broke)"
 
 
@@ -538,13 +542,15 @@ def set_up_steps(engine: Engine, what: str) -> Steps[SharedRows | None]:
 def _set_up(engine: Engine, what: str) -> Steps[SharedRows | None]:
     world, rank = engine.world_size, engine.rank
     size = _data_at(world) + 2 * world * _area_for(world)
+    if rank == 0:
+        sweep_stale()  # before the room is measured: what it frees counts
     willing = _willing(size)
     nonce, path = secrets.token_bytes(16), ""
     buffer: mmap.mmap | None = None
     try:
         if rank == 0 and willing:
             try:
-                path = f"/dev/shm/commlib-rows-{os.getpid()}-{secrets.token_hex(6)}"
+                path = f"{_SHM}/{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
                 buffer = _create(path, size, nonce)
             except OSError:
                 willing, path = False, ""
@@ -567,6 +573,50 @@ def _set_up(engine: Engine, what: str) -> Steps[SharedRows | None]:
             buffer.close()
         if path:
             _unlink(path)
+
+
+def sweep_stale(where: str | None = None) -> list[str]:
+    """Remove the segments left by a rank 0 whose process has ended; their names.
+
+    A segment's name carries its creator's pid. A process that cannot be
+    signalled for lack of permission is alive; a pid reused since, or one of
+    another pid namespace sharing this ``/dev/shm``, keeps or loses a file that
+    is either stale or still in its creator's set-up: there, a rank that cannot
+    map it makes the group keep the engine's rounds, which every rank agrees on.
+
+    Examples:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> open(f"{d}/commlib-rows-{2**22 + 1}-abc", "w").close()  # past pid_max
+        >>> open(f"{d}/commlib-rows-{os.getpid()}-abc", "w").close()
+        >>> [os.path.basename(p) for p in sweep_stale(d)]
+        ['commlib-rows-4194305-abc']
+    """
+    where = _SHM if where is None else where
+    removed = []
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(_PREFIX):
+            continue
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        _unlink(os.path.join(where, name))
+        removed.append(os.path.join(where, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _create(path: str, size: int, nonce: bytes) -> mmap.mmap:

@@ -161,7 +161,48 @@ def _seconds(s: float):
     return datetime.timedelta(seconds=s)
 
 
+def _ended_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    return child.pid
+
+
+def test_segments_a_killed_rank_0_left_behind_are_swept():
+    stale = f"/dev/shm/commlib-rows-{_ended_pid()}-leftover"
+    live = f"/dev/shm/commlib-rows-{os.getpid()}-in-set-up"
+    other = f"/dev/shm/not-commlib-{_ended_pid()}"
+    for path in (stale, live, other):
+        open(path, "wb").close()
+    try:
+        assert stale in _shared_rows.sweep_stale()
+        assert not os.path.exists(stale)
+        assert os.path.exists(live) and os.path.exists(other)
+    finally:
+        for path in (stale, live, other):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 # -- real ranks --------------------------------------------------------------------------
+def _on_a_leftover_segment(comm, leftover: str) -> bool:
+    if comm.rank == 0:
+        open(leftover, "wb").close()  # as a rank 0 SIGKILLed in its set-up leaves it
+    comm.barrier()
+    c = Communicator(timeout=30).new_group(range(comm.world_size))
+    shares = c._engine.kept.get("shared") is not None
+    gone = c.all_gather_object(not os.path.exists(leftover))
+    return shares and all(gone)
+
+
+def test_a_new_groups_rank_0_sweeps_a_leftover_segment(world3):
+    leftover = f"/dev/shm/commlib-rows-{_ended_pid()}-leftover"
+    try:
+        assert world3.run(_on_a_leftover_segment, leftover) == [True] * 3
+    finally:
+        if os.path.exists(leftover):
+            os.unlink(leftover)
+
+
 def _on_fresh_group(comm, off_on: int | None):
     if off_on is not None and comm.rank == off_on:
         os.environ[_shared_rows.ENV] = "0"

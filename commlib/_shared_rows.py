@@ -593,7 +593,7 @@ def sweep_stale(where: str | None = None) -> list[str]:
         ['commlib-rows-4194305-abc']
     """
     where = _SHM if where is None else where
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(where)
     except OSError:

@@ -41,6 +41,7 @@ from commlib import _validation as check
 from commlib._check_round import steady
 from commlib._guard import write_nothing
 from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
+from commlib._sent_slots import LAYOUTS
 from commlib.errors import RemoteArgumentError
 from commlib.reductions import reduce_into
 
@@ -78,12 +79,14 @@ class CheckedLanes:
     says whether it ran the call.
     """
 
-    __slots__ = ("engine", "guard", "rides", "serializer")
+    __slots__ = ("engine", "follows", "guard", "rides", "serializer")
 
     def __init__(self, engine: Engine, guard: Guard):
         self.engine = engine
         self.guard = guard
         self.serializer = guard.serializer
+        #: each prepared round's lane for the data that does not ride in it
+        self.follows: dict[Round, DirectCall] = {}
         #: the collectives whose small data completes in the check's round
         self.rides = guard.completed_by_check
 
@@ -146,8 +149,19 @@ class CheckedLanes:
             return None
         if prep.inline:
             return prep, None
-        lane = self._lane(what, tensor, **lane_key)  # (no data declared, or past the slot)
-        return None if lane is None else (prep, lane)
+        # (no data declared, or past the slot): the lane found for this round before, if
+        # any (its key and byte count are the round's, the tensor is taken: _lanes.takes)
+        lane = self.follows.get(prep)
+        if lane is None:
+            lane = self._lane(what, tensor, **lane_key)
+            if lane is None:
+                return None
+            if len(self.follows) >= LAYOUTS:
+                self.follows.clear()
+            self.follows[prep] = lane
+        elif lane.unless_in and self.engine.group in lane.unless_in:
+            return None  # an open coalescing manager (_lanes.serves)
+        return prep, lane
 
     def all_reduce(self, tensor: torch.Tensor, op: str) -> bool:
         """A steady checked ``all_reduce`` of ``tensor`` with ``op`` (not ``mean``), if it serves.

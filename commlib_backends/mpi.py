@@ -56,8 +56,8 @@ from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib_backends import mpi_group
 from commlib_backends.engine_gaps import EngineGaps
 from commlib_backends.mpi_group import MPIWork, finish, mpi
+from commlib_backends.mpi_lanes import SPINS, lane_call
 from commlib_backends.mpi_lanes import as_bytes as _bytes
-from commlib_backends.mpi_lanes import lane_call, settled
 from commlib_backends.mpi_lanes import run_of as _run_of
 
 _ALL_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
@@ -467,7 +467,12 @@ class _SlotGather:
         else:
             into, mine = self._buffer(output), self._buffer(row)
             self.last = (output, row, into, mine)
-        return settled(self.comm.Iallgather(mine, into), (output, row))
+        request = self.comm.Iallgather(mine, into)
+        test = request.Test
+        for _ in SPINS:  # (settled, inline: the check's round is every checked call's)
+            if test():
+                return None
+        return MPIWork([request], keep=(output, row))
 
 
 def _copy_out(

@@ -90,31 +90,6 @@ class CheckedLanes:
         #: the collectives whose small data completes in the check's round
         self.rides = guard.completed_by_check
 
-    def _round(
-        self,
-        host: HostSlots,
-        what: str,
-        key: Hashable,
-        data: torch.Tensor | None,
-        copies: bool,
-        apart: bool = False,
-    ) -> Round | None:
-        # the guard's steady look-up (Guard.check), for a call whose data is declared
-        prep = host.rounds.get((what, key))
-        if (
-            prep is None
-            or prep.learnt != host.rooms.learnt
-            or prep.floor != self.guard.slot_size
-            or prep.apart is not apart
-            or prep.copies is not copies
-        ):
-            return None
-        if prep.dtype is None:
-            return prep if data is None else None
-        if data is None or data.dtype is not prep.dtype or data.shape != prep.shape:
-            return None
-        return prep
-
     def _riding(self, what: str, tensor: torch.Tensor) -> torch.Tensor | None:
         # the data the guard would let ride (Guard.check's completes)
         if what not in self.rides:
@@ -143,9 +118,21 @@ class CheckedLanes:
         **lane_key: Any,
     ) -> tuple[Round, DirectCall | None] | None:
         # the prepared round, and the engine's lane (keyed by ``lane_key``, for ``tensor``)
-        # where the data does not ride: None before anything is sent, if either is missing
-        prep = self._round(host, what, key, data, copies, apart)
-        if prep is None:
+        # where the data does not ride: None before anything is sent, if either is missing.
+        # The guard's steady look-up first (Guard.check), for a call whose data is declared
+        prep = host.rounds.get((what, key))
+        if (
+            prep is None
+            or prep.learnt != host.rooms.learnt
+            or prep.floor != self.guard.slot_size
+            or prep.apart is not apart
+            or prep.copies is not copies
+        ):
+            return None
+        if prep.dtype is None:
+            if data is not None:
+                return None
+        elif data is None or data.dtype is not prep.dtype or data.shape != prep.shape:
             return None
         if prep.inline:
             return prep, None
@@ -163,6 +150,23 @@ class CheckedLanes:
             return None  # an open coalescing manager (_lanes.serves)
         return prep, lane
 
+    def _both(self, output: torch.Tensor, input: torch.Tensor) -> HostSlots | None:
+        # the prepared rounds for a call of an output and an input tensor, where the entry
+        # may take it (what the communicator's validation checks every call: one dtype,
+        # both taken as they are, the output outside autograd); no async protocol unfinished
+        engine = self.engine
+        host: HostSlots | None = engine.kept.get("check")
+        if (
+            host is None
+            or _steps.unfinished
+            or output.requires_grad
+            or output.dtype is not input.dtype
+            or not _lanes.takes(engine, input)
+            or not _lanes.takes(engine, output)
+        ):
+            return None
+        return host
+
     def all_reduce(self, tensor: torch.Tensor, op: str) -> bool:
         """A steady checked ``all_reduce`` of ``tensor`` with ``op`` (not ``mean``), if it serves.
 
@@ -177,16 +181,9 @@ class CheckedLanes:
         if not _lanes.takes(engine, tensor):
             return False
         data = self._riding("all_reduce", tensor)
-        ready = self._ready(
-            host,
-            "all_reduce",
-            (op, tensor.dtype, tensor.shape),
-            data,
-            True,
-            tensor,
-            op=op,
-            dtype=tensor.dtype,
-        )
+        dtype = tensor.dtype
+        key = (op, dtype, tensor.shape)
+        ready = self._ready(host, "all_reduce", key, data, True, tensor, op=op, dtype=dtype)
         if ready is None:
             return False
         prep, lane = ready
@@ -212,16 +209,9 @@ class CheckedLanes:
             return False
         data = self._riding("broadcast", tensor)
         root = engine.rank == src
-        ready = self._ready(
-            host,
-            "broadcast",
-            (src, tensor.dtype, tensor.shape),
-            data,
-            root,
-            tensor,
-            src=src,
-            dtype=tensor.dtype,
-        )
+        dtype = tensor.dtype
+        key = (src, dtype, tensor.shape)
+        ready = self._ready(host, "broadcast", key, data, root, tensor, src=src, dtype=dtype)
         if ready is None:
             return False
         prep, lane = ready
@@ -251,17 +241,9 @@ class CheckedLanes:
         if not _lanes.takes(engine, tensor):
             return False
         data = self._riding("reduce", tensor)
-        ready = self._ready(
-            host,
-            "reduce",
-            (dst, op, tensor.dtype, tensor.shape),
-            data,
-            True,
-            tensor,
-            op=op,
-            dst=dst,
-            dtype=tensor.dtype,
-        )
+        dtype = tensor.dtype
+        key = (dst, op, dtype, tensor.shape)
+        ready = self._ready(host, "reduce", key, data, True, tensor, op=op, dst=dst, dtype=dtype)
         if ready is None:
             return False
         prep, lane = ready
@@ -283,17 +265,9 @@ class CheckedLanes:
             True
         """
         engine = self.engine
-        host: HostSlots | None = engine.kept.get("check")
-        if host is None or _steps.unfinished or output.requires_grad:
-            return False
-        # what the communicator's validation checks every call (the round's key names
-        # the input alone)
-        if (
-            output.dtype is not tensor.dtype
-            or output.numel() != tensor.numel() * engine.world_size
-            or not _lanes.takes(engine, tensor)
-            or not _lanes.takes(engine, output)
-        ):
+        host = self._both(output, tensor)
+        # the output's size too (the round's key names the input alone)
+        if host is None or output.numel() != tensor.numel() * engine.world_size:
             return False
         what = "all_gather_into_tensor"
         data = self._riding(what, tensor)
@@ -322,17 +296,10 @@ class CheckedLanes:
             True
         """
         engine = self.engine
-        host: HostSlots | None = engine.kept.get("check")
-        if host is None or op == "mean" or output.requires_grad or _steps.unfinished:
-            return False
         world = engine.world_size
-        # what the communicator's validation checks every call (the key names the output)
-        if (
-            input.dtype is not output.dtype
-            or input.numel() != output.numel() * world
-            or not _lanes.takes(engine, output)
-            or not _lanes.takes(engine, input)
-        ):
+        host = None if op == "mean" else self._both(output, input)
+        # the input's size too (the key names the output)
+        if host is None or input.numel() != output.numel() * world:
             return False
         what = "reduce_scatter"
         # chunk j for rank j: every rank's chunk for this one comes back, reduced in rank order
@@ -404,17 +371,9 @@ class CheckedLanes:
             True
         """
         engine = self.engine
-        host: HostSlots | None = engine.kept.get("check")
-        if host is None or output.requires_grad or _steps.unfinished:
-            return False
-        # what the communicator's validation checks every call (the key names both
-        # shapes): the dtypes, and this rank's own pair (rows sent itself, expected)
-        if (
-            output.dtype is not input.dtype
-            or output.shape != input.shape
-            or not _lanes.takes(engine, input)
-            or not _lanes.takes(engine, output)
-        ):
+        host = self._both(output, input)
+        # this rank's own pair too (rows sent itself, expected; the key names both shapes)
+        if host is None or output.shape != input.shape:
             return False
         what = "all_to_all_single"
         key = (input.dtype, input.shape, output.shape)

@@ -297,21 +297,30 @@ def steady_all_to_all_single(comm) -> list[str]:
         for _ in range(3):
             comm.all_to_all_single(torch.empty(n), _sent(rank, (n,), torch.float32))
         last = rank == world - 1
-        try:
-            if odd == "splits":
-                other = [64 + 1, *[64] * (world - 2), 64 - 1] if last else None
-                comm.all_to_all_single(torch.empty(n), torch.ones(n), other, other)
-            else:
-                m = n + world if last else n
-                comm.all_to_all_single(torch.empty(m), torch.ones(m))
-            wrong.append(f"{odd}: no error")
-        except RemoteArgumentError as exc:
-            wrong.append(f"{odd} raised: {exc}")  # the same text on every rank
-        x = torch.ones(4)
-        comm.all_reduce(x)
-        if x[0] != world:
-            wrong.append(f"after {odd}: {x}")
+        if odd == "splits":
+            other = [64 + 1, *[64] * (world - 2), 64 - 1] if last else None
+            wrong += _odd(comm, odd, torch.empty(n), torch.ones(n), other, other)
+        else:
+            m = n + world if last else n
+            wrong += _odd(comm, odd, torch.empty(m), torch.ones(m))
     return wrong
+
+
+def _odd(comm, odd: str, *args) -> list[str]:
+    # an all_to_all(_single) where one rank is odd: the error every rank raised (the same
+    # text on every rank), and whether the next all_reduce is right
+    got = []
+    call = comm.all_to_all if type(args[0]) is list else comm.all_to_all_single
+    try:
+        call(*args)
+        got.append(f"{odd}: no error")
+    except RemoteArgumentError as exc:
+        got.append(f"{odd} raised: {exc}")
+    x = torch.ones(4)
+    comm.all_reduce(x)
+    if x[0] != comm.world_size:
+        got.append(f"after {odd}: {x}")
+    return got
 
 
 def steady_all_to_all(comm) -> list[str]:
@@ -367,19 +376,11 @@ def steady_all_to_all(comm) -> list[str]:
     for odd in ("pairs", "shape"):
         for _ in range(3):
             comm.all_to_all([torch.empty(n) for _ in range(world)], ins(n, torch.float32))
-        try:
-            if odd == "pairs":
-                sizes = [n + 1 if j == 0 and last else n for j in range(world)]
-            else:
-                sizes = [n + 2 if last else n] * world
-            comm.all_to_all([torch.empty(m) for m in sizes], [torch.ones(m) for m in sizes])
-            wrong.append(f"all_to_all {odd}: no error")
-        except RemoteArgumentError as exc:
-            wrong.append(f"{odd} raised: {exc}")  # the same text on every rank
-        x = torch.ones(4)
-        comm.all_reduce(x)
-        if x[0] != world:
-            wrong.append(f"after all_to_all {odd}: {x}")
+        if odd == "pairs":
+            sizes = [n + 1 if j == 0 and last else n for j in range(world)]
+        else:
+            sizes = [n + 2 if last else n] * world
+        wrong += _odd(comm, odd, [torch.empty(m) for m in sizes], [torch.ones(m) for m in sizes])
     return wrong
 
 

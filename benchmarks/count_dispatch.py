@@ -22,13 +22,15 @@ counted is its host work (the slot, the header, the comparison, the copy
 out), the engine's round being free there:
 ``python benchmarks/count_dispatch.py --nproc 2 --sides unchecked,checked``.
 
-Needs valgrind on PATH. Each side: instructions per call (thousands), and
-commlib's count over torch's.
+The collector is off during each side's counted calls (collected just
+before), as ``commlib bench`` times them. Needs valgrind on PATH. Each
+side: instructions per call (thousands), and commlib's count over torch's.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -74,10 +76,15 @@ def _count(
                 with observers.on(side):
                     for _ in range(20):  # warm: lanes learnt, slots sized
                         call()
+                    # the collector off, as `commlib bench` times: a collection that
+                    # falls into one side's calls would count there (thousands a call)
+                    gc.collect()
+                    gc.disable()
                     os.getppid()  # a dump: the part that follows is this side's
                     for _ in range(calls):
                         call()
                     os.getppid()
+                    gc.enable()
                 order.append((case.op, side))
     with open(order_file, "w") as f:
         json.dump(order, f)

@@ -42,7 +42,10 @@ little of it is used, and one-way calls' data (a broadcast's up to
 straight into the area, only the headers come out, and every rank reads the
 data where it lies, before its next round.
 
-Waiting spins a moment, then yields the core, then naps (growing to 1 ms).
+Waiting spins a moment, then sleeps in the kernel on the first missing
+rank's round number until that rank publishes (a futex, :mod:`commlib._futex`:
+woken at once, as a socket wait is); without futexes it yields the core, then
+naps (growing to 1 ms).
 A peer whose process has ended is reported as such (every rank's process
 record, :func:`commlib._survivors.process_record`), a wait past its limit
 times out as the engine's would, and the caller waits in slices, looking
@@ -68,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlib import _steps, _survivors
+from commlib._futex import Futex
 from commlib._host_copy import host_copy
 from commlib._rooms import HEADER, LEARN_TOTAL
 from commlib.types import DirectCall
@@ -167,6 +171,9 @@ class SharedRows:
         self.seq_at = [4 + r * _SEQ_STRIDE for r in range(world)]
         self.mine = self.seq_at[rank]
         self.published = 0
+        # sleeping on a peer's round number until it publishes (None: nap instead); holds
+        # an export of the mapping: release it before closing the buffer
+        self.futex = Futex.over(buffer)
         self._lanes: dict[tuple[int, bool, str], DirectCall | None] = {}
 
     @classmethod
@@ -349,6 +356,8 @@ class SharedRows:
         words[mine + _USED + gen] = used
         words[mine + 1 + gen] = apart
         words[mine] = k  # after the rows: x86-64 keeps the stores in order
+        if self.futex is not None:  # always: a flag read after the store needs a fence
+            self.futex.wake(8 * mine)
 
     def abort(self) -> None:
         """Mark the segment given up (the group broke here): no round completes on it any more.
@@ -417,7 +426,12 @@ class SharedRows:
         look, nap = start + _LOOK, _FIRST_NAP
         while not arrived(k):
             now = time.monotonic()
-            if now - start < _YIELD_FOR:
+            if self.futex is not None:
+                # until the first missing rank publishes, or a look or the deadline is due
+                until = look if deadline is None else min(look, deadline)
+                if until > now:
+                    self._sleep_on_missing(k, until - now)
+            elif now - start < _YIELD_FOR:
                 os.sched_yield()
             else:
                 time.sleep(nap)
@@ -431,6 +445,18 @@ class SharedRows:
                 raise RuntimeError(
                     f"Operation timed out: shared-memory round {k} waits for ranks {missing}"
                 )
+
+    def _sleep_on_missing(self, k: int, seconds: float) -> None:
+        words, futex = self.words, self.futex
+        assert futex is not None
+        for at in self.seq_at:
+            seen = words[at]
+            if seen < k:
+                # its round number's low half (little-endian: at the int64's address); a
+                # publish since the read returns at once
+                if not futex.wait(8 * at, seen, seconds):
+                    self.futex = None  # the kernel refused: nap from now on
+                return
 
     def _look_at_peers(self, k: int) -> None:
         if self.aborted():

@@ -155,6 +155,69 @@ def test_a_peer_whose_process_ended_is_named():
         work.wait(_seconds(10))
 
 
+def _waiting_in_the_futex(monkeypatch, rows: SharedRows) -> threading.Event:
+    # set once ``rows`` goes to sleep in the kernel; looks at peers far apart, so only a
+    # publish (or the deadline) ends the sleep
+    if rows.futex is None:
+        pytest.skip("no futexes on this platform")
+    monkeypatch.setattr(_shared_rows, "_LOOK", 3600.0)
+    entered, real = threading.Event(), rows.futex.wait
+
+    def wait(offset: int, seen: int, seconds: float) -> bool:
+        entered.set()
+        return real(offset, seen, seconds)
+
+    monkeypatch.setattr(rows.futex, "wait", wait)
+    return entered
+
+
+def _in_thread(work) -> tuple[threading.Thread, list]:
+    got: list = []
+
+    def run():
+        try:
+            got.append(work.wait(_seconds(3600)))
+        except RuntimeError as e:
+            got.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def test_a_rank_asleep_in_the_futex_wakes_when_its_peer_publishes(monkeypatch):
+    a, b = _pair(2)
+    entered = _waiting_in_the_futex(monkeypatch, a)
+    out = torch.zeros(2 * 16, dtype=torch.uint8)
+    thread, got = _in_thread(a.lane(16, False).call(out, _row(1, 16), None))
+    assert entered.wait(30)
+    time.sleep(0.2)  # into the kernel's wait (a publish before it would return at once)
+    assert thread.is_alive()  # asleep: nothing but b's publish ends it (no look for an hour)
+    b.lane(16, False).call(torch.zeros(32, dtype=torch.uint8), _row(2, 16), None).wait()
+    thread.join(30)
+    assert not thread.is_alive() and got == [True]
+    assert out.view(2, 16)[:, 0].tolist() == [1, 2]
+
+
+def test_a_rank_asleep_in_the_futex_still_times_out_and_sees_the_group_give_up(monkeypatch):
+    a, b = _pair(2)
+    entered = _waiting_in_the_futex(monkeypatch, a)
+    work = a.lane(16, False).call(torch.zeros(32, dtype=torch.uint8), _row(1, 16), None)
+    with pytest.raises(RuntimeError, match=r"Operation timed out.*ranks \[1\]"):
+        work.wait(_seconds(0.2))  # the deadline ends the sleep
+    assert entered.is_set() and not work.is_completed()
+    # asleep again, with no deadline: another rank gives up on the segment (no wake-up)
+    # and the next look at the peers sees it
+    monkeypatch.setattr(_shared_rows, "_LOOK", 0.05)
+    entered.clear()
+    thread, got = _in_thread(work)
+    assert entered.wait(30)
+    b.abort()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(got) == 1 and "gave up on it" in str(got[0])
+
+
 def _seconds(s: float):
     import datetime
 

@@ -76,10 +76,10 @@ _TAIL = struct.Struct("<qq")
 _MAGIC = 0x434F4D4D4C494221  # "COMMLIB!"
 _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
-#: the calls where one rank's data is for others alone: on a group whose rounds go
-#: through shared memory their data rides up to the segment's room (a large slot
-#: pads nothing there: only the bytes written are copied)
-ONE_WAY = frozenset({"broadcast", "scatter", "reduce"})
+#: the calls where one rank's data is for others alone (the catalog's): on a group whose
+#: rounds go through shared memory their data rides up to the segment's room (a large
+#: slot pads nothing there: only the bytes written are copied)
+ONE_WAY = _catalog.ONE_WAY
 #: data of this many bytes or more that a call copies goes straight into the segment
 #: (one copy where the slot would take two; below, one copy of the whole row is cheaper)
 DIRECT_FROM = 64 << 10

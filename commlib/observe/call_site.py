@@ -110,7 +110,7 @@ def caller_of(frame: FrameType | None) -> CallSite | None:
     while f is not None:
         code = f.f_code
         # by the code's id: hashing a code object hashes its constants, each time
-        known = _by_id.get(id(code))
+        known = sites_by_code.get(id(code))
         if known is None or known[0] is not code:
             known = _judged(code)
         if known[1] is None:  # commlib's
@@ -128,15 +128,15 @@ def caller_of(frame: FrameType | None) -> CallSite | None:
 # id(code) -> (code, None for commlib's, else its call sites by instruction): the
 # code is held, so that its id is not reused while it is here; bounded, for
 # programs that compile code as they go
-_by_id: dict[int, tuple[CodeType, dict[int, CallSite] | None]] = {}
+sites_by_code: dict[int, tuple[CodeType, dict[int, CallSite] | None]] = {}
 _BY_ID_KEPT = 4096
 
 
 def _judged(code: CodeType) -> tuple[CodeType, dict[int, CallSite] | None]:
-    if len(_by_id) >= _BY_ID_KEPT:
-        _by_id.clear()
+    if len(sites_by_code) >= _BY_ID_KEPT:
+        sites_by_code.clear()
     passed_over = is_commlib(code) or code.co_filename.startswith(_TORCH)
-    found = _by_id[id(code)] = (code, None if passed_over else {})
+    found = sites_by_code[id(code)] = (code, None if passed_over else {})
     return found
 
 

@@ -43,8 +43,8 @@ from commlib._manager import registered_at, registrations
 from commlib.errors import CommError, CommTimeoutError
 from commlib.handle import Handle, ResultHandle
 from commlib.observe import builtin
-from commlib.observe.call_site import _by_id as _sites_by_code
 from commlib.observe.call_site import caller_of
+from commlib.observe.call_site import sites_by_code as _sites_by_code
 from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
 if TYPE_CHECKING:

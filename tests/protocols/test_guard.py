@@ -674,14 +674,19 @@ _RIDING = {
 }
 
 
-def _on_riding(comm, case: str, shared: bool) -> list[object]:
-    dtype, chunk, _ = _RIDING[case]
+def _fresh_checked_group(comm, shared: bool) -> Communicator:
+    """A new checked group of the world (nothing learnt), its rounds shared or the engine's."""
     if not shared:  # the engine's rounds (on every rank: each turns it off)
         os.environ[_shared_rows.ENV] = "0"
     try:
-        checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
+        return Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))
     finally:
         os.environ.pop(_shared_rows.ENV, None)
+
+
+def _on_riding(comm, case: str, shared: bool) -> list[object]:
+    dtype, chunk, _ = _RIDING[case]
+    checked = _fresh_checked_group(comm, shared)
     assert (checked._engine.kept.get("shared") is not None) is shared or comm.world_size == 1
     unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(comm.world_size))
     first, again = _riding_rounds(checked, dtype, chunk), _riding_rounds(checked, dtype, chunk)
@@ -749,12 +754,7 @@ def _lists_rounds(c: Communicator, dtype: torch.dtype, chunk: tuple[int, ...]):
 
 def _on_lists(comm, case: str, shared: bool):
     dtype, chunk, _ = _LISTS[case]
-    if not shared:  # the engine's rounds (on every rank: each turns it off)
-        os.environ[_shared_rows.ENV] = "0"
-    try:
-        checked = Communicator(timeout=TIMEOUT).new_group(range(comm.world_size))  # nothing learnt
-    finally:
-        os.environ.pop(_shared_rows.ENV, None)
+    checked = _fresh_checked_group(comm, shared)
     unchecked = Communicator(timeout=TIMEOUT, strict=False).new_group(range(comm.world_size))
     (first, got), (again, got_again) = (_lists_rounds(checked, dtype, chunk) for _ in range(2))
     _, want = _lists_rounds(unchecked, dtype, chunk)

@@ -269,25 +269,30 @@ class SharedRows:
         """
         return slot_bytes * (self.world if apart else 1) <= self.area
 
-    def _gather(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
+    def _round(
+        self, output: torch.Tensor, rows: torch.Tensor, apart: bool, heads_only: bool
+    ) -> SharedWork:
+        # the lanes below, in the engine's call shapes: one row for all or rows apart,
+        # every row copied out as used or the headers alone
         size = output.numel() // self.world
-        return SharedWork(self, self.post(row, False, size), output, size, False, size)
+        upto = HEADER if heads_only else size
+        return SharedWork(self, self.post(rows, apart, size), output, size, apart, upto)
+
+    def _gather(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
+        return self._round(output, row, False, False)
 
     def _apart(
         self, output: torch.Tensor, rows: torch.Tensor, _a: Any, _b: Any, _options: Any
     ) -> SharedWork:
-        size = output.numel() // self.world
-        return SharedWork(self, self.post(rows, True, size), output, size, True, size)
+        return self._round(output, rows, True, False)
 
     def _gather_heads(self, output: torch.Tensor, row: torch.Tensor, _options: Any) -> SharedWork:
-        size = output.numel() // self.world
-        return SharedWork(self, self.post(row, False, size), output, size, False, HEADER)
+        return self._round(output, row, False, True)
 
     def _apart_heads(
         self, output: torch.Tensor, rows: torch.Tensor, _a: Any, _b: Any, _options: Any
     ) -> SharedWork:
-        size = output.numel() // self.world
-        return SharedWork(self, self.post(rows, True, size), output, size, True, HEADER)
+        return self._round(output, rows, True, True)
 
     def _gather_data(
         self, output: torch.Tensor, head: torch.Tensor, data: torch.Tensor, _options: Any

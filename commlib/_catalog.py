@@ -51,9 +51,6 @@ class Collective:
         peer: the argument naming its root or peer (``"src"``, ``"dst"``).
         op: the argument naming its reduce op.
         uniform: every rank passes the same shapes and dtypes.
-        one_way: one rank's data is for the others alone (a root's or to a root):
-            on a group whose rounds go through shared memory it rides in the
-            check's round up to the segment's room (:mod:`commlib._check_round`).
     """
 
     name: str
@@ -69,7 +66,6 @@ class Collective:
     peer: str | None = None
     op: str | None = None
     uniform: bool = False
-    one_way: bool = False
 
 
 _C: Final = "checked"
@@ -121,9 +117,7 @@ _ROWS = (
         uniform=True,
     ),
     Collective("gather_into_tensor", _C, payload="tensor", peer="dst", uniform=True),
-    Collective(
-        "broadcast", _C, busbw=_ONE, payload="tensor", peer="src", uniform=True, one_way=True
-    ),
+    Collective("broadcast", _C, busbw=_ONE, payload="tensor", peer="src", uniform=True),
     Collective(
         "reduce_scatter",
         _C,
@@ -142,7 +136,6 @@ _ROWS = (
         peer="dst",
         op="op",
         uniform=True,
-        one_way=True,
     ),
     Collective(
         "scatter",
@@ -152,7 +145,6 @@ _ROWS = (
         payload="tensor",
         peer="src",
         uniform=True,
-        one_way=True,
     ),
     Collective("all_to_all", _C, needs_all=True, busbw=_GATHER, payload="input_tensor_list"),
     Collective("all_to_all_single", _C, needs_all=True, busbw=_GATHER, payload="input"),
@@ -196,8 +188,6 @@ RAGGED = _names("ragged")
 EVERYONE_NEEDS_ALL = _names("needs_all")
 #: what point-to-point calls name their engine calls (numbered apart)
 POINT_TO_POINT = _names("point_to_point")
-#: checked collectives where one rank's data is for the others alone
-ONE_WAY = _names("one_way")
 #: collectives whose payload is one rank's part of what the operation moves
 TIMES_WORLD = _names("times_world")
 #: collective name -> its bus-bandwidth factor, where it has one

@@ -29,12 +29,13 @@ every rank's padding to every rank, more than the second round costs.
 Where the group's rounds go through shared memory (:mod:`commlib._shared_rows`)
 a large slot pads nothing: each rank copies in only what it wrote, data a
 call copies goes straight into the segment (:data:`DIRECT_FROM`), only the
-headers come out, and every rank's data is read where it lies. There the
-one-way calls (:data:`ONE_WAY`: a broadcast's, a scatter's, a reduce's
-data, whose root would otherwise wait for the engine's collective after the
-round) teach the slot up to the segment's room, 4 MiB a rank, and a checked
-broadcast is one round: the receivers copy the root's data once, from the
-segment into their tensor.
+headers come out, and every rank's data is read where it lies. There every
+call's data teaches the slot up to the segment's room, 4 MiB a rank: a
+checked broadcast, all_reduce or all_to_all of up to 4 MiB is one round (the
+receivers copy the data once, from the segment into their tensor), where
+the engine's collective after a round of headers would wait for the last
+rank to arrive before sending anything. The object collectives' first
+round copies only its bytes too, so a large slot costs them nothing.
 """
 
 from __future__ import annotations
@@ -76,10 +77,6 @@ _TAIL = struct.Struct("<qq")
 _MAGIC = 0x434F4D4D4C494221  # "COMMLIB!"
 _HEADER_SIZE = _HEAD.size + _TAIL.size
 _DATA = 64  # where the data starts in a slot: aligned for every dtype
-#: the calls where one rank's data is for others alone (the catalog's): on a group whose
-#: rounds go through shared memory their data rides up to the segment's room (a large
-#: slot pads nothing there: only the bytes written are copied)
-ONE_WAY = _catalog.ONE_WAY
 #: data of this many bytes or more that a call copies goes straight into the segment
 #: (one copy where the slot would take two; below, one copy of the whole row is cheaper)
 DIRECT_FROM = 64 << 10
@@ -247,11 +244,10 @@ def _rows_apart(engine: Engine, slot_size: int) -> bool:
     return engine.sends_slot_rows_apart(slot_size)
 
 
-def _one_way_cap(engine: Engine, what: str) -> int | None:
-    # the most a ``what`` call's data teaches the slot where the group's rounds go
-    # through shared memory; ``None``: the engine's rule (:func:`_rooms.need_of`)
-    if what not in ONE_WAY:
-        return None
+def _shared_cap(engine: Engine) -> int | None:
+    # the most a call's data teaches the slot where the group's rounds go through
+    # shared memory (a round copies only the bytes written: a large slot pads nothing);
+    # ``None``: the engine's rule (:func:`_rooms.need_of`)
     shared: SharedRows | None = engine.kept.get("shared")
     return None if shared is None else shared.area - HEADER - 16
 
@@ -577,7 +573,7 @@ def exchange(
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
-    cap = _one_way_cap(engine, what) if on_cpu else None
+    cap = _shared_cap(engine) if on_cpu else None
     if cap is not None and nbytes <= cap:
         need = nbytes  # a shared round: only the bytes written are copied
     else:

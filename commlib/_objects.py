@@ -90,13 +90,13 @@ def round_one(engine: Engine, out: Outgoing, world: int) -> Steps[ReceivedSlots]
         >>> len(slots.heads)
         1
     """
-    size = len(out.slot)
+    size = out.size
     what = OP_NAMES[out.head[0]]
-    mine = engine.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
-    if mine.device.type == "cpu":
-        # host memory Python can parse without going through numpy
-        raw: Any = bytearray(world * size)
-        gathered = torch.frombuffer(raw, dtype=torch.uint8)
+    if engine.on_cpu:
+        # not zeroed: every row's bytes that are read were written by the round, and a
+        # slot learnt large by a tensor call costs nothing to set up
+        gathered = torch.empty(world * size, dtype=torch.uint8)
+        raw: Any = gathered.numpy()
         kept = engine.kept
         if "shared" in kept:
             shared = kept["shared"]
@@ -104,10 +104,14 @@ def round_one(engine: Engine, out: Outgoing, world: int) -> Steps[ReceivedSlots]
             shared = yield from set_up_steps(engine, what)
         lane = None if shared is None else shared.lane(size, False)
         if lane is None:
+            mine = torch.frombuffer(out.slot, dtype=torch.uint8)
             yield from call(engine, what, "all_gather_into_tensor", gathered, mine)
-        else:  # every rank on this machine: the round through shared memory
-            yield engine.start_lane(what, lane, gathered, mine)
+        else:  # every rank on this machine: the round through shared memory, which
+            # copies only the bytes written (a slot learnt large by a tensor call pads nothing)
+            used = torch.frombuffer(out.used_row(), dtype=torch.uint8)
+            yield engine.start_lane(what, lane, gathered, used)
         return ReceivedSlots(gathered, raw, size, world)
+    mine = engine.to_device(torch.frombuffer(out.slot, dtype=torch.uint8))
     gathered = torch.empty(world * size, dtype=torch.uint8, device=mine.device)
     yield from call(engine, what, "all_gather_into_tensor", gathered, mine)
     host = gathered.cpu()

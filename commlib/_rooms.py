@@ -33,8 +33,8 @@ LEARN_TOTAL = 2 << 20
 #: the first round by more than the second round costs. Measured on gloo,
 #: 127.0.0.1: 128 KiB slots cost 55 us more a round than 4 KiB ones at 2 ranks
 #: (230 us at 4), less than the round they save (160-430 us). Through shared
-#: memory a slot pads nothing: there the check's one-way calls learn more
-#: (:data:`commlib._check_round.ONE_WAY`).
+#: memory a slot pads nothing: there every call learns up to the segment's room
+#: (:mod:`commlib._check_round`).
 PAD_UP_TO = 128 << 10
 
 #: calls in a row needing less than half the room before it shrinks
@@ -111,8 +111,8 @@ class Rooms:
     def learn(self, largest: int, world: int, cap: int | None = None) -> None:
         """The largest byte count of the round just gathered (known alike on every rank).
 
-        ``cap``: the most it learns, where not :func:`learn_cap` (a shared
-        round's one-way calls, :mod:`commlib._check_round`).
+        ``cap``: the most it learns, where not :func:`learn_cap` (a group whose
+        rounds go through shared memory, :mod:`commlib._check_round`).
         """
         if largest > (learn_cap(world) if cap is None else cap):
             largest = 0

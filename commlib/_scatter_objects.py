@@ -69,7 +69,7 @@ def _pack(out: Outgoing, parts: list[Outgoing]) -> bool:
         body += bytes(-len(body) % ALIGN)
         _INDEX.pack_into(body, i * _INDEX.size, len(body), len(part))
         body += part
-    if SLOT.size + len(body) > len(out.slot):
+    if SLOT.size + len(body) > out.size:
         return False
     out.seal(INLINE, body)
     return True

@@ -36,8 +36,8 @@ slot size).
 
 Only the bytes a rank wrote are copied, in and out: each rank says how many
 in a word of its own per generation, so a large slot costs nothing where
-little of it is used, and one-way calls' data (a broadcast's up to
-:data:`ONE_WAY_ROOM`) rides in it. The argument check's round goes further
+little of it is used, and a call's data (up to :data:`DATA_ROOM`) rides in
+it. The argument check's round goes further
 (:meth:`SharedRows.heads_lane`, :meth:`SharedRows.data_lane`): its data goes
 straight into the area, only the headers come out, and every rank reads the
 data where it lies, before its next round.
@@ -92,10 +92,10 @@ _INTRO = struct.Struct("<16sq?16s")
 _SEQ_STRIDE = 8  # int64s between two ranks' round numbers: a cache line each
 _ABORT = 4 + 3  # the word that says a rank gave up on the segment (rank 0's line)
 _USED = 5  # a rank's line: how many bytes of each row it wrote, per generation
-#: what a one-way call's data (a broadcast's, a scatter's rows, a reduce's) may take of
-#: a rank's area: here a large slot pads nothing, only the bytes written are copied
-ONE_WAY_ROOM = 4 << 20
-_AREA_MIN = ONE_WAY_ROOM + 4096  # the room and a slot's header, page aligned
+#: what a call's data may take of a rank's area: here a large slot pads nothing, only
+#: the bytes written are copied
+DATA_ROOM = 4 << 20
+_AREA_MIN = DATA_ROOM + 4096  # the room and a slot's header, page aligned
 _ONE_COPY_UP_TO = 64 << 10  # rows written short copied out in one copy up to this many bytes
 _TOTAL_MAX = 256 << 20  # address space a group's segment may take (touched as used)
 # waiting: spins first, yields the core for a while, then naps growing to the last

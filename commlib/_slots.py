@@ -182,7 +182,10 @@ class Outgoing:
     """
 
     def __init__(self, slot_size: int, op: int, root: int, aux: int):
-        self.slot = bytearray(slot_size)
+        self.size = slot_size
+        # only the bytes written so far: a slot learnt large by a tensor call costs
+        # nothing to set up where the round copies only them (a shared round)
+        self._written = bytearray(SLOT.size)
         self.head = (op, root, aux)
         self.segments: list[torch.Tensor] = []  # header, then buffers
         self.sizes: list[int] = []
@@ -194,7 +197,20 @@ class Outgoing:
         self.status = status
         self.body_len = body_len
         op, root, aux = self.head
-        SLOT.pack_into(self.slot, 0, status, op, 0, root, aux, body_len)
+        SLOT.pack_into(self._written, 0, status, op, 0, root, aux, body_len)
+
+    @property
+    def slot(self) -> bytearray:
+        """The whole slot, ``size`` bytes: the header and body, then zeros."""
+        written = self._written
+        if len(written) < self.size:
+            # a new buffer, not an extended one: a round may still hold a view of this one
+            written = self._written = written + bytes(self.size - len(written))
+        return written
+
+    def used_row(self) -> memoryview:
+        """The slot's header and body, in place (a round that copies only those sends this)."""
+        return memoryview(self._written)[: SLOT.size + self.body_len]
 
     def seal(self, status: int, body: Any) -> None:
         """Put ``body`` after the slot's header, with ``status``."""
@@ -202,20 +218,23 @@ class Outgoing:
 
     def body(self) -> bytes:
         """The slot's body (a failed slot's body is the error's text)."""
-        return bytes(self.slot[SLOT.size : SLOT.size + self.body_len])
+        return bytes(self._written[SLOT.size : SLOT.size + self.body_len])
 
     def used(self) -> bytes:
         """The slot's header and body, without the unused rest."""
-        return bytes(self.slot[: SLOT.size + self.body_len])
+        return bytes(self._written[: SLOT.size + self.body_len])
 
     def _put(self, pos: int, data: Any) -> int:
         end = pos + len(data)
-        self.slot[pos:end] = data
+        written = self._written
+        if len(written) < pos:  # (a slice past the end would append at the end)
+            written.extend(bytes(pos - len(written)))
+        written[pos:end] = data
         return end
 
     def fail(self, exc: BaseException, status: int = FAILED) -> None:
         self.error = exc
-        room = len(self.slot) - SLOT.size
+        room = self.size - SLOT.size
         text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:room]
         self._seal(status, self._put(SLOT.size, text) - SLOT.size)
 
@@ -227,7 +246,7 @@ class Outgoing:
         sizes = [len(header), *(b.numel() for b in buffers)]
         meta = table_bytes(sizes)
         offsets, end = layout(sizes, SLOT.size + len(meta))
-        if end <= len(self.slot):
+        if end <= self.size:
             self._put(SLOT.size, meta)
             self._put(offsets[0], header)
             for pos, b in zip(offsets[1:], buffers):
@@ -236,7 +255,7 @@ class Outgoing:
             self._seal(INLINE, end - SLOT.size)
             return
         self.segments, self.sizes = [uint8_view(header), *buffers], sizes
-        if SLOT.size + len(meta) <= len(self.slot):
+        if SLOT.size + len(meta) <= self.size:
             self._seal(TABLE, self._put(SLOT.size, meta) - SLOT.size)
         else:
             self.meta = meta

@@ -117,16 +117,36 @@ def test_steady_checked_calls_on_gloo_are_right_in_their_rounds(multi_world):
 
 def _past_the_slot(comm) -> list[str]:
     # a group of its own, whose slot no all_reduce taught: a 400 KB broadcast and reduce
-    # stay past what they teach it on the engine (128 KiB), so the engine's collective
-    # follows the round; where the group's rounds go through shared memory they ride up
-    # to its room (one round), and 4.4 MB stays past it (two)
+    # stay past what they teach it on the engine (128 KiB), and a 2.4 MB all_reduce and
+    # all_to_all_single past what they teach it there (1 MiB over all ranks), so the
+    # engine's collective follows the round; where the group's rounds go through shared
+    # memory every call rides up to its room (one round), and 4.4 MB stays past it (two)
     c = Communicator().new_group(range(comm.world_size))
     world, rank, engine = c.world_size, c.rank, c._engine
     shared = engine.kept.get("shared")
     wrong = []
-    for n in (100_000, 1_100_000):
-        rides = shared is not None and 4 * n <= _shared_rows.ONE_WAY_ROOM
+    for n in (100_000, 600_000, 1_100_000):
+        rides = shared is not None and 4 * n <= _shared_rows.DATA_ROOM
         for call in range(4):
+            x = torch.full((n,), float(rank + 1))
+            took_all = _rounds(engine, c.all_reduce, x)
+            if x[0] != world * (world + 1) // 2 or x[-1] != x[0]:
+                wrong.append(f"all_reduce {n} {call}: {x[:2]}")
+            part = n // world
+            sent = torch.arange(world * part, dtype=torch.float32) + 1000 * rank
+            got = torch.empty(world * part)
+            took_a2a = _rounds(engine, c.all_to_all_single, got, sent)
+            want = torch.cat(
+                [torch.arange(rank * part, (rank + 1) * part) + 1000.0 * j for j in range(world)]
+            )
+            if not torch.equal(got, want):
+                wrong.append(f"all_to_all_single {n} {call}")
+            if (
+                call
+                and shared is not None
+                and (took_all, took_a2a) != ((1, 1) if rides else (2, 2))
+            ):
+                wrong.append(f"rounds {n} {call}: {took_all}, {took_a2a} (rides: {rides})")
             y = torch.full((n,), float(rank))
             took = _rounds(engine, c.broadcast, y, world - 1)
             if not torch.equal(y, torch.full((n,), float(world - 1))):
@@ -142,6 +162,15 @@ def _past_the_slot(comm) -> list[str]:
         y = torch.full((n,), float(rank))
         if not c._lanes.riding.broadcast(y, world - 1) or y[-1] != world - 1:
             wrong.append(f"the entry did not serve broadcast {n}: {y[-2:]}")
+    # an object collective on the slot a 2.4 MB all_reduce taught: right, and through
+    # shared memory its first round copies only the bytes it wrote, not the slot
+    c.all_reduce(torch.ones(600_000))
+    if c.all_gather_object({"rank": rank}) != [{"rank": r} for r in range(world)]:
+        wrong.append("all_gather_object after a large all_reduce")
+    if shared is not None:
+        wrote = shared.words[shared.mine + _shared_rows._USED + (shared.published & 1)]
+        if wrote > 4096:
+            wrong.append(f"all_gather_object's first round copied {wrote} bytes")
     return wrong
 
 

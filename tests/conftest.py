@@ -115,6 +115,30 @@ def pip_install_into(project: Path, tmp_path_factory) -> Path:
     return target
 
 
+def _world_size_of(item: pytest.Item) -> int:
+    callspec = getattr(item, "callspec", None)
+    return int(callspec.params.get("size", 0)) if callspec is not None else 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module that sets ``RANKS_BY_SIZE = True`` runs its tests grouped by their ``size``.
+
+    Its tests share one world of ranks at a time (a conformance kit's): each change
+    of size ends that world and starts another, seconds on 2 cores. Grouped, each
+    size's world starts once. Tests without a ``size`` (no ranks) go first; within a
+    size the order is the file's.
+    """
+    start = 0
+    while start < len(items):
+        module = getattr(items[start], "module", None)
+        end = start + 1
+        while end < len(items) and getattr(items[end], "module", None) is module:
+            end += 1
+        if getattr(module, "RANKS_BY_SIZE", False):
+            items[start:end] = sorted(items[start:end], key=_world_size_of)
+        start = end
+
+
 def pytest_sessionfinish(session, exitstatus):
     for world in _worlds.values():
         world.close()

@@ -2,8 +2,9 @@
 
 Each world size starts its ranks once, with one ``mpiexec`` (the kit's
 world, through :meth:`commlib.Backend.launch_command`), and every check and
-MPI-specific test of that size runs on them. Skipped, with the reason, where
-mpi4py, an MPI library or mpiexec is missing.
+MPI-specific test of that size runs on them: the tests run grouped by their
+``size`` (``RANKS_BY_SIZE``, tests/conftest.py), the kit's checks first in each.
+Skipped, with the reason, where mpi4py, an MPI library or mpiexec is missing.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ WORLD_SIZES = (1, 2, 3, 4)
 # has 15 minutes); gloo runs the same checks at 1-4 (test_gloo_checked_lanes.py)
 LANE_WORLDS = (1, 2, 3)
 _kits = KitPool()
+# the kit keeps one world alive: a change of size ends it and starts another (one
+# mpiexec, each rank importing torch: seconds on 2 cores), so each size's tests run together
+RANKS_BY_SIZE = True
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -196,7 +200,7 @@ def test_mpi_conforms(size, name):
     assert result.status == "passed", result.detail
 
 
-# -- what is MPI's own, on the kit's 4 ranks (started last, by the kit's checks) --------
+# -- what is MPI's own, on the kit's ranks of that size -----------------------------------
 def _torch_and_ddp(comm) -> list[float]:
     """torch.distributed's calls and DDP on the mpi4py group; the trained weights."""
     rank, size = comm.rank, comm.world_size
@@ -220,8 +224,9 @@ def _torch_and_ddp(comm) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_torch_distributed_and_ddp_run_on_the_mpi_group():
-    weights = _kit().call(4, _torch_and_ddp)
+@pytest.mark.parametrize("size", [4])
+def test_torch_distributed_and_ddp_run_on_the_mpi_group(size):
+    weights = _kit().call(size, _torch_and_ddp)
     assert all(w == weights[0] for w in weights)  # the gradients were averaged over MPI
 
 
@@ -236,8 +241,9 @@ def _mismatch(comm) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption():
-    errors = _kit().call(4, _mismatch)
+@pytest.mark.parametrize("size", [4])
+def test_a_size_mismatch_is_an_agreed_error_not_heap_corruption(size):
+    errors = _kit().call(size, _mismatch)
     assert all("ranks passed different arguments" in e and "(5,)" in e for e in errors), errors
 
 
@@ -255,8 +261,9 @@ def _none_meets_splits(comm) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_none_splits_meet_explicit_splits_on_mpi():
-    got = _kit().call(3, _none_meets_splits)
+@pytest.mark.parametrize("size", [3])
+def test_none_splits_meet_explicit_splits_on_mpi(size):
+    got = _kit().call(size, _none_meets_splits)
     assert got == [[float(10 * j + r) for j in range(3)] for r in range(3)]
 
 
@@ -605,8 +612,9 @@ def _checked_lane_times_out(comm) -> tuple[str, float, bool]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_steady_checked_calls_round_times_out_when_a_rank_stays_away():
-    results = _kit().call(4, _checked_lane_times_out)
+@pytest.mark.parametrize("size", [4])
+def test_a_steady_checked_calls_round_times_out_when_a_rank_stays_away(size):
+    results = _kit().call(size, _checked_lane_times_out)
     for rank in (0, 1):
         outcome, waited, took = results[rank]
         assert (outcome, took) == ("CommTimeoutError", True), results
@@ -765,8 +773,9 @@ def _overridden_method_still_called(comm) -> tuple[int, bool, list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_plugin_overriding_a_method_on_mpi_still_has_it_called():
-    for seen, lanes_right, wrong in _kit().call(3, _overridden_method_still_called):
+@pytest.mark.parametrize("size", [3])
+def test_a_plugin_overriding_a_method_on_mpi_still_has_it_called(size):
+    for seen, lanes_right, wrong in _kit().call(size, _overridden_method_still_called):
         assert (seen, lanes_right, wrong) == (3, True, [])
 
 
@@ -794,8 +803,9 @@ def _lane_times_out(comm) -> tuple[str, float, bool]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_lanes_wait_times_out_when_a_rank_stays_away():
-    results = _kit().call(4, _lane_times_out)
+@pytest.mark.parametrize("size", [4])
+def test_a_lanes_wait_times_out_when_a_rank_stays_away(size):
+    results = _kit().call(size, _lane_times_out)
     for rank in (0, 1):
         outcome, waited, took = results[rank]
         assert (outcome, took) == ("CommTimeoutError", True), results
@@ -827,8 +837,9 @@ def _timeout_then_shrink(comm) -> tuple[str, float, list[float], list[float]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_timed_out_rank_shrinks_past_a_stuck_one_and_the_world_goes_on():
-    results = _kit().call(4, _timeout_then_shrink)
+@pytest.mark.parametrize("size", [4])
+def test_a_timed_out_rank_shrinks_past_a_stuck_one_and_the_world_goes_on(size):
+    results = _kit().call(size, _timeout_then_shrink)
     for rank in (0, 1):
         outcome, waited, shrunk, _ = results[rank]
         assert outcome == "CommTimeoutError", results
@@ -846,8 +857,9 @@ def _async(comm) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_async_op_runs_on_mpi_nonblocking_collectives():
-    assert _kit().call(4, _async) == [[6.0, 6.0]] * 4
+@pytest.mark.parametrize("size", [4])
+def test_async_op_runs_on_mpi_nonblocking_collectives(size):
+    assert _kit().call(size, _async) == [[6.0, 6.0]] * size
 
 
 # -- commlib bench --backend mpi: its ranks start with mpiexec ------------------------------

@@ -9,17 +9,14 @@ group made there.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import torch.distributed as dist
 
-import commlib
-from commlib.testing.conformance import KitPool
 from commlib.torch_backend import registration
 from tests.conftest import get_world
 from tests.torch_programs import ddp_checks
+from tests.torch_programs.mpi_kit import mpi_kit
 
 
 # -- registration: no ranks ---------------------------------------------------------------
@@ -103,40 +100,11 @@ def test_a_model_differing_on_one_rank_is_one_error_on_every_rank(init_sync):
 
 
 # -- DDP on commlib-mpi, in the mpi kit's ranks (one mpiexec per size) ----------------------
-_kits = KitPool()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_kits():
-    yield
-    _kits.close()
-
-
-def _mpi_kit():
-    if importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed (pip install 'commlib[mpi]')")
-    from commlib_backends.mpi import MPIBackend
-
-    try:
-        plugin = commlib.plugins.resolve_backend("mpi")
-    except ValueError:
-        plugin = commlib.register_backend(MPIBackend)
-    reason = plugin.unavailable_reason()
-    if reason is None:
-        try:
-            plugin.launch_command(1)
-        except FileNotFoundError as exc:
-            reason = str(exc)
-    if reason is not None:
-        pytest.skip(f"mpi cannot run here: {reason}")
-    return _kits.get("mpi", timeout=120.0)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("size", [2, 4])
 def test_ddp_trains_on_commlib_mpi_as_on_gloo(size):
-    kit = _mpi_kit()
+    kit = mpi_kit()
     reference = kit.call(size, ddp_checks.train_ddp, "gloo")
     results = kit.call(size, ddp_checks.train_ddp, "commlib-mpi")
     _check_ddp(results, reference)

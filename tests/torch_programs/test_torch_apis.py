@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import get_world
 from tests.torch_programs import api_checks
-from tests.torch_programs.test_ddp import _mpi_kit
+from tests.torch_programs.mpi_kit import mpi_kit
 
 SIZES = [2, 4]
 
@@ -88,11 +88,12 @@ def test_torch_object_collectives_on_commlib_gloo(size):
 
 
 # -- the mpi kit: commlib-mpi beside a gloo group in the same ranks ------------------------
+# 4 first: test_ddp.py left the kit's 4 ranks running (tests/torch_programs/mpi_kit.py)
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", SIZES[::-1])
 def test_torch_apis_on_commlib_mpi(size, tmp_path):
-    kit = _mpi_kit()
+    kit = mpi_kit()
     reference = kit.call(size, api_checks.fsdp2, "gloo")
     _check_fsdp2(kit.call(size, api_checks.fsdp2, "commlib-mpi"), reference)
     reference = kit.call(size, api_checks.mesh_2d, "gloo")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from commlib import cli
-from tests.torch_programs.test_ddp import _mpi_kit
+from tests.torch_programs.mpi_kit import mpi_kit
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def _torchrun(*args: str) -> list[str]:
 def _mpiexec(*args: str) -> list[str]:
     import commlib
 
-    _mpi_kit()  # skips where mpi cannot run
+    mpi_kit()  # skips where mpi cannot run
     return [*commlib.plugins.resolve_backend("mpi").launch_command(2), sys.executable, *args]
 
 

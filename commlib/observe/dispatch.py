@@ -77,11 +77,26 @@ class _Observers:
     (``commlib_reads_payload = True``); only then are they made at the start.
     """
 
-    __slots__ = ("any", "call_sites", "ends", "reads_payload", "starts")
+    __slots__ = (
+        "any",
+        "call_sites",
+        "end_fn",
+        "end_plugin",
+        "ends",
+        "reads_payload",
+        "start_fn",
+        "start_plugin",
+        "starts",
+    )
 
     def __init__(self, starts: list[_Call], ends: list[_Call]):
         self.starts = starts
         self.ends = ends
+        # the one start (end) hook, where there is one: called without a loop
+        # (most jobs run one observer, or the flight recorder alone)
+        one: tuple[Any, Callable[[CollectiveEvent], Any] | None] = (None, None)
+        self.start_plugin, self.start_fn = starts[0] if len(starts) == 1 else one
+        self.end_plugin, self.end_fn = ends[0] if len(ends) == 1 else one
         plugins = [plugin for plugin, _ in starts + ends]
         self.call_sites = any(getattr(p, CALL_SITES_ATTRIBUTE, False) is True for p in plugins)
         self.reads_payload = any(
@@ -292,27 +307,28 @@ def _wall_time(t: float) -> float:
 _Facts = tuple[str, str, tuple[int, ...], int, bool, tuple[Any, ...], tuple[str, ...], int]
 
 
-def _bases(engine: Engine, collective: _Collective) -> dict[Any, _Facts]:
+def _bases(engine: Engine, collective: _Collective) -> dict[Any, Any]:
     """Where ``collective``'s events on ``engine`` start from, made once per engine.
 
     Under ``None``: the facts every event shares (group, ranks, name, rank,
-    uniform) with no payload; under a tensor payload's ``(shape, dtype)``: the
-    same with that tensor's facts, made the first time a call passes it (bytes
-    are elements times element size whatever the strides, so the two say it all).
+    uniform) with no payload (under ``0``: those five alone); under a tensor
+    payload's ``(shape, dtype)``: the same with that tensor's facts, made the
+    first time a call passes it (bytes are elements times element size whatever
+    the strides, so the two say it all).
     """
     group, ranks = _group_label(engine)
     shared: _Facts = (collective.name, group, ranks, engine.rank, collective.uniform, (), (), 0)
-    found: dict[Any, _Facts] = {None: shared}
+    found: dict[Any, Any] = {None: shared, 0: shared[:5]}
     engine.kept[collective.key] = found
     return found
 
 
-def _with_facts(bases: dict[Any, _Facts], key: Any, tensor: torch.Tensor) -> _Facts:
+def _with_facts(bases: dict[Any, Any], key: Any, tensor: torch.Tensor) -> _Facts:
     """The facts of events passing ``tensor`` (``key``: its shape and dtype), made now."""
     if len(bases) > _BASES_KEPT:  # shapes that keep changing: start again
-        shared = bases[None]
+        shared, five = bases[None], bases[0]
         bases.clear()
-        bases[None] = shared
+        bases[None], bases[0] = shared, five
     found = bases[None][:5] + payload_facts(tensor)
     bases[key] = found
     return found
@@ -322,6 +338,18 @@ _BASES_KEPT = 64
 
 # an op's name in events by the string the caller passed ("sum", "SUM"): made once
 _OP_NAMES: dict[str, str] = {}
+
+
+def _event_op(op: Any) -> str | None:
+    """The op's name in events: ``"sum"`` for ``"SUM"``, ``"sum"``, ``ReduceOp.SUM``.
+
+    Examples:
+        >>> _event_op("SUM"), _event_op(None)
+        ('sum', None)
+    """
+    if op is None:
+        return None
+    return op.lower() if type(op) is str else str(op).lower()
 
 
 def _op_name(op: str) -> str:
@@ -349,6 +377,7 @@ class _Collective:
         "op",
         "op_at",
         "op_default",
+        "op_default_name",
         "payload",
         "payload_at",
         "payload_default",
@@ -384,6 +413,7 @@ class _Collective:
         self.peer_default = defaults.get(peer) if peer else None
         self.op_at = positions.get(op, _NOWHERE) if op else _NOWHERE
         self.op_default = defaults.get(op) if op else None
+        self.op_default_name = _event_op(self.op_default)
 
     def facts(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         get = self.arguments.get
@@ -487,13 +517,21 @@ class _Collective:
         # live._end(None), written out: the common case
         live.duration = _perf_counter() - t0
         live.state = "completed"
-        for plugin, function in observers.ends:
-            if _disabled and id(plugin) in _disabled:
-                continue
-            try:
-                function(live)
-            except Exception as exc:  # an observer must never break a collective
-                _disable(plugin, exc)
+        function = observers.end_fn
+        if function is not None:
+            if not (_disabled and id(observers.end_plugin) in _disabled):
+                try:
+                    function(live)
+                except Exception as exc:  # an observer must never break a collective
+                    _disable(observers.end_plugin, exc)
+        else:
+            for plugin, function in observers.ends:
+                if _disabled and id(plugin) in _disabled:
+                    continue
+                try:
+                    function(live)
+                except Exception as exc:
+                    _disable(plugin, exc)
         if live._payload is not None and _getrefcount(live) > _ALONE:
             # someone kept the event: its facts now, while the caller's tensor is
             # here, which the event then lets go (nobody kept it: it goes now)
@@ -631,10 +669,7 @@ class _Live(CollectiveEvent):
             if not self._observers.reads_payload:
                 # the payload's facts are made when first read (or when the call
                 # ends with the event kept), from what was passed
-                # (unpacked whole: a slice would make a tuple)
-                self.name, self.group, self.group_ranks, self.rank, self.uniform, _, _, _ = bases[
-                    None
-                ]
+                self.name, self.group, self.group_ranks, self.rank, self.uniform = bases[0]
                 if name is None:
                     value = None
                 elif kwargs and name in kwargs:
@@ -695,13 +730,10 @@ class _Live(CollectiveEvent):
             name = c.op
             if name is None:
                 self.op = None
+            elif c.op_at >= n and not (kwargs and name in kwargs):
+                self.op = c.op_default_name  # the default's name, made once
             else:
-                if kwargs and name in kwargs:
-                    op = kwargs[name]
-                elif c.op_at < n:
-                    op = args[c.op_at]
-                else:
-                    op = c.op_default
+                op = kwargs[name] if kwargs and name in kwargs else args[c.op_at]
                 if type(op) is str:
                     known = _OP_NAMES.get(op)
                     op = known if known is not None else _op_name(op)
@@ -714,13 +746,22 @@ class _Live(CollectiveEvent):
             _warn_once(f"commlib could not describe {c.name} to observers: {exc!r}")
             return
         self.state = "started"
-        # _notify, written out: it runs on every observed call
-        for plugin, function in self._observers.starts:
+        # _notify, written out: it runs on every observed call (one hook: no loop)
+        observers = self._observers
+        function = observers.start_fn
+        if function is not None:
+            if not (_disabled and id(observers.start_plugin) in _disabled):
+                try:
+                    function(self)
+                except Exception as exc:  # an observer must never break a collective
+                    _disable(observers.start_plugin, exc)
+            return
+        for plugin, function in observers.starts:
             if _disabled and id(plugin) in _disabled:
                 continue
             try:
                 function(self)
-            except Exception as exc:  # an observer must never break a collective
+            except Exception as exc:
                 _disable(plugin, exc)
 
     def _end(self, error: BaseException | None) -> None:

@@ -929,3 +929,32 @@ def test_flight_recorder_keeps_what_an_earlier_observer_set_and_events_made_else
     assert failed["peers"] == {"src": 0} and failed["end"] == 12.0
     assert (failed["state"], failed["error"]) == ("failed", "RuntimeError: gone")
     assert (still["name"], still["state"], still["end"]) == ("barrier", "started", None)
+
+
+class _EndRaising:
+    """An observer with an end hook alone, which raises: the one-hook path disables it."""
+
+    def __init__(self):
+        self.ended = 0
+
+    @hookimpl
+    def commlib_collective_end(self, event):
+        self.ended += 1
+        raise RuntimeError("end hook bug")
+
+
+def test_the_only_end_hook_that_raises_is_disabled_and_the_collective_goes_on():
+    bad = _EndRaising()
+    pm = plugin_manager()
+    pm.register(bad, name="raising-end")
+    try:
+        comm = Communicator()
+        x = torch.ones(2)
+        with pytest.warns(RuntimeWarning, match="end hook bug"):
+            comm.all_reduce(x)
+        comm.all_reduce(x)  # disabled: not called again
+        assert x.tolist() == [1.0, 1.0] and bad.ended == 1
+        assert "raising-end" in dispatch.disabled()
+    finally:
+        pm.unregister(bad)
+    assert dispatch.disabled() == {}

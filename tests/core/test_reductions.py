@@ -66,3 +66,21 @@ def test_reduce_into_a_tensor_of_another_dtype_takes_the_copy(op):
     parts = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 0.5, 9.0])]
     reduce_into(out, parts, op)
     assert torch.equal(out, reduce_locally(parts, op).double())
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_a_large_reduce_into_gives_torchs_bits_on_this_thread(dtype):
+    # past torch's grain size reduce_into reduces with numpy (one thread): the same bits
+    # as torch's own reduction, in rank order, for every op of every dtype (floats with
+    # NaN, infinities and signed zeros among the values)
+    n = 40_000
+    for ranks in (2, 3):
+        parts = _parts(dtype, ranks, (n,), seed=ranks)
+        if dtype.is_floating_point:
+            for p in parts:
+                p[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 0.0]).to(dtype)
+        for op in _ops_for(dtype):
+            want = reduce_locally(parts, op)
+            out = torch.full((n,), 7).to(dtype)
+            reduce_into(out, parts, op)
+            assert torch.equal(out.view(torch.uint8), want.to(dtype).view(torch.uint8)), op

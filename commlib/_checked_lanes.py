@@ -40,7 +40,7 @@ from commlib import _lanes, _nested, _steps
 from commlib import _validation as check
 from commlib._check_round import steady
 from commlib._guard import write_nothing
-from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
+from commlib._host_copy import PARALLEL_FROM, host_clone, host_copy, stack_into
 from commlib._sent_slots import LAYOUTS
 from commlib.errors import RemoteArgumentError
 from commlib.reductions import reduce_into
@@ -254,7 +254,7 @@ class CheckedLanes:
                 reduce_into(tensor, parts, op)  # in rank order, as every rank would
         elif lane is not None:
             # the engine may use the buffer of a rank other than dst as scratch space
-            engine.direct("reduce", lane, [tensor if is_dst else tensor.clone()])
+            engine.direct("reduce", lane, [tensor if is_dst else host_clone(tensor)])
         return True
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> bool:

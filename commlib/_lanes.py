@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 import torch
 
 from commlib import _steps
+from commlib._host_copy import host_clone
 from commlib.reductions import copy_back
 
 if TYPE_CHECKING:
@@ -457,7 +458,7 @@ class Lanes:
         if lane is None or self.check_finite or not serves(engine, lane, tensor):
             return False
         # the engine may use the buffer of a rank other than dst as scratch space
-        engine.direct("reduce", lane, [tensor if engine.rank == dst else tensor.clone()])
+        engine.direct("reduce", lane, [tensor if engine.rank == dst else host_clone(tensor)])
         return True
 
     def scatter(

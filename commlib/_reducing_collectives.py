@@ -19,6 +19,7 @@ from commlib import _validation as check
 from commlib._collective import collective
 from commlib._engine import Engine
 from commlib._guard import Guard, finished
+from commlib._host_copy import host_clone
 from commlib._lanes import Lanes, learn_once
 from commlib._settings import as_timedelta
 from commlib.backend import Backend
@@ -273,7 +274,7 @@ class ReducingCollectives:
         finish = None
         if not is_dst:
             if work_t is tensor:
-                work_t = tensor.clone()
+                work_t = host_clone(tensor)
         elif back is not copy_back or work_t is not tensor:
             finish = lambda: back(work_t, tensor, world)  # noqa: E731
         return engine.reduce(

@@ -51,7 +51,7 @@ import torch
 
 from commlib import _catalog, _lanes, _objects
 from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
-from commlib._rooms import HEADER, Rooms, learn_cap, need_of, rooms_of
+from commlib._rooms import HEADER, Rooms, learn_cap, need_of, rooms_of, shared_cap
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot
 from commlib._shared_rows import SharedRows, shared_rows
 from commlib.dtypes import byte_view
@@ -242,14 +242,6 @@ def _rows_apart(engine: Engine, slot_size: int) -> bool:
     if shared is not None and shared.fits(slot_size, True):
         return True
     return engine.sends_slot_rows_apart(slot_size)
-
-
-def _shared_cap(engine: Engine) -> int | None:
-    # the most a call's data teaches the slot where the group's rounds go through
-    # shared memory (a round copies only the bytes written: a large slot pads nothing);
-    # ``None``: the engine's rule (:func:`_rooms.need_of`)
-    shared: SharedRows | None = engine.kept.get("shared")
-    return None if shared is None else shared.area - HEADER - 16
 
 
 def _slots(engine: Engine, slot_size: int, rooms: Rooms) -> HostSlots:
@@ -573,7 +565,7 @@ def exchange(
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
-    cap = _shared_cap(engine) if on_cpu else None
+    cap = shared_cap(engine)
     if cap is not None and nbytes <= cap:
         need = nbytes  # a shared round: only the bytes written are copied
     else:

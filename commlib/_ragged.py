@@ -12,7 +12,11 @@ in one round from its second call on; the byte count of every round is still
 the same on every rank, so no engine ever sees ranks disagree on a size. A
 gather, whose data only ``dst`` keeps, teaches it only up to
 ``_rooms.PAD_UP_TO`` (as a broadcast does the check's): a larger slot would
-send every rank's data to every rank.
+send every rank's data to every rank. Where the group's rounds go through
+shared memory a round copies only the bytes written and a large slot pads
+nothing: there every gather teaches it up to the segment's room
+(:func:`commlib._rooms.shared_cap`), and a gather or all_gather of up to
+4 MiB a rank is one round.
 
 What a kind of call sends (its header) and how its gathered data is viewed
 are made once per kind and kept with the engine's slot, and the sent rows
@@ -31,7 +35,7 @@ import torch
 
 from commlib import _lanes, _steps
 from commlib._host_copy import host_copy
-from commlib._rooms import HEADER, Rooms, learn_cap, need_of
+from commlib._rooms import HEADER, Rooms, learn_cap, need_of, shared_cap
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib._shared_rows import shared_rows
 from commlib.dtypes import dtype_code, dtype_from_code
@@ -155,8 +159,6 @@ class _Slots:
         self.header = b""
         self.layouts: dict[tuple[Any, ...], _Layout] = {}
         self.world = engine.world_size
-        #: the most a slot learns to carry per rank (Rooms)
-        self.cap = learn_cap(engine.world_size)
         #: a small host landing buffer (bytes, tensor) no result refers to, for the
         #: next round: a call whose results are views of its buffer keeps it instead
         self.spare: tuple[bytearray, torch.Tensor] | None = None
@@ -219,6 +221,14 @@ def _slots(engine: Engine, size: int) -> _Slots:
     if found is None or found.sent.size != size:
         found = engine.kept["ragged"] = _Slots(engine, size)
     return found
+
+
+def _learns_up_to(engine: Engine) -> tuple[int, bool]:
+    # the most a slot learns to carry per rank (Rooms), and whether the group's rounds
+    # go through shared memory: there a large slot pads nothing, so a gather's data
+    # (only dst keeps it) teaches the slot as an all_gather's does
+    cap = shared_cap(engine)
+    return (learn_cap(engine.world_size), False) if cap is None else (cap, True)
 
 
 def inline_room(slot_size: int) -> int:
@@ -304,11 +314,12 @@ def exchange(
                 return shapes, None, tensor.dtype
             # a steady call teaches the slot nothing (Rooms.learn would only reset
             # counters that are reset): no call for it
-            need = nbytes if dst is None else need_of(nbytes, everyone_needs_all=False)
+            cap, shared = _learns_up_to(engine)
+            need = nbytes if dst is None or shared else need_of(nbytes, everyone_needs_all=False)
             if rooms is not None and (
-                rooms.smaller or not need <= rooms.learnt <= 2 * need or need > slots.cap
+                rooms.smaller or not need <= rooms.learnt <= 2 * need or need > cap
             ):
-                rooms.learn(need, world)
+                rooms.learn(need, world, cap)
             if layout.areas is None:  # too large for the slot: the caller's second round
                 slots.give_back(gathered, raw)
                 return shapes, None, tensor.dtype
@@ -385,6 +396,7 @@ class _Steady:
         need: int,
         room: int,
         kept: tuple[Any, torch.Tensor, torch.Tensor | None] | None,
+        cap: int,
     ):
         assert layout.areas is not None  # (the data rides in the slot)
         self.header, self.area, self.lane, self.rooms = (
@@ -397,7 +409,7 @@ class _Steady:
         self.learnt, self.room = rooms.learnt, room
         self.need = need
         #: whether a steady call still teaches the rooms (see exchange): they shrink
-        self.teaches = not need <= rooms.learnt <= 2 * need or need > slots.cap
+        self.teaches = not need <= rooms.learnt <= 2 * need or need > cap
         world, size = slots.world, slots.sent.size
         #: bytes gathered: a buffer of its own for every call (``fresh``) unless kept
         self.total = world * size
@@ -455,7 +467,8 @@ def _prepare(
     steady = slots.steady
     if len(steady) >= LAYOUTS:
         steady.clear()
-    steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, kept)
+    cap = _learns_up_to(engine)[0]
+    steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, kept, cap)
 
 
 def _serving(lanes: Lanes, tensor: Any, timeout: Any) -> Engine | None:
@@ -565,7 +578,7 @@ def steady(
             del slots.steady[key]
         return _unsteady(engine, tensor, what, found, gathered, raw, status, dst)
     if rooms.smaller or found.teaches:
-        rooms.learn(found.need, engine.world_size)
+        rooms.learn(found.need, engine.world_size, _learns_up_to(engine)[0])
     if dst is not None and engine.rank != dst:
         return []
     every = found.every
@@ -634,7 +647,9 @@ def _settle(
     if rooms is not None:
         # a gather's data only dst keeps: it teaches the slot what a broadcast does
         largest = max(h[3] for h in heads)
-        rooms.learn(largest if dst is None else need_of(largest, False), engine.world_size)
+        cap, shared = _learns_up_to(engine)
+        need = largest if dst is None or shared else need_of(largest, False)
+        rooms.learn(need, engine.world_size, cap)
     if any(h[3] > room for h in heads):
         return shapes, None, dtype
     world = engine.world_size

@@ -61,6 +61,21 @@ def learn_cap(world: int) -> int:
     return LEARN_TOTAL // max(world, 1)
 
 
+def shared_cap(engine: Engine) -> int | None:
+    """The most a call's data teaches the slot where ``engine``'s group shares its rounds.
+
+    Through shared memory (:mod:`commlib._shared_rows`) a round copies only the
+    bytes written, so a large slot pads nothing: a call's data rides up to the
+    segment's room. ``None``: the engine's rule (:func:`learn_cap`, :func:`need_of`).
+
+    Examples:
+        >>> shared_cap(engine) is None or shared_cap(engine) > learn_cap(engine.world_size)
+        True
+    """
+    shared = engine.kept.get("shared")
+    return None if shared is None or not engine.on_cpu else shared.area - HEADER - 16
+
+
 class Rooms:
     """The room for data the next slot has, learnt from the last calls.
 

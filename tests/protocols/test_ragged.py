@@ -207,7 +207,9 @@ def test_a_large_learnt_slot_is_gathered_directly(world2):
 
 
 def _on_gather_sizes(comm: Communicator):
-    # a gather's data only dst keeps: the slot learns it up to _rooms.PAD_UP_TO alone
+    # a gather's data only dst keeps: the slot learns it up to _rooms.PAD_UP_TO alone, or
+    # where the group's rounds go through shared memory (a large slot pads nothing) as an
+    # all_gather's, up to the segment's room
     r = comm.rank
     out = {}
     for label, n in (("64K", 16_000), ("600K", 150_000)):
@@ -220,16 +222,19 @@ def _on_gather_sizes(comm: Communicator):
             rounds.append(comm._engine.seq - before)
             got.append([float(t[-1]) for t in parts])
         out[label] = (rounds, got, rooms_of(comm._engine).learnt)
-    return out
+    return out, comm._engine.kept.get("shared") is not None
 
 
-def test_a_gather_teaches_the_slot_only_what_a_broadcast_does(world2):
-    for r, got in enumerate(world2.run(_on_gather_sizes)):
+def test_a_gather_teaches_the_slot_what_a_broadcast_does_or_through_shared_memory_all(world2):
+    for r, (got, shared) in enumerate(world2.run(_on_gather_sizes)):
         want = [[0.0, 1.0]] * 3 if r == 0 else [[]] * 3
         rounds, parts, learnt = got["64K"]
         assert parts == want and rounds == [2, 1, 1] and learnt >= 64_000
         rounds, parts, learnt = got["600K"]
-        assert parts == want and rounds == [2, 2, 2] and learnt < 1024
+        if shared:
+            assert parts == want and rounds == [2, 1, 1] and learnt >= 600_000
+        else:
+            assert parts == want and rounds == [2, 2, 2] and learnt < 1024
 
 
 def _on_kept_results(comm: Communicator):

@@ -201,7 +201,12 @@ def test_trace_names_the_rank_killed_mid_collective(traced_world):
     lines = [v for v in found["verdict"] if v.startswith("rank 2 left no trace file")]
     assert len(lines) == 1, found["verdict"]
     (verdict,) = lines
-    assert "all_reduce #" in verdict and "ranks 0, 1" in verdict
+    # the survivors in the stream: in one all_reduce ("ranks 0, 1 ..."), or, where one
+    # rank got past the killed rank's last round before the other noticed (a whole
+    # suite on 2 cores: rank 1 in #31, rank 0 in #33), each named in its own
+    together = "ranks 0, 1" in verdict
+    apart = all(f"rank {r} failed in all_reduce #" in verdict for r in (0, 1))
+    assert "all_reduce #" in verdict and (together or apart), verdict
     assert f" at {_at('the stream')}" in verdict
 
 

@@ -51,7 +51,7 @@ import torch
 
 from commlib import _catalog, _lanes, _objects
 from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
-from commlib._rooms import HEADER, Rooms, learn_cap, need_of, rooms_of, shared_cap
+from commlib._rooms import HEADER, Rooms, learn_cap, rooms_of, teaches
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot
 from commlib._shared_rows import SharedRows, shared_rows
 from commlib.dtypes import byte_view
@@ -565,11 +565,7 @@ def exchange(
     # every rank sent this rank's header (description and byte count): the slot
     # learns alike everywhere; a call without data needs no room, so a run of
     # them shrinks it
-    cap = shared_cap(engine)
-    if cap is not None and nbytes <= cap:
-        need = nbytes  # a shared round: only the bytes written are copied
-    else:
-        need = need_of(nbytes, what in _catalog.EVERYONE_NEEDS_ALL)
+    need, cap = teaches(engine, nbytes, what in _catalog.EVERYONE_NEEDS_ALL)
     if apart and need and not _rows_apart(engine, rooms.slot_for(need, floor)):
         need = 0  # a slot that large would not go apart: the parts could not ride
     if host is not None:

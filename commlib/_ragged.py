@@ -35,7 +35,7 @@ import torch
 
 from commlib import _lanes, _steps
 from commlib._host_copy import host_copy
-from commlib._rooms import HEADER, Rooms, learn_cap, need_of, shared_cap
+from commlib._rooms import HEADER, Rooms, learns_up_to, teaches
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib._shared_rows import shared_rows
 from commlib.dtypes import dtype_code, dtype_from_code
@@ -223,14 +223,6 @@ def _slots(engine: Engine, size: int) -> _Slots:
     return found
 
 
-def _learns_up_to(engine: Engine) -> tuple[int, bool]:
-    # the most a slot learns to carry per rank (Rooms), and whether the group's rounds
-    # go through shared memory: there a large slot pads nothing, so a gather's data
-    # (only dst keeps it) teaches the slot as an all_gather's does
-    cap = shared_cap(engine)
-    return (learn_cap(engine.world_size), False) if cap is None else (cap, True)
-
-
 def inline_room(slot_size: int) -> int:
     """Bytes of tensor data a slot of ``slot_size`` bytes carries after its header.
 
@@ -314,8 +306,9 @@ def exchange(
                 return shapes, None, tensor.dtype
             # a steady call teaches the slot nothing (Rooms.learn would only reset
             # counters that are reset): no call for it
-            cap, shared = _learns_up_to(engine)
-            need = nbytes if dst is None or shared else need_of(nbytes, everyone_needs_all=False)
+            # a gather's data only dst keeps: through shared memory it rides as an
+            # all_gather's does, otherwise it teaches the slot what a broadcast does
+            need, cap = teaches(engine, nbytes, everyone_needs_all=dst is None)
             if rooms is not None and (
                 rooms.smaller or not need <= rooms.learnt <= 2 * need or need > cap
             ):
@@ -467,7 +460,7 @@ def _prepare(
     steady = slots.steady
     if len(steady) >= LAYOUTS:
         steady.clear()
-    cap = _learns_up_to(engine)[0]
+    cap = learns_up_to(engine)
     steady[layout.key] = _Steady(slots, layout, lane, rooms, need, room, kept, cap)
 
 
@@ -578,7 +571,7 @@ def steady(
             del slots.steady[key]
         return _unsteady(engine, tensor, what, found, gathered, raw, status, dst)
     if rooms.smaller or found.teaches:
-        rooms.learn(found.need, engine.world_size, _learns_up_to(engine)[0])
+        rooms.learn(found.need, engine.world_size, learns_up_to(engine))
     if dst is not None and engine.rank != dst:
         return []
     every = found.every
@@ -645,10 +638,10 @@ def _settle(
     if shapes_only:
         return shapes, None, dtype
     if rooms is not None:
-        # a gather's data only dst keeps: it teaches the slot what a broadcast does
+        # a gather's data only dst keeps: (exchange) as a broadcast's or through shared
+        # memory as an all_gather's
         largest = max(h[3] for h in heads)
-        cap, shared = _learns_up_to(engine)
-        need = largest if dst is None or shared else need_of(largest, False)
+        need, cap = teaches(engine, largest, everyone_needs_all=dst is None)
         rooms.learn(need, engine.world_size, cap)
     if any(h[3] > room for h in heads):
         return shapes, None, dtype

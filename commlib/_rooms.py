@@ -76,6 +76,35 @@ def shared_cap(engine: Engine) -> int | None:
     return None if shared is None or not engine.on_cpu else shared.area - HEADER - 16
 
 
+def teaches(engine: Engine, nbytes: int, everyone_needs_all: bool) -> tuple[int, int]:
+    """What a call with ``nbytes`` of data teaches the slot, and the most it learns.
+
+    Through shared memory a call's data up to :func:`shared_cap` (a large
+    slot pads nothing there); otherwise :func:`need_of` up to :func:`learn_cap`.
+
+    Examples:
+        >>> need, cap = teaches(engine, 300_000, everyone_needs_all=True)
+        >>> need
+        300000
+    """
+    cap = shared_cap(engine)
+    if cap is not None and nbytes <= cap:
+        return nbytes, cap
+    return need_of(nbytes, everyone_needs_all), learns_up_to(engine)
+
+
+def learns_up_to(engine: Engine) -> int:
+    """The most ``engine``'s slot learns to carry per rank: :func:`shared_cap`, else
+    :func:`learn_cap`.
+
+    Examples:
+        >>> learns_up_to(engine) >= learn_cap(engine.world_size)
+        True
+    """
+    cap = shared_cap(engine)
+    return learn_cap(engine.world_size) if cap is None else cap
+
+
 class Rooms:
     """The room for data the next slot has, learnt from the last calls.
 

@@ -175,7 +175,8 @@ def run_dispatch(opts: BenchOptions) -> list[Row]:
                     if base is named:
                         raise
                     # torch's barrier asks torch._C._get_accelerator(), which a simulated
-                    # private device (npu, mlu) does not answer: the row is left out
+                    # private device (npu, mlu) answers only where torch lets Python
+                    # register its hooks (commlib.testing.simulated): else the row is left out
                     print(
                         f"commlib bench: {case.name} not timed over simulated devices: {exc}",
                         file=sys.stderr,

@@ -103,6 +103,21 @@ def test_no_device_visible_is_a_clear_error():
     world.kill()
 
 
+def _torch_barrier(comm) -> str:
+    import torch.distributed as dist
+
+    dist.barrier()  # torch's own: it asks torch._C._get_accelerator() for its device
+    return torch._C._get_accelerator().type
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["hccl", "cncl"])
+def test_a_private_device_answers_torch_as_its_package_would(kind):
+    # torch_npu / torch_mlu register the private device's hooks when imported
+    with World(2, backend=kind, setup=simulated.setup(kind, devices=2), timeout=60) as world:
+        assert world.run(_torch_barrier) == [DEVICE_TYPE[kind]] * 2
+
+
 def _runtime(comm) -> tuple:
     return repr(comm.plugin.runtime()), list(simulated.installed("nccl").history)
 

@@ -46,6 +46,7 @@ from commlib.testing.simulated.devices import (
     hide_accelerator,
     patch_accelerator,
     patch_module,
+    register_private_hooks,
     vendor_package,
 )
 from commlib.testing.simulated.engines import register_vendor_engine, stand_in_for_nccl
@@ -117,6 +118,7 @@ def install(
         pkg = vendor_package(real.vendor_package, real.vendor_attr, state)
         torch.utils.rename_privateuse1_backend(real.device_type)
         register_device_module(real.device_type, getattr(pkg, real.vendor_attr))
+        register_private_hooks(state)
         # torch's CPU build now serves the renamed device through torch.accelerator, as
         # with the real package; a CUDA build still serves CUDA there, so answer for it
         patch_accelerator(state, whole=built_accelerator() != real.device_type)

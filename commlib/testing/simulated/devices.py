@@ -141,6 +141,36 @@ def patch_accelerator(devices: SimulatedDevices, whole: bool) -> None:
         accel.device_count = devices.device_count
 
 
+def register_private_hooks(devices: SimulatedDevices) -> None:
+    """Register the private device's C++ hooks, as a vendor package's import does.
+
+    ``torch._C._get_accelerator()`` (which torch's own ``barrier`` asks for its
+    device) answers the renamed private device only once its hooks are
+    registered; without them it raises. A torch without the Python hook API
+    keeps going without them.
+
+    Examples:
+        >>> register_private_hooks(SimulatedDevices("npu", 2))  # for good  # doctest: +SKIP
+        >>> torch._C._get_accelerator()  # doctest: +SKIP
+        device(type='npu')
+    """
+    acc = getattr(torch._C, "_acc", None)
+    if acc is None or not hasattr(acc, "register_python_privateuseone_hook"):
+        return
+
+    class Hooks(acc.PrivateUse1Hooks):  # type: ignore[misc, name-defined]
+        def is_available(self) -> bool:
+            return devices.is_available()
+
+        def is_built(self) -> bool:
+            return True
+
+        def has_primary_context(self, device_index: int) -> bool:
+            return True
+
+    acc.register_python_privateuseone_hook(Hooks())
+
+
 def built_accelerator() -> str | None:
     """The device type ``torch.accelerator`` serves, GPU present or not (``None``: none).
 

@@ -158,7 +158,7 @@ def register_private_hooks(devices: SimulatedDevices) -> None:
     if acc is None or not hasattr(acc, "register_python_privateuseone_hook"):
         return
 
-    class Hooks(acc.PrivateUse1Hooks):  # type: ignore[misc, name-defined]
+    class Hooks(acc.PrivateUse1Hooks):  # type: ignore[name-defined]
         def is_available(self) -> bool:
             return devices.is_available()
 

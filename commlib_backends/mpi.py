@@ -55,8 +55,8 @@ from commlib.hookspecs import hookimpl
 from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib_backends import mpi_group
 from commlib_backends.engine_gaps import EngineGaps
-from commlib_backends.mpi_group import MPIWork, finish, mpi
-from commlib_backends.mpi_lanes import SPINS, lane_call
+from commlib_backends.mpi_group import MPIWork, _yield, finish, mpi
+from commlib_backends.mpi_lanes import SPINS, YIELDS, lane_call
 from commlib_backends.mpi_lanes import as_bytes as _bytes
 from commlib_backends.mpi_lanes import run_of as _run_of
 
@@ -470,6 +470,10 @@ class _SlotGather:
         request = self.comm.Iallgather(mine, into)
         test = request.Test
         for _ in SPINS:  # (settled, inline: the check's round is every checked call's)
+            if test():
+                return None
+        for _ in YIELDS:
+            _yield()
             if test():
                 return None
         return MPIWork([request], keep=(output, row))

@@ -36,15 +36,18 @@ from typing import Any
 
 import torch
 
-from commlib_backends.mpi_group import MPIWork
+from commlib_backends.mpi_group import MPIWork, _yield
 
 Issue = Callable[..., "MPIWork | None"]
 
 #: Tests of a fresh request before its work object is made: a small collective
 #: between ranks on one machine ends within them (a few microseconds), and the work,
 #: its wait and its poll loop are then never made; a later one is waited on by the
-#: engine as before (its spin, its slices). ~0.2 us a test.
-SPINS = range(48)
+#: engine as before (its slices). First back to back (~0.2 us a test: ranks in step),
+#: then with the core yielded between tests (a peer that is late is often one waiting
+#: for a core: see mpi_group._YIELD_BELOW; ~1 us a test when nothing else runs).
+SPINS = range(16)
+YIELDS = range(32)
 
 
 def settled(request: Any, keep: Any) -> MPIWork | None:
@@ -56,6 +59,10 @@ def settled(request: Any, keep: Any) -> MPIWork | None:
     """
     test = request.Test
     for _ in SPINS:
+        if test():
+            return None
+    for _ in YIELDS:
+        _yield()
         if test():
             return None
     return MPIWork([request], keep=keep)

@@ -88,20 +88,33 @@ def _no_sync() -> None:
     """Nothing to wait for (CPU backends)."""
 
 
+#: three sides' orders over six rounds: each goes first, in the middle and last twice,
+#: and follows each other side three times, never itself (the rounds run on, so the
+#: last of one round comes before the first of the next)
+_THREE = ((0, 1, 2), (0, 2, 1), (2, 1, 0), (1, 0, 2), (1, 2, 0), (2, 0, 1))
+
+
 def order(impls: tuple[str, ...], i: int) -> tuple[str, ...]:
     """Which implementation goes first in round ``i``: they take turns.
 
-    Two alternate (the first, then the last first); more rotate, so each
-    goes first, in the middle and last alike.
+    Two alternate (the first, then the last first). Three take six orders
+    in turn, so each goes first, in the middle and last alike, and each
+    comes right after each of the others alike: a call's time depends on
+    the one before it (a torch call on gloo leaves its threads busy and its
+    ranks apart for the next call; an MPI call leaves them in step), and a
+    plain rotation put the first side after the last one in two rounds of
+    three, the second after it in one. More than three rotate.
 
     Examples:
         >>> order(("commlib", "torch"), 1)
         ('torch', 'commlib')
-        >>> order(("commlib", "unchecked", "torch"), 1)
-        ('unchecked', 'torch', 'commlib')
+        >>> [order(("commlib", "unchecked", "torch"), i)[0] for i in range(6)]
+        ['commlib', 'commlib', 'torch', 'unchecked', 'unchecked', 'torch']
     """
     if len(impls) == 2:
         return impls if i % 2 == 0 else impls[::-1]
+    if len(impls) == 3:
+        return tuple(impls[k] for k in _THREE[i % 6])
     k = i % len(impls)
     return impls[k:] + impls[:k]
 

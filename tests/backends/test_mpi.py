@@ -174,8 +174,30 @@ def test_a_busy_request_is_polled_without_sleeps_and_others_sleep_between_polls(
     assert outcomes == ["done"] and clock.slept == [] and len(yields) >= 90
     plain = mpi_group.MPIWork([_Request(polls=100)])
     clock, yields, outcomes = _polled(monkeypatch, plain, 10.0)
-    assert outcomes == ["done"] and yields == [] and len(clock.slept) > 90
+    assert outcomes == ["done"] and len(clock.slept) > 90
     assert max(clock.slept) == 1e-3  # a small transfer: up to 1 ms a pause
+    # while it would spin (its first millisecond) it yields the core instead: its peer
+    # may be the one waiting for it
+    assert 1 <= len(yields) <= mpi_group._SPIN / clock.step
+    large = mpi_group.MPIWork([_Request(polls=100)], keep=torch.empty(mpi_group._LARGE // 4))
+    clock, yields, outcomes = _polled(monkeypatch, large, 10.0)
+    # a large transfer spins hot (MPI moves its data inside the polls), then polls often
+    assert outcomes == ["done"] and yields == [] and max(clock.slept) == mpi_group._LARGE_PAUSE
+
+
+def test_a_lanes_request_is_tested_back_to_back_then_with_the_core_yielded(monkeypatch):
+    from commlib_backends import mpi_lanes
+
+    yields = []
+    monkeypatch.setattr(mpi_lanes, "_yield", lambda: yields.append(1))
+    assert mpi_lanes.settled(_Request(polls=3), None) is None and yields == []
+    hot = len(mpi_lanes.SPINS)
+    assert mpi_lanes.settled(_Request(polls=hot + 5), None) is None and len(yields) == 5
+    late = _Request(polls=10_000)
+    work = mpi_lanes.settled(late, "kept")
+    # then its work, which the engine waits on in slices (its requests, its buffers)
+    assert isinstance(work, mpi_group.MPIWork) and work.requests == [late]
+    assert work.keep == "kept" and len(yields) == 5 + len(mpi_lanes.YIELDS)
 
 
 def test_a_busy_request_yields_for_a_while_over_all_its_waits_then_sleeps(monkeypatch):

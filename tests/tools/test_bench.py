@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -533,10 +534,16 @@ def test_sides_take_turns():
 
     two, three = ("commlib", "torch"), ("commlib", "unchecked", "torch")
     assert [order(two, i)[0] for i in range(4)] == ["commlib", "torch"] * 2
-    firsts = [order(three, i) for i in range(3)]
-    # each side goes first, in the middle and last once in three rounds
+    rounds = [order(three, i) for i in range(6)]
+    # each side goes first, in the middle and last twice in six rounds
     for position in range(3):
-        assert sorted(o[position] for o in firsts) == sorted(three)
+        assert sorted(o[position] for o in rounds) == sorted(three * 2)
+    # and comes right after each other side three times, never after itself (a call's
+    # time depends on the one before it: torch's on gloo leaves the ranks apart)
+    calls = [side for o in rounds for side in o]
+    after = Counter(zip(calls[-1:] + calls[:-1], calls))
+    assert after == {(a, b): 3 for a in three for b in three if a != b}
+    assert order(three, 6) == order(three, 0)
 
 
 def test_a_failed_rank_ends_the_run_with_its_error(tmp_path):

@@ -55,7 +55,7 @@ from commlib.hookspecs import hookimpl
 from commlib.types import EngineOp, Group, P2PRequest, Work
 from commlib_backends import mpi_group
 from commlib_backends.engine_gaps import EngineGaps
-from commlib_backends.mpi_group import MPIWork, _yield, finish, mpi
+from commlib_backends.mpi_group import MPIWork, finish, mpi, yield_core
 from commlib_backends.mpi_lanes import SPINS, YIELDS, lane_call
 from commlib_backends.mpi_lanes import as_bytes as _bytes
 from commlib_backends.mpi_lanes import run_of as _run_of
@@ -473,7 +473,7 @@ class _SlotGather:
             if test():
                 return None
         for _ in YIELDS:
-            _yield()
+            yield_core()
             if test():
                 return None
         return MPIWork([request], keep=(output, row))

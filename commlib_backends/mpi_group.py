@@ -251,7 +251,7 @@ class MPIWork:
             # ranks, 16 MiB Ialltoallv: polls 20 us apart 98 ms, yielding 9 ms, Wait 3-7
             # ms; Ialltoall polled 20 us apart 2 ms), so it yields the core instead
             if now < yield_until:
-                _yield()
+                yield_core()
             elif now - start > _SPIN:
                 if longest is None:
                     longest = _LARGE_PAUSE if _bytes_of(self.keep) >= _LARGE else 1e-3
@@ -263,7 +263,7 @@ class MPIWork:
 
 
 #: give the core to another runnable thread or process, if any, and come back at once
-_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def finish(work: MPIWork, async_op: bool) -> MPIWork | None:

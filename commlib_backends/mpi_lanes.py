@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from commlib_backends.mpi_group import MPIWork, _yield
+from commlib_backends.mpi_group import MPIWork, yield_core
 
 Issue = Callable[..., "MPIWork | None"]
 
@@ -62,7 +62,7 @@ def settled(request: Any, keep: Any) -> MPIWork | None:
         if test():
             return None
     for _ in YIELDS:
-        _yield()
+        yield_core()
         if test():
             return None
     return MPIWork([request], keep=keep)

@@ -157,7 +157,7 @@ class _Clock:
 def _polled(monkeypatch, work, *waits: float) -> tuple[_Clock, list[int], list[str]]:
     clock, yields, outcomes = _Clock(step=0.5e-3), [], []
     monkeypatch.setattr(mpi_group, "time", clock)
-    monkeypatch.setattr(mpi_group, "_yield", lambda: yields.append(1))
+    monkeypatch.setattr(mpi_group, "yield_core", lambda: yields.append(1))
     for seconds in waits:
         try:
             work.wait(datetime.timedelta(seconds=seconds))
@@ -189,7 +189,7 @@ def test_a_lanes_request_is_tested_back_to_back_then_with_the_core_yielded(monke
     from commlib_backends import mpi_lanes
 
     yields = []
-    monkeypatch.setattr(mpi_lanes, "_yield", lambda: yields.append(1))
+    monkeypatch.setattr(mpi_lanes, "yield_core", lambda: yields.append(1))
     assert mpi_lanes.settled(_Request(polls=3), None) is None and yields == []
     hot = len(mpi_lanes.SPINS)
     assert mpi_lanes.settled(_Request(polls=hot + 5), None) is None and len(yields) == 5

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from commlib import _catalog, _lanes, _objects
-from commlib._host_copy import PARALLEL_FROM, host_copy, stack_into
+from commlib._host_copy import PARALLEL_FROM, copy_bytes, host_copy, stack_into
 from commlib._rooms import HEADER, Rooms, learn_cap, rooms_of, teaches
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot
 from commlib._shared_rows import SharedRows, shared_rows
@@ -278,6 +278,7 @@ class Round:
         "direct",
         "dtype",
         "empty",
+        "flat",
         "floor",
         "header",
         "heads",
@@ -306,6 +307,7 @@ class Round:
     direct: bool  # the data goes straight into the segment, or a writer writes it there
     dtype: torch.dtype | None  # the data's (None: a call without data)
     empty: bool  # data of no bytes: every rank's is an empty tensor
+    flat: int  # the address of ``area`` where it is one contiguous run of the data's bytes
     floor: int  # the communicator's slot size
     header: bytes
     heads: tuple[bytes, ...] | bytes  # the header, once per gathered row (as host.heads)
@@ -383,6 +385,7 @@ def _prepare(
     prep.lane_key = None if lane is None else ("all_gather_slots", host.slot_size, rows_apart)
     prep.area = prep.areas = prep.spread = prep.parts = prep.block = None
     prep.small = prep.empty = prep.direct = False
+    prep.flat = 0
     prep.used = _used(host, 0)
     if data is None or not inline:
         return prep
@@ -400,6 +403,9 @@ def _prepare(
     prep.areas = areas if spreads else None
     prep.area = areas.every if apart or spreads else areas.first
     prep.small = prep.area.numel() < PARALLEL_FROM
+    area = prep.area
+    if area.is_contiguous() and area.nbytes == nbytes:
+        prep.flat = area.data_ptr()  # (a slot the host keeps: its memory stays)
     # a writer fills the first row's area, then the others get copies (a true apart writes all)
     prep.spread = None if apart else areas.first
     # where the rows lie: the host's rows, or either generation of the segment's
@@ -627,10 +633,13 @@ def steady(
                 if write(there) is False:
                     used, direct = _used(host, 0), None
         elif write is None:
-            if prep.small:
-                area.copy_(data)  # type: ignore[arg-type]  # (an area: the data is declared)
+            assert data is not None  # (an area: the data is declared)
+            if prep.flat and data.is_cpu and data.is_contiguous():
+                copy_bytes(prep.flat, (data,), prep.nbytes)  # (no dispatcher: _host_copy)
+            elif prep.small:
+                area.copy_(data)
             else:
-                host_copy(area, data)  # type: ignore[arg-type]
+                host_copy(area, data)
         elif prep.spread is None:
             if write(area) is False:
                 used = _used(host, 0)

@@ -40,7 +40,7 @@ from commlib import _lanes, _nested, _steps
 from commlib import _validation as check
 from commlib._check_round import steady
 from commlib._guard import write_nothing
-from commlib._host_copy import PARALLEL_FROM, host_clone, host_copy, stack_into
+from commlib._host_copy import PARALLEL_FROM, copy_bytes, host_clone, host_copy, stack_into
 from commlib._sent_slots import LAYOUTS
 from commlib.errors import RemoteArgumentError
 from commlib.reductions import reduce_into
@@ -221,8 +221,8 @@ class CheckedLanes:
         except RemoteArgumentError as exc:  # as the communicator words it
             raise _nested.tensor_meets_no_tensor(exc, src) from None
         if parts is not None:
-            if not root:
-                host_copy(tensor, parts[src])
+            if not root:  # (both contiguous host tensors of its bytes: no dispatcher)
+                copy_bytes(tensor.data_ptr(), (parts[src],), tensor.nbytes)
         elif lane is not None:
             engine.direct("broadcast", lane, [tensor])
         return True
@@ -279,10 +279,9 @@ class CheckedLanes:
         prep, lane = ready
         parts = steady(engine, host, prep, what, self.serializer, data, None, None)
         if parts is not None:
-            if output.dim() == 1 == tensor.dim():
-                torch.cat(parts, out=output)  # one op, no view
-            else:
-                torch.stack(parts, out=output.view(engine.world_size, *tensor.shape))
+            # every rank's part back to back (output contiguous, world parts of one dtype;
+            # plain copies: torch's cat is its dispatcher's, cold after a sleep, _host_copy)
+            copy_bytes(output.data_ptr(), parts, tensor.nbytes)
         elif lane is not None:
             flat = output if output.dim() == 1 else output.view(-1)
             engine.direct(what, lane, flat, tensor if tensor.dim() == 1 else tensor.view(-1))
@@ -353,7 +352,7 @@ class CheckedLanes:
         write = (lambda rows: stack_into(rows, scatter_list)) if root else write_nothing
         got = steady(engine, host, prep, what, self.serializer, data, None, write)
         if got is not None:
-            host_copy(tensor, got[src])
+            copy_bytes(tensor.data_ptr(), (got[src],), tensor.nbytes)
         elif lane is not None:
             _lanes.scatter_by(engine, lane, tensor, scatter_list, src)
         return True

@@ -6,9 +6,20 @@ its intra-op threads. Between the ranks of a group on a few shared cores
 other: copying 256 KiB into the argument check's slot took 3.5 ms instead of
 3 us on 2 cores at load 2. The check's round copies its riding data in and
 out, so it copies large ones through numpy, which stays on this thread.
+
+Small ones whose layout the caller knows (contiguous host tensors of one
+dtype) go as plain memory copies (:func:`copy_bytes`): torch's ``copy_``
+passes its dispatcher, whose code is cold when the thread comes back from a
+sleep (another engine's blocking call, another program on the core): 2
+ranks, load 2.4, thread CPU time of one 1 KiB copy after a torch call on
+gloo, median: ``copy_`` 32 us, a memory copy 19 us (after an MPI call 3.6
+against 2.7).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from ctypes import memmove
 
 import numpy as np
 import torch
@@ -20,6 +31,25 @@ PARALLEL_FROM = 32768
 def _bytes(t: torch.Tensor) -> np.ndarray:
     # the same memory as bytes (the last dim, contiguous, times the item size)
     return t.view(torch.uint8).numpy()
+
+
+def copy_bytes(at: int, parts: Sequence[torch.Tensor], nbytes: int) -> None:
+    """Each of ``parts`` (``nbytes`` each) to the address ``at``, back to back.
+
+    The caller vouches that the memory from ``at`` is a contiguous host
+    tensor with room for them all, and that each part is a contiguous host
+    tensor of ``nbytes`` bytes: nothing is checked.
+
+    Examples:
+        >>> out, parts = torch.empty(4), [torch.ones(2), torch.zeros(2)]
+        >>> copy_bytes(out.data_ptr(), parts, 8)
+        >>> out
+        tensor([1., 1., 0., 0.])
+    """
+    if nbytes:
+        for part in parts:
+            memmove(at, part.data_ptr(), nbytes)
+            at += nbytes
 
 
 def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

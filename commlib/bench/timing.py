@@ -8,7 +8,9 @@ commlib unchecked too (:data:`commlib.bench.cases.SIDES`). Fairness rules:
 
 * the implementations take turns call by call within every trial, and which
   goes first rotates too, so drift in the machine (other load, CPU
-  frequency, cache state) hits them alike, in every trial;
+  frequency, cache state) hits them alike, in every trial; each comes right
+  after each of the others alike (:func:`order`): a call right after
+  another engine's finds the caches cold;
 * every timed call starts right after a barrier, so a rank that is late from
   the previous call does not bill its lateness to the next one;
 * device work is waited for before the clock stops (accelerator backends);

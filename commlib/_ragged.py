@@ -28,7 +28,9 @@ view of the gathered slots. Any difference reads every header, as before.
 
 from __future__ import annotations
 
+import math
 import struct
+from ctypes import memmove
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -360,15 +362,18 @@ class _Steady:
     __slots__ = (
         "area",
         "args",
+        "at",
         "dtype",
         "every",
         "expected",
+        "first",
         "fresh",
         "gathered",
         "header",
         "heads",
         "lane",
         "learnt",
+        "nbytes",
         "need",
         "offset",
         "raw",
@@ -391,13 +396,24 @@ class _Steady:
         kept: tuple[Any, torch.Tensor, torch.Tensor | None] | None,
         cap: int,
     ):
-        assert layout.areas is not None  # (the data rides in the slot)
-        self.header, self.area, self.lane, self.rooms = (
-            layout.header,
-            layout.areas.every,
-            lane,
-            rooms,
-        )
+        areas = layout.areas
+        assert areas is not None  # (the data rides in the slot)
+        self.header, self.lane, self.rooms = layout.header, lane, rooms
+        #: the direct call's arguments after the gathered buffer: the engine's exchange
+        #: of the rows, or its gather of the first
+        self.args: tuple[Any, ...] = _sent_args(slots, lane, _HEADER_BYTES + areas.first.nbytes)
+        #: the first row alone where that is all the lane sends (else None)
+        self.first = self.args[0] if len(self.args) == 1 else None
+        #: where this rank's data goes: the first row's area where the lane sends that
+        #: alone, else every row's (one copy fills them all)
+        self.area = areas.every if self.first is None else areas.first
+        #: its address where the data goes there as plain memory (no dispatcher, see
+        #: commlib._host_copy): one contiguous area, a real dtype (a complex tensor may
+        #: carry a lazy conjugate, which only ``copy_`` resolves); else None
+        dtype, shape = layout.key[0], layout.key[1]
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        whole = self.area.is_contiguous() and self.area.nbytes == self.nbytes
+        self.at = self.area.data_ptr() if whole and not dtype.is_complex else None
         #: the slot's size follows from these two: a call with others sizes it anew
         self.learnt, self.room = rooms.learnt, room
         self.need = need
@@ -416,11 +432,6 @@ class _Steady:
         #: how every rank's data is viewed in a fresh buffer: ``(world, *shape)``
         self.dtype, self.sizes = layout.key[0], layout.sizes
         self.strides, self.offset = layout.strides, layout.offset
-        #: the direct call's arguments after the gathered buffer: the engine's exchange
-        #: of the rows, or its gather of the first
-        self.args: tuple[Any, ...] = _sent_args(
-            slots, lane, _HEADER_BYTES + layout.areas.first.nbytes
-        )
         #: every rank's header in the gathered slots, read in one step, and this rank's
         #: header as often: equal when every rank made this call
         gap = size - _HEADER_BYTES
@@ -558,14 +569,20 @@ def steady(
     # (a tensor that requires grad is sent as its data, as Engine.to_device does)
     # (on this thread: torch would split a large copy across threads that wait for the
     # other ranks' on a few shared cores, see commlib._host_copy)
-    host_copy(found.area, tensor.detach() if tensor.requires_grad else tensor)
-    if found.fresh:  # a buffer of its own: the results are views of it
-        gathered = torch.empty(found.total, dtype=torch.uint8)
-        engine.direct(what, lane, gathered, *found.args)
-        raw: Any = gathered.numpy()
+    at = found.at
+    if at is not None and tensor.is_contiguous() and not tensor.is_neg():
+        memmove(at, tensor.data_ptr(), found.nbytes)
     else:
-        gathered, raw = found.gathered, found.raw
+        host_copy(found.area, tensor.detach() if tensor.requires_grad else tensor)
+    fresh = found.fresh
+    # a buffer of its own (the results are views of it), or the kept one
+    gathered = torch.empty(found.total, dtype=torch.uint8) if fresh else found.gathered
+    first = found.first
+    if first is not None:  # the engine's gather of the first row, its two arguments spelt out
+        engine.direct(what, lane, gathered, first)
+    else:  # the rows apart
         engine.direct(what, lane, gathered, *found.args)
+    raw: Any = gathered.numpy() if fresh else found.raw
     if found.heads.unpack_from(raw) != found.expected:
         if not found.fresh:  # the results may be views of this buffer: it is theirs now
             del slots.steady[key]

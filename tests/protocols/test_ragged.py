@@ -559,3 +559,36 @@ def test_on_a_device_the_data_goes_into_the_row_there(fake8):
         with _counted(engine) as direct:
             comm.all_to_all([torch.empty(2) for _ in range(8)], [torch.ones(2)] * 8)
             assert direct.call_count == 1
+
+
+def test_a_steady_kind_copies_any_layout_of_its_data_exactly(fake8):
+    # a steady kind's data goes into the slot as plain memory where it is contiguous
+    # real data; a transposed tensor, a lazily negated or conjugated one, a tensor
+    # that requires grad travel with their values as they read (copy_ resolves them)
+    from commlib import _ragged
+
+    comm = fake8
+    plain = torch.arange(6.0).reshape(2, 3)
+    waves = plain * (1 + 1j)
+    cases = [
+        ("contiguous", plain + 1, 1),
+        ("transposed", torch.arange(6.0).reshape(3, 2).t(), 0),
+        ("negated", torch._neg_view(plain + 2), 0),
+        ("requires_grad", (plain + 3).requires_grad_(), 1),
+        ("conjugated", waves.conj(), 0),
+        ("complex", waves, 0),
+    ]
+    for name, x, copies in cases:
+        for _ in range(2):  # each kind learnt (the slot's room too), then steady
+            comm.all_gather(x)
+            comm.gather(x, 0)
+        with (
+            mock.patch.object(_ragged, "memmove", wraps=_ragged.memmove) as plain_copies,
+            mock.patch.object(_ragged, "exchange", wraps=_ragged.exchange) as whole,
+        ):
+            expected = x.detach().resolve_conj().resolve_neg().tolist()
+            got = comm.all_gather(x)
+            assert [t.tolist() for t in got[1:]] == [expected] * 7, name
+            assert [t.tolist() for t in comm.gather(x, 0)] == [expected] * 8, name
+            assert whole.call_count == 0, name  # each took its kind's prepared round
+            assert plain_copies.call_count == 2 * copies, name

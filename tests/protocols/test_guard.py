@@ -587,6 +587,17 @@ _ONE_RANK_ALONE: dict[str, Callable[[Communicator, int], object]] = {
         c, {"loss": 1.0 if bad else torch.tensor(1.0)}
     ),
     "new_group duplicate ranks": lambda c, bad: c.new_group([0, 0] if bad else [0]),
+    # mistakes in the call itself (the method's own TypeError): the collectives' wrappers
+    # are written with each method's parameters, and pass these on to the method
+    "all_reduce unknown keyword": lambda c, bad: c.all_reduce(
+        torch.ones(2), **({"opp": "sum"} if bad else {})
+    ),
+    "broadcast one argument too many": lambda c, bad: c.broadcast(
+        torch.ones(2), 0, *((False, None, 1) if bad else ())
+    ),
+    "all_gather_into_tensor missing tensor": lambda c, bad: c.all_gather_into_tensor(
+        torch.ones(2 * c.world_size), *(() if bad else (torch.ones(2),))
+    ),
     "functional broadcast src": lambda c, bad: commlib.broadcast(
         torch.ones(2), src=99 if bad else 0, group=c
     ),

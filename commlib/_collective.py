@@ -26,6 +26,7 @@ Examples:
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import operator
@@ -178,7 +179,7 @@ def _as_called(
     return (*values[:given], *rest), {**later, **named}
 
 
-_BODY = """
+_HEAD = """
 def {name}(_c_comm, {positional}*_c_rest, {keywords}**_c_extra):
     if _c_rest or _c_extra{missing}:
         _c_args, _c_kwargs = _c_as_called(_c_names, ({names}), _c_rest, {{{named}**_c_extra}})
@@ -187,15 +188,11 @@ def {name}(_c_comm, {positional}*_c_rest, {keywords}**_c_extra):
     if _c_found is None:
         _c_found = _c_current()
     if _c_found.any or _c_profiler._is_profiler_enabled:
-        return _c_observed.call(
-            _c_found, _c_engine_of(_c_comm), _c_comm, ({names}), {{{named}}}
-        )
-{call}
+        return _c_observed.call(_c_found, _c_engine_of(_c_comm), _c_comm, ({names}), {{{named}}})
 """
-
-_PLAIN_CALL = """    return _c_fn(_c_comm, {passed})"""
-
-_REFUSING_CALL = """    _c_engine = _c_engine_of(_c_comm)
+_PLAIN_TAIL = """    return _c_fn(_c_comm, {passed})
+"""
+_REFUSING_TAIL = """    _c_engine = _c_engine_of(_c_comm)
     if _c_engine is None:
         return _c_fn(_c_comm, {passed})
     _c_before = _c_engine.seq
@@ -205,7 +202,33 @@ _REFUSING_CALL = """    _c_engine = _c_engine_of(_c_comm)
         if isinstance(_c_exc, _c_CommError) or _c_engine.seq != _c_before:
             raise
         _c_refuse(_c_comm, _c_engine, _c_exc, {{{named}}})
-        raise"""
+        raise
+"""
+
+
+@functools.cache
+def _line_here(part: str) -> int:
+    """How many lines of this file come before the one where template ``part`` starts."""
+    with open(__file__, encoding="utf-8") as f:
+        text = f.read()
+    return text.count("\n", 0, max(text.find(part), 0))
+
+
+def _numbered_here(tree: ast.Module, tail: str) -> None:
+    """Number ``tree``'s lines (``_HEAD`` then ``tail``) as the templates' lines here:
+    a traceback through a wrapper shows the line that runs."""
+    head_lines = _HEAD.count("\n")
+    head_at, tail_at = _line_here(_HEAD), _line_here(tail) - head_lines
+
+    def here(line: int) -> int:
+        return line + (head_at if line <= head_lines else tail_at)
+
+    for node in ast.walk(tree):
+        if isinstance(getattr(node, "lineno", None), int):
+            node.lineno = here(node.lineno)  # type: ignore[attr-defined]
+            end = getattr(node, "end_lineno", None)
+            if isinstance(end, int):
+                node.end_lineno = here(end)  # type: ignore[attr-defined]
 
 
 def signature_wrapper(
@@ -257,17 +280,18 @@ def signature_wrapper(
     named = "".join(f"{p.name!r}: {p.name}, " for p in keywords)
     passed = names + "".join(f"{p.name}={p.name}, " for p in keywords)
     required = [p.name for p in params if p.default is p.empty]
-    source = _BODY.format(
+    tail = _PLAIN_TAIL if refuse is None else _REFUSING_TAIL
+    source = (_HEAD + tail).format(
         name=fn.__name__,
         positional="".join(declared(p) for p in positional),
         keywords="".join(declared(p) for p in keywords),
         missing="".join(f" or {n} is _c_MISSING" for n in required),
         names=names,
         named=named,
-        call=(_PLAIN_CALL if refuse is None else _REFUSING_CALL).format(
-            passed=passed, named=named
-        ),
+        passed=passed,
     )
-    # compiled as this module's code: stacks (commlib.observe.stacks) know its frames
-    exec(compile(source, __file__, "exec"), env)
+    # compiled as this module's code (commlib.observe.stacks knows its frames)
+    tree = ast.parse(source)
+    _numbered_here(tree, tail)
+    exec(compile(tree, __file__, "exec"), env)
     return cast(Callable[..., Any], env[fn.__name__])

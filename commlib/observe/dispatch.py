@@ -449,14 +449,23 @@ class _Collective:
         if engine is None or engine.observed is not None:
             # a non-member (the method raises), or a collective inside another
             return self.guarded(comm, *args, **kwargs)
-        # the event is made now and is the span until the collective starts (the
-        # engine calls it back at its first call): one object a call, its slots set
-        # here, not in an __init__ (one Python call less)
-        live = _new_live(_Live)
+        # the event is the span until the collective starts (the engine calls it
+        # back at its first call); its slots are set here, not in an __init__ (one
+        # Python call less). Where no observer reads every event, its fields are
+        # made from the call's arguments when first read (_Lazy): an observer
+        # that reads none (or only some events') pays for none
+        live: _Live
+        if observers.reads_payload:
+            live = _new_live(_Recorded)
+            live._payload = None  # made at the start (_fill)
+        else:
+            live = _new_live(_Lazy)
+            live._payload, live._kwargs = args, kwargs
         live._t0 = t0 = _perf_counter()
         live._op, live._observers, live._eng = self, observers, engine
-        live.communicator, live._args, live._kwargs = comm, args, kwargs
+        live.communicator = comm
         live.state = ""  # not started (yet)
+        live.duration = live.error = None
         if observers.call_sites:
             # from the wrapper's caller: a program's direct call is found at once,
             # its site kept by code and instruction (caller_of's first step, inline)
@@ -470,8 +479,67 @@ class _Collective:
         else:
             live.call_site = None
         engine.observed = live
-        if observers.any:
-            engine.on_call = live._begin
+        if not observers.reads_payload:
+            if observers.any:  # (else only the profiler watches)
+                # the start hooks are told at the first engine call (_Live._begin)
+                engine.on_call = live._begin
+        else:
+            # _fill's steps for a _Recorded event, written out: this runs on every
+            # call the flight recorder observes
+            try:
+                bases = engine.kept.get(self.key)
+                if bases is None:
+                    bases = _bases(engine, self)
+                n = len(args)
+                name = self.payload
+                if name is None:
+                    live._facts = bases[None]
+                else:
+                    if kwargs and name in kwargs:
+                        value = kwargs[name]
+                    elif self.payload_at < n:
+                        value = args[self.payload_at]
+                    else:
+                        value = self.payload_default
+                    if type(value) is torch.Tensor:  # the same shape and dtype, call after call
+                        key = (value.shape, value.dtype)
+                        facts = bases.get(key)
+                        if facts is None:
+                            facts = _with_facts(bases, key, value)
+                        live._facts = facts
+                    else:
+                        live._facts = (*bases[None][:5], *payload_facts(value))
+                live.start = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
+                name = self.peer
+                if name is not None:
+                    if kwargs and name in kwargs:
+                        root = kwargs[name]
+                    elif self.peer_at < n:
+                        root = args[self.peer_at]
+                    else:
+                        root = self.peer_default
+                    live.peers = {name: root} if isinstance(root, int) else {}
+                else:
+                    live.peers = {}
+                name = self.op
+                if name is None:
+                    live.op = None
+                elif self.op_at >= n and not (kwargs and name in kwargs):
+                    live.op = self.op_default_name  # the default's name, made once
+                else:
+                    op = kwargs[name] if kwargs and name in kwargs else args[self.op_at]
+                    if type(op) is str:
+                        named = _OP_NAMES.get(op)
+                        op = named if named is not None else _op_name(op)
+                    elif op is not None:  # a torch ReduceOp, say
+                        op = str(op).lower()
+                    live.op = op
+                live.async_op = bool(kwargs.get("async_op", False)) if kwargs else False
+            except Exception as exc:  # observing must never break the collective
+                live._facts = None
+                _warn_once(f"commlib could not describe {self.name} to observers: {exc!r}")
+            else:
+                engine.on_call = live._begin
         refuse = self.refuse
         before = engine.seq
         try:
@@ -479,8 +547,10 @@ class _Collective:
                 refuse = None  # the guarded method refuses, inside the label
                 with torch.profiler.record_function(self.label(args, kwargs)):
                     result = self.guarded(comm, *args, **kwargs)
-            else:
+            elif kwargs:
                 result = self.fn(comm, *args, **kwargs)
+            else:
+                result = self.fn(comm, *args)
         except BaseException as exc:
             if (
                 refuse is not None
@@ -504,7 +574,7 @@ class _Collective:
         if live.state != "started":
             # nothing reached the engine (or only the profiler watches), or its
             # observers could not be told
-            live._args = live._kwargs = ()
+            live._payload = live._kwargs = None  # the caller's tensors are let go
             return result
         if result is not None:
             if isinstance(result, Handle):  # an async collective ends in its wait()
@@ -538,14 +608,74 @@ class _Collective:
             live._describe()
         return result
 
+    def _fill(
+        self, live: _Live, engine: Engine, t0: float, args: tuple[Any, ...], kwargs: Any
+    ) -> bool:
+        """Fill in a :class:`_Lazy` event's fields from its call's arguments; False if that failed.
+
+        What every event of this collective on this engine shares (see
+        _bases), then this call's. Each argument is found as :meth:`facts`
+        finds it (its keyword, else its position, else its default), as
+        :meth:`call` does for a :class:`_Recorded` event. The payload's facts
+        are made when first read, from what was passed (``_payload``).
+        """
+        try:
+            bases = engine.kept.get(self.key)
+            if bases is None:
+                bases = _bases(engine, self)
+            n = len(args)
+            name = self.payload
+            if name is None:
+                value = None
+            elif kwargs and name in kwargs:
+                value = kwargs[name]
+            elif self.payload_at < n:
+                value = args[self.payload_at]
+            else:
+                value = self.payload_default
+            live.name, live.group, live.group_ranks, live.rank, live.uniform = bases[0]
+            live._payload = _NO_PAYLOAD if value is None else value
+            live.start = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
+            name = self.peer
+            if name is not None:
+                if kwargs and name in kwargs:
+                    root = kwargs[name]
+                elif self.peer_at < n:
+                    root = args[self.peer_at]
+                else:
+                    root = self.peer_default
+                live.peers = {name: root} if isinstance(root, int) else {}
+            else:
+                live.peers = {}
+            name = self.op
+            if name is None:
+                live.op = None
+            elif self.op_at >= n and not (kwargs and name in kwargs):
+                live.op = self.op_default_name  # the default's name, made once
+            else:
+                op = kwargs[name] if kwargs and name in kwargs else args[self.op_at]
+                if type(op) is str:
+                    known = _OP_NAMES.get(op)
+                    op = known if known is not None else _op_name(op)
+                elif op is not None:  # a torch ReduceOp, say
+                    op = str(op).lower()
+                live.op = op
+            live.async_op = bool(kwargs.get("async_op", False)) if kwargs else False
+            return True
+        except Exception as exc:  # observing must never break the collective
+            live._payload = None
+            _warn_once(f"commlib could not describe {self.name} to observers: {exc!r}")
+            return False
+
 
 class _Live(CollectiveEvent):
     """A user-level collective's event, which is also its span while it runs.
 
-    Made by :meth:`_Collective.call` (which sets the span's slots and
-    ``communicator`` / ``call_site``) whose ``_begin`` the engine calls at the
-    collective's first engine call (``Engine.on_call``), which fills in the
-    event's fields and tells the start hooks. Observers see it as the
+    Made by :meth:`_Collective.call` (as a :class:`_Lazy` or :class:`_Recorded`
+    event, which becomes this class when its fields are made), which sets the
+    span's slots, and whose ``_begin`` the engine calls at the collective's
+    first engine call (``Engine.on_call``), which numbers it and tells the
+    start hooks. Observers see it as the
     :class:`CollectiveEvent` it is (``dataclasses.fields`` lists the event's
     fields only); the extra slots are the dispatcher's.
     """
@@ -553,7 +683,6 @@ class _Live(CollectiveEvent):
     # __weakref__: an observer may hold events weakly, as it could before they had slots
     __slots__ = (
         "__weakref__",
-        "_args",
         "_dtypes",
         "_eng",
         "_facts",
@@ -569,14 +698,15 @@ class _Live(CollectiveEvent):
     _op: _Collective
     _observers: _Observers
     _eng: Engine
-    _args: Any
-    _kwargs: Any
     _t0: float
+    #: a _Lazy event's call's keyword arguments (its positional ones are in _payload)
+    _kwargs: Any
     #: the facts shared by the events of its collective on its engine with its
     #: payload's shape and dtype (see _bases), where made at the start (the flight
     #: recorder keeps this one tuple); unset otherwise, None once a field changed
     _facts: _Facts | None
-    #: what the event's payload facts are still to be made from (None: made)
+    #: what the event's payload facts are still to be made from (None: made); a
+    #: _Lazy event's: the call's positional arguments, its fields still to be made
     _payload: Any
     _shapes: tuple[tuple[int, ...], ...]
     _dtypes: tuple[str, ...]
@@ -649,102 +779,19 @@ class _Live(CollectiveEvent):
         return CollectiveEvent, tuple([getattr(self, name) for name in _FIELD_NAMES])
 
     def _begin(self, what: str) -> None:
-        """The first engine call (``Engine.on_call``): the collective has started."""
+        """The first engine call (``Engine.on_call``): the collective has started.
+
+        Its fields were filled in by the call (:meth:`_Collective._fill`) but
+        the sequence number, which is the engine's, now.
+        """
         engine = self._eng
         engine.on_call = None
-        c = self._op
-        args, kwargs = self._args, self._kwargs
-        self._args = self._kwargs = ()  # observers do not keep the caller's tensors alive
-        try:
-            # what every event of this collective on this engine shares (with the
-            # tensor's facts, for a tensor seen before: see _bases), then this
-            # call's. Each argument is found as _Collective.facts finds it (its
-            # keyword, else its position, else its default), written out here as
-            # this runs on every call.
-            bases = engine.kept.get(c.key)
-            if bases is None:
-                bases = _bases(engine, c)
-            n = len(args)
-            name = c.payload
-            if not self._observers.reads_payload:
-                # the payload's facts are made when first read (or when the call
-                # ends with the event kept), from what was passed
-                self.name, self.group, self.group_ranks, self.rank, self.uniform = bases[0]
-                if name is None:
-                    value = None
-                elif kwargs and name in kwargs:
-                    value = kwargs[name]
-                elif c.payload_at < n:
-                    value = args[c.payload_at]
-                else:
-                    value = c.payload_default
-                self._payload = _NO_PAYLOAD if value is None else value
-            else:
-                self._payload = None  # made here, for an observer that reads every payload
-                if name is None:
-                    facts = bases[None]
-                else:
-                    if kwargs and name in kwargs:
-                        value = kwargs[name]
-                    elif c.payload_at < n:
-                        value = args[c.payload_at]
-                    else:
-                        value = c.payload_default
-                    if type(value) is torch.Tensor:  # the same shape and dtype, call after call
-                        key = (value.shape, value.dtype)
-                        facts = bases.get(key)
-                        if facts is None:
-                            facts = _with_facts(bases, key, value)
-                    else:
-                        facts = (*bases[None][:5], *payload_facts(value))
-                self._facts = facts
-                (
-                    self.name,
-                    self.group,
-                    self.group_ranks,
-                    self.rank,
-                    self.uniform,
-                    self._shapes,
-                    self._dtypes,
-                    self._nbytes,
-                ) = facts
-            if what in _POINT_TO_POINT:
-                self.seq = engine.p2p_seq
-                self.point_to_point = True
-            else:
-                self.seq = engine.seq
-                self.point_to_point = False
-            t0 = self._t0
-            self.start = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
-            name = c.peer
-            if name is not None:
-                if kwargs and name in kwargs:
-                    root = kwargs[name]
-                elif c.peer_at < n:
-                    root = args[c.peer_at]
-                else:
-                    root = c.peer_default
-                self.peers = {name: root} if isinstance(root, int) else {}
-            else:
-                self.peers = {}
-            name = c.op
-            if name is None:
-                self.op = None
-            elif c.op_at >= n and not (kwargs and name in kwargs):
-                self.op = c.op_default_name  # the default's name, made once
-            else:
-                op = kwargs[name] if kwargs and name in kwargs else args[c.op_at]
-                if type(op) is str:
-                    known = _OP_NAMES.get(op)
-                    op = known if known is not None else _op_name(op)
-                elif op is not None:  # a torch ReduceOp, say
-                    op = str(op).lower()
-                self.op = op
-            self.async_op = bool(kwargs.get("async_op", False)) if kwargs else False
-            self.duration = self.error = None
-        except Exception as exc:  # observing must never break the collective
-            _warn_once(f"commlib could not describe {c.name} to observers: {exc!r}")
-            return
+        if what in _POINT_TO_POINT:
+            self.seq = engine.p2p_seq
+            self.point_to_point = True
+        else:
+            self.seq = engine.seq
+            self.point_to_point = False
         self.state = "started"
         # _notify, written out: it runs on every observed call (one hook: no loop)
         observers = self._observers
@@ -768,7 +815,7 @@ class _Live(CollectiveEvent):
         if self.state != "started":
             # not started (refused before anything was sent: not a collective), or
             # ended already (a handle waited on again after its wait failed)
-            self._args = self._kwargs = ()
+            self._payload = self._kwargs = None  # the caller's tensors are let go
             return
         self._describe()  # an end out of the ordinary: the tensor is let go here
         self.duration = time.perf_counter() - self._t0
@@ -791,11 +838,100 @@ class _Live(CollectiveEvent):
         self._end(None)
 
 
+class _Lazy(_Live):
+    """An event whose fields are made from its call's arguments when first read.
+
+    What :meth:`_Collective.call` makes where no observer reads every event
+    (``commlib_reads_payload``). It holds the call's arguments (``_payload``,
+    ``_kwargs``) and, at the first read or write of a field made from them
+    (``name``, ``group``, ``peers``, ``op``, ``start``, ...: :data:`_MADE`), it
+    becomes the :class:`_Live` event it is, those fields filled in
+    (:meth:`_Collective._fill`): its later reads are plain. An observer that
+    reads none pays for none; an event kept past its call is made as the call
+    ends, and lets the caller's tensors go.
+    """
+
+    __slots__ = ()
+
+    def _describe(self) -> None:
+        """Its fields and payload facts, made now; the call's arguments are let go."""
+        self._make()
+        _Live._describe(self)
+
+    def _make(self) -> None:
+        args, kwargs = self._payload, self._kwargs
+        self.__class__ = _Live  # type: ignore[assignment]  # its fields are plain from now on
+        self._payload = self._kwargs = None
+        if args is None:  # made meanwhile (another thread read it)
+            return
+        c = self._op
+        if not c._fill(self, self._eng, self._t0, args, kwargs):
+            # what cannot fail, so that the observer reading it goes on
+            self.name, self.group, self.group_ranks, self.rank = c.name, "?", (), -1
+            self.uniform, self.peers, self.op, self.async_op = c.uniform, {}, None, False
+            self._shapes, self._dtypes, self._nbytes = (), (), 0
+            self.start = _wall_time(self._t0)
+
+
+class _Recorded(_Live):
+    """An event whose payload's facts were made at its start, kept in one tuple.
+
+    What :meth:`_Collective.call` makes where an observer reads every event's
+    payload (``commlib_reads_payload``: the flight recorder, which keeps the
+    tuple, ``_facts``, as it is). The fields the tuple holds (:data:`_FACTS`)
+    are unpacked into the event's own at the first read or write of one.
+    """
+
+    __slots__ = ()
+
+    def _make(self) -> None:
+        self.__class__ = _Live  # type: ignore[assignment]  # its fields are plain from now on
+        facts = self._facts
+        if facts is not None:
+            (
+                self.name,
+                self.group,
+                self.group_ranks,
+                self.rank,
+                self.uniform,
+                self._shapes,
+                self._dtypes,
+                self._nbytes,
+            ) = facts
+
+
+def _made(name: str) -> property:
+    """Field ``name`` of a :class:`_Lazy` or :class:`_Recorded` event: made when first read."""
+
+    def get(self: _Lazy | _Recorded) -> Any:
+        self._make()
+        return getattr(self, name)
+
+    def put(self: _Lazy | _Recorded, value: Any) -> None:
+        self._make()
+        setattr(self, name, value)
+
+    return property(get, put, doc=f"The event's ``{name}`` (made when first read).")
+
+
+#: the fields a _Recorded event unpacks from its ``_facts`` when one is first read
+_FACTS = ("name", "group", "group_ranks", "rank", "uniform", "shapes", "dtypes", "nbytes")
+#: the fields a _Lazy event makes from its call's arguments when one is first read
+_MADE = (*_FACTS, "peers", "op", "async_op", "start")
+for _name in _MADE:
+    setattr(_Lazy, _name, _made(_name))
+for _name in _FACTS:
+    setattr(_Recorded, _name, _made(_name))
+del _name
+
+
 # a collective that passes no payload (barrier), for _Live._describe
 _NO_PAYLOAD: Any = object()
 # what observers see in a repr or a log: the class they were told of (a pickled or
 # copied event is one: _Live.__reduce__)
 _Live.__name__ = _Live.__qualname__ = CollectiveEvent.__qualname__
+_Lazy.__name__ = _Lazy.__qualname__ = CollectiveEvent.__qualname__
+_Recorded.__name__ = _Recorded.__qualname__ = CollectiveEvent.__qualname__
 _new_live = _Live.__new__
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 _perf_counter = time.perf_counter

@@ -958,3 +958,147 @@ def test_the_only_end_hook_that_raises_is_disabled_and_the_collective_goes_on():
     finally:
         pm.unregister(bad)
     assert dispatch.disabled() == {}
+
+
+class _Reader:
+    """An observer reading ``fields`` of every event at ``at``; it may keep each event too."""
+
+    def __init__(self, fields: tuple[str, ...], at: str, keep: bool = False) -> None:
+        self.fields, self.at, self.keep = fields, at, keep
+        self.values: list[tuple] = []
+        self.events: list = []
+
+    def _read(self, event, when):
+        if when == self.at:
+            self.values.append(tuple(getattr(event, f) for f in self.fields))
+        if self.keep and when == "end":
+            self.events.append(event)
+
+    @hookimpl
+    def commlib_collective_start(self, event):
+        self._read(event, "start")
+
+    @hookimpl
+    def commlib_collective_end(self, event):
+        self._read(event, "end")
+
+
+_EVERY_FIELD = (
+    "name",
+    "group_ranks",
+    "rank",
+    "shapes",
+    "dtypes",
+    "nbytes",
+    "peers",
+    "op",
+    "async_op",
+)
+
+
+def _steady_then_changing(comm):
+    """Steady calls, then the same collectives with other shapes, dtypes, ops and roots."""
+    x = torch.ones(4)
+    for _ in range(3):
+        comm.all_reduce(x)
+    comm.all_reduce(torch.ones(2, 3, dtype=torch.float64), "max")
+    comm.all_reduce(x, op="min")
+    comm.broadcast(torch.ones(5, dtype=torch.int32), src=0)
+    comm.broadcast(tensor=torch.ones(1), src=0)
+    comm.all_reduce(x)
+    comm.barrier()
+
+
+_EXPECTED = [
+    ("all_reduce", (0,), 0, ((4,),), ("float32",), 16, {}, "sum", False),
+] * 3 + [
+    ("all_reduce", (0,), 0, ((2, 3),), ("float64",), 48, {}, "max", False),
+    ("all_reduce", (0,), 0, ((4,),), ("float32",), 16, {}, "min", False),
+    ("broadcast", (0,), 0, ((5,),), ("int32",), 20, {"src": 0}, None, False),
+    ("broadcast", (0,), 0, ((1,),), ("float32",), 4, {"src": 0}, None, False),
+    ("all_reduce", (0,), 0, ((4,),), ("float32",), 16, {}, "sum", False),
+    ("barrier", (0,), 0, (), (), 0, {}, None, False),
+]
+
+
+@pytest.mark.parametrize("recorder", [False, True], ids=["lazy", "with_recorder"])
+@pytest.mark.parametrize("at", ["start", "end", "after"])
+def test_every_field_is_right_call_after_call_whenever_it_is_read(recorder, at):
+    # without the flight recorder an event's fields are made from the call's
+    # arguments when first read; with it its shared facts are one tuple kept per
+    # shape and dtype: steady calls reuse what was made, and a call with other
+    # shapes, dtypes, ops or roots still reads its own; an event kept after its
+    # call reads the same later (nothing of a later call's lands in it)
+    reader = _Reader(_EVERY_FIELD, at, keep=True)
+    others = [FlightRecorder(capacity=20)] if recorder else []
+    for plugin in [reader, *others]:
+        plugin_manager().register(plugin)
+    try:
+        comm = Communicator()
+        _steady_then_changing(comm)
+    finally:
+        for plugin in [reader, *others]:
+            plugin_manager().unregister(plugin)
+    after = [tuple(getattr(e, f) for f in _EVERY_FIELD) for e in reader.events]
+    assert after == _EXPECTED
+    if at != "after":
+        assert reader.values == _EXPECTED
+    assert len({id(e) for e in reader.events}) == len(_EXPECTED)  # one event a call
+    assert len({e.group for e in reader.events}) == 1
+    assert [e.seq for e in reader.events] == sorted(e.seq for e in reader.events)
+    for e in reader.events:
+        assert type(e).__name__ == "CollectiveEvent" and e.state == "completed"
+        assert e.duration is not None and e.duration >= 0 and e.start > 0
+    if recorder:
+        entries = others[0].snapshot()["entries"]
+        assert [(e["name"], e["shapes"], e["op"], e["peers"]) for e in entries] == [
+            (n, [list(s) for s in shapes], op, peers)
+            for n, _, _, shapes, _, _, peers, op, _ in _EXPECTED
+        ]
+
+
+def test_a_field_an_observer_writes_is_what_the_others_read_and_the_next_event_is_new():
+    class Writes:
+        @hookimpl
+        def commlib_collective_start(self, event):
+            event.op = "written"
+            event.shapes = ((7,),)
+
+    writes, reader = Writes(), _Reader(("op", "shapes", "nbytes", "name"), "end")
+    for plugin in [reader, writes]:  # writes is told first
+        plugin_manager().register(plugin)
+    try:
+        comm = Communicator()
+        comm.all_reduce(torch.ones(3))
+    finally:
+        plugin_manager().unregister(writes)
+    try:
+        comm.all_reduce(torch.ones(3))
+    finally:
+        plugin_manager().unregister(reader)
+    assert reader.values == [
+        ("written", ((7,),), 12, "all_reduce"),
+        ("sum", ((3,),), 12, "all_reduce"),
+    ]
+
+
+def test_a_kept_unread_event_lets_a_tensor_passed_by_keyword_go():
+    keeper = _Keeper()
+    plugin_manager().register(keeper)
+    try:
+        tensor = torch.ones(6)
+        gone = weakref.ref(tensor)
+        Communicator().broadcast(tensor=tensor, src=0)
+        del tensor
+        gc.collect()
+        assert gone() is None
+    finally:
+        plugin_manager().unregister(keeper)
+    (event,) = keeper.events
+    assert (event.name, event.shapes, event.nbytes, event.peers) == (
+        "broadcast",
+        ((6,),),
+        24,
+        {"src": 0},
+    )
+    assert repr(event).startswith("CollectiveEvent(")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,8 +136,13 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
     if isinstance(value, torch.Tensor):
         return ((tuple(value.shape),), (_dtype_name(value.dtype),), _nbytes(value))
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        # the same shapes and dtypes call after call: their facts are made once
-        key = tuple([(t.shape, t.dtype) for t in value if isinstance(t, torch.Tensor)])
+        # the same shapes and dtypes call after call: their facts are made once. Each
+        # tensor's pair read by a C getter (no Python step a tensor), a list of
+        # tensors alone; one with other things in it filtered first
+        try:
+            key = tuple(map(_SHAPE_AND_DTYPE, value))
+        except AttributeError:
+            key = tuple([(t.shape, t.dtype) for t in value if isinstance(t, torch.Tensor)])
         found = _LIST_FACTS.get(key)
         if found is None:
             if len(_LIST_FACTS) >= _LIST_FACTS_KEPT:
@@ -154,6 +160,7 @@ def payload_facts(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, .
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_SHAPE_AND_DTYPE = operator.attrgetter("shape", "dtype")
 # a list's facts by its tensors' (shape, dtype): bytes are elements times element size
 # whatever the strides, so the two say it all; bounded, for shapes that keep changing
 _LIST_FACTS: dict[tuple[tuple[torch.Size, torch.dtype], ...], tuple[Any, ...]] = {}

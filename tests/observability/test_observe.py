@@ -1102,3 +1102,20 @@ def test_a_kept_unread_event_lets_a_tensor_passed_by_keyword_go():
         {"src": 0},
     )
     assert repr(event).startswith("CollectiveEvent(")
+
+
+def test_a_list_s_payload_facts_follow_its_tensors_and_leave_other_things_out():
+    import numpy as np
+
+    tensors = [torch.ones(2), torch.ones(3, dtype=torch.int64)]
+    assert payload_facts(tensors) == (((2,), (3,)), ("float32", "int64"), 32)
+    tensors[1].resize_(5)  # the same tensors, another shape: facts made again
+    assert payload_facts(tensors) == (((2,), (5,)), ("float32", "int64"), 48)
+    assert payload_facts(tuple(tensors)) == (((2,), (5,)), ("float32", "int64"), 48)
+    mixed = [torch.ones(2), np.ones(3, dtype=np.float32), "x"]
+    assert payload_facts(mixed) == (((2,),), ("float32",), 8)
+    assert payload_facts([torch.ones(2), np.ones(2, dtype=np.float32)]) == (
+        ((2,),),
+        ("float32",),
+        8,
+    )

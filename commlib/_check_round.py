@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from commlib import _catalog, _lanes, _objects
-from commlib._host_copy import PARALLEL_FROM, copy_bytes, host_copy, stack_into
+from commlib._host_copy import PARALLEL_FROM, copy_bytes, host_copy, is_plain_memory, stack_into
 from commlib._rooms import HEADER, Rooms, learn_cap, rooms_of, teaches
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot
 from commlib._shared_rows import SharedRows, shared_rows
@@ -634,7 +634,7 @@ def steady(
                     used, direct = _used(host, 0), None
         elif write is None:
             assert data is not None  # (an area: the data is declared)
-            if prep.flat and data.is_cpu and data.is_contiguous():
+            if prep.flat and is_plain_memory(data):
                 copy_bytes(prep.flat, (data,), prep.nbytes)  # (no dispatcher: _host_copy)
             elif prep.small:
                 area.copy_(data)

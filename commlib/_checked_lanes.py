@@ -40,7 +40,14 @@ from commlib import _lanes, _nested, _steps
 from commlib import _validation as check
 from commlib._check_round import steady
 from commlib._guard import write_nothing
-from commlib._host_copy import PARALLEL_FROM, copy_bytes, host_clone, host_copy, stack_into
+from commlib._host_copy import (
+    PARALLEL_FROM,
+    copy_bytes,
+    host_clone,
+    host_copy,
+    is_plain_memory,
+    stack_into,
+)
 from commlib._sent_slots import LAYOUTS
 from commlib.errors import RemoteArgumentError
 from commlib.reductions import reduce_into
@@ -221,8 +228,8 @@ class CheckedLanes:
         except RemoteArgumentError as exc:  # as the communicator words it
             raise _nested.tensor_meets_no_tensor(exc, src) from None
         if parts is not None:
-            if not root:  # (both contiguous host tensors of its bytes: no dispatcher)
-                copy_bytes(tensor.data_ptr(), (parts[src],), tensor.nbytes)
+            if not root:
+                _part_into(tensor, parts[src])
         elif lane is not None:
             engine.direct("broadcast", lane, [tensor])
         return True
@@ -279,9 +286,14 @@ class CheckedLanes:
         prep, lane = ready
         parts = steady(engine, host, prep, what, self.serializer, data, None, None)
         if parts is not None:
-            # every rank's part back to back (output contiguous, world parts of one dtype;
-            # plain copies: torch's cat is its dispatcher's, cold after a sleep, _host_copy)
-            copy_bytes(output.data_ptr(), parts, tensor.nbytes)
+            if is_plain_memory(output):
+                # every rank's part back to back (world parts of one dtype; plain copies:
+                # torch's cat is its dispatcher's, cold after a sleep, _host_copy)
+                copy_bytes(output.data_ptr(), parts, tensor.nbytes)
+            elif output.dim() == 1 == tensor.dim():
+                torch.cat(parts, out=output)
+            else:
+                torch.stack(parts, out=output.view(engine.world_size, *tensor.shape))
         elif lane is not None:
             flat = output if output.dim() == 1 else output.view(-1)
             engine.direct(what, lane, flat, tensor if tensor.dim() == 1 else tensor.view(-1))
@@ -352,7 +364,7 @@ class CheckedLanes:
         write = (lambda rows: stack_into(rows, scatter_list)) if root else write_nothing
         got = steady(engine, host, prep, what, self.serializer, data, None, write)
         if got is not None:
-            copy_bytes(tensor.data_ptr(), (got[src],), tensor.nbytes)
+            _part_into(tensor, got[src])
         elif lane is not None:
             _lanes.scatter_by(engine, lane, tensor, scatter_list, src)
         return True
@@ -442,3 +454,22 @@ class CheckedLanes:
         elif lane is not None:
             engine.direct(what, lane, outs, ins)
         return True
+
+
+def _part_into(tensor: torch.Tensor, part: torch.Tensor) -> None:
+    """A round's ``part`` (plain memory of ``tensor``'s bytes) into ``tensor``.
+
+    As plain memory where ``tensor`` is plain too (no dispatcher: cold after a
+    sleep, see :mod:`commlib._host_copy`); through torch's copy where it
+    conjugates or negates lazily.
+
+    Examples:
+        >>> z = torch.zeros(2, dtype=torch.complex64)
+        >>> _part_into(z.conj(), torch.tensor([1j, 2j], dtype=torch.complex64))
+        >>> z.tolist()
+        [-1j, -2j]
+    """
+    if is_plain_memory(tensor):
+        copy_bytes(tensor.data_ptr(), (part,), tensor.nbytes)
+    else:
+        host_copy(tensor, part)

@@ -52,6 +52,25 @@ def copy_bytes(at: int, parts: Sequence[torch.Tensor], nbytes: int) -> None:
             at += nbytes
 
 
+def is_plain_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values are its memory as laid out, for :func:`copy_bytes`.
+
+    A contiguous host tensor with no lazy conjugate or negation (``x.conj()``
+    of a complex tensor, ``x.conj().imag``): those read or write other values
+    than their bytes hold, which only torch's own copy resolves.
+
+    Examples:
+        >>> z = torch.ones(2, dtype=torch.complex64)
+        >>> is_plain_memory(z), is_plain_memory(z.conj()), is_plain_memory(z.conj().imag)
+        (True, False, False)
+        >>> is_plain_memory(torch.ones(2, 3).t())
+        False
+    """
+    return (
+        tensor.is_contiguous() and tensor.is_cpu and not tensor.is_conj() and not tensor.is_neg()
+    )
+
+
 def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` for host tensors of one dtype; a large one on this thread.
 

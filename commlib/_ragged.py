@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import math
 import struct
-from ctypes import memmove
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from commlib import _lanes, _steps
-from commlib._host_copy import host_copy
+from commlib._host_copy import copy_bytes, host_copy, is_plain_memory
 from commlib._rooms import HEADER, Rooms, learns_up_to, teaches
 from commlib._sent_slots import LAYOUTS, Areas, SentSlot, copies_of
 from commlib._shared_rows import shared_rows
@@ -570,8 +569,8 @@ def steady(
     # (on this thread: torch would split a large copy across threads that wait for the
     # other ranks' on a few shared cores, see commlib._host_copy)
     at = found.at
-    if at is not None and tensor.is_contiguous() and not tensor.is_neg():
-        memmove(at, tensor.data_ptr(), found.nbytes)
+    if at is not None and is_plain_memory(tensor):
+        copy_bytes(at, (tensor,), found.nbytes)
     else:
         host_copy(found.area, tensor.detach() if tensor.requires_grad else tensor)
     fresh = found.fresh

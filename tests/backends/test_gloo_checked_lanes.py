@@ -115,6 +115,63 @@ def test_steady_checked_calls_on_gloo_are_right_in_their_rounds(multi_world):
     assert multi_world.run(_steady_results_and_rounds) == [[]] * multi_world.size
 
 
+def _lazy_views_in_and_out(comm) -> list[str]:
+    # a lazily conjugated complex tensor (x.conj()) and a lazily negated real one
+    # (x.conj().imag) hold other values than their bytes: as inputs and as outputs,
+    # first call and steady ones, checked and not, the values are what they read
+    wrong: list[str] = []
+    rank, world = comm.rank, comm.world_size
+
+    def made(r: int, kind: str) -> torch.Tensor:
+        base = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (r + 1)
+        return base.conj() if kind == "conj" else base.conj().imag
+
+    def blank(n: int, kind: str) -> torch.Tensor:
+        if kind == "conj":
+            return torch.zeros(n, dtype=torch.complex64).conj()
+        return torch.zeros(n, dtype=torch.complex64).conj().imag
+
+    for strict in (True, False):
+        c = Communicator(strict=strict)
+        for kind in ("conj", "neg"):
+            values = [made(r, kind).resolve_conj().resolve_neg() for r in range(world)]
+            every = torch.cat(values)
+            for call in range(3):
+                tag = f"strict={strict} {kind} call {call}"
+                out = torch.empty(2 * world, dtype=values[0].dtype)
+                if strict or kind == "neg":
+                    # (torch's own gloo refuses unresolved conjugates: unchecked, neg only)
+                    c.all_gather_into_tensor(out, made(rank, kind))
+                    if not torch.equal(out, every):
+                        wrong.append(f"{tag}: all_gather_into_tensor of a view")
+                    dest = blank(2 * world, kind)
+                    c.all_gather_into_tensor(dest, values[rank].clone())
+                    if not torch.equal(dest.resolve_conj().resolve_neg(), every):
+                        wrong.append(f"{tag}: all_gather_into_tensor into a view")
+                    got = blank(2, kind)
+                    c.broadcast(made(0, kind) if rank == 0 else got, 0)
+                    if rank and not torch.equal(got.resolve_conj().resolve_neg(), values[0]):
+                        wrong.append(f"{tag}: broadcast of a view into a view")
+                    part = blank(2, kind)
+                    c.scatter(part, [made(r, kind) for r in range(world)] if rank == 0 else None)
+                    if not torch.equal(part.resolve_conj().resolve_neg(), values[rank]):
+                        wrong.append(f"{tag}: scatter of views into a view")
+                    summed = made(rank, kind)
+                    c.all_reduce(summed)
+                    if not torch.equal(summed.resolve_conj().resolve_neg(), sum(values)):
+                        wrong.append(f"{tag}: all_reduce in place on a view")
+                gathered = c.all_gather(made(rank, kind))
+                if not all(torch.equal(g, v) for g, v in zip(gathered, values)):
+                    wrong.append(f"{tag}: all_gather of a view")
+    return wrong
+
+
+def test_lazily_conjugated_or_negated_tensors_are_read_and_written_as_their_values(
+    multi_world,
+):
+    assert multi_world.run(_lazy_views_in_and_out) == [[]] * multi_world.size
+
+
 def _past_the_slot(comm) -> list[str]:
     # a group of its own, whose slot no all_reduce taught: a 400 KB broadcast and reduce
     # stay past what they teach it on the engine (128 KiB), and a 2.4 MB all_reduce and

@@ -583,7 +583,7 @@ def test_a_steady_kind_copies_any_layout_of_its_data_exactly(fake8):
             comm.all_gather(x)
             comm.gather(x, 0)
         with (
-            mock.patch.object(_ragged, "memmove", wraps=_ragged.memmove) as plain_copies,
+            mock.patch.object(_ragged, "copy_bytes", wraps=_ragged.copy_bytes) as plain_copies,
             mock.patch.object(_ragged, "exchange", wraps=_ragged.exchange) as whole,
         ):
             expected = x.detach().resolve_conj().resolve_neg().tolist()

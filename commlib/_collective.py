@@ -188,6 +188,15 @@ def {name}(_c_comm, {positional}*_c_rest, {keywords}**_c_extra):
     if _c_found is None:
         _c_found = _c_current()
     if _c_found.any or _c_profiler._is_profiler_enabled:
+        if not _c_profiler._is_profiler_enabled:  # the observed call, the method's own call
+            _c_live = _c_observed.enter(_c_found, _c_comm, ({names}), {{{named}}})
+            if _c_live is not None:
+                try:
+                    _c_result = _c_fn(_c_comm, {passed})
+                except BaseException as _c_exc:
+                    _c_observed.failed(_c_live, _c_exc, {{{named}}})
+                    raise
+                return _c_observed.leave(_c_live, _c_result)
         return _c_observed.call(_c_found, _c_engine_of(_c_comm), _c_comm, ({names}), {{{named}}})
 """
 _PLAIN_TAIL = """    return _c_fn(_c_comm, {passed})

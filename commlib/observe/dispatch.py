@@ -446,9 +446,43 @@ class _Collective:
     def call(
         self, observers: _Observers, engine: Engine | None, comm: Any, args: Any, kwargs: Any
     ) -> Any:
+        """The observed call of the method with ``args`` and ``kwargs``.
+
+        The collectives' frames (:mod:`commlib._collective`) take it where the
+        method cannot be called with its own parameters, or ``torch.profiler``
+        runs; otherwise they call :meth:`enter`, the method, then :meth:`leave`
+        (or :meth:`failed`) themselves, which is this without the call through
+        ``*args``.
+        """
         if engine is None or engine.observed is not None:
             # a non-member (the method raises), or a collective inside another
             return self.guarded(comm, *args, **kwargs)
+        if not observers.any:  # the profiler alone
+            with torch.profiler.record_function(self.label(args, kwargs)):
+                return self.guarded(comm, *args, **kwargs)
+        live = self.enter(observers, comm, args, kwargs)
+        if live is None:  # (cannot be: checked above)
+            return self.guarded(comm, *args, **kwargs)
+        profiled = _profiler._is_profiler_enabled
+        try:
+            if profiled:  # the guarded method refuses, inside the label
+                with torch.profiler.record_function(self.label(args, kwargs)):
+                    result = self.guarded(comm, *args, **kwargs)
+            else:
+                result = self.fn(comm, *args, **kwargs)
+        except BaseException as exc:
+            self.failed(live, exc, None if profiled else kwargs)
+            raise
+        return self.leave(live, result)
+
+    def enter(self, observers: _Observers, comm: Any, args: Any, kwargs: Any) -> _Live | None:
+        """The event of a call about to be made (``None``: a non-member's, or a nested call).
+
+        ``args`` and ``kwargs`` are the call's arguments, as passed to the method.
+        """
+        engine = comm._engine
+        if engine is None or engine.observed is not None:
+            return None
         # the event is the span until the collective starts (the engine calls it
         # back at its first call); its slots are set here, not in an __init__ (one
         # Python call less). Where no observer reads every event, its fields are
@@ -540,36 +574,39 @@ class _Collective:
                 _warn_once(f"commlib could not describe {self.name} to observers: {exc!r}")
             else:
                 engine.on_call = live._begin
+        live._before = engine.seq
+        return live
+
+    def failed(self, live: _Live, exc: BaseException, kwargs: Any) -> None:
+        """The method raised ``exc``: the event ends with it (the caller raises it).
+
+        An argument error before the first engine call is refused on every rank
+        first (commlib._collective.refusing's steps: it joins the collective's
+        first round, which starts the event); ``kwargs``: the call's keyword
+        arguments (``None``: the method refused it itself).
+        """
+        engine = live._eng
         refuse = self.refuse
-        before = engine.seq
-        try:
-            if _profiler._is_profiler_enabled:
-                refuse = None  # the guarded method refuses, inside the label
-                with torch.profiler.record_function(self.label(args, kwargs)):
-                    result = self.guarded(comm, *args, **kwargs)
-            elif kwargs:
-                result = self.fn(comm, *args, **kwargs)
-            else:
-                result = self.fn(comm, *args)
-        except BaseException as exc:
-            if (
-                refuse is not None
-                and isinstance(exc, (ValueError, TypeError))
-                and not isinstance(exc, CommError)
-                and engine.seq == before
-            ):
-                # commlib._collective.refusing's steps: an argument error before the
-                # first engine call joins the collective's first round (which starts
-                # the event)
-                try:
-                    refuse(comm, engine, exc, kwargs)
-                except BaseException as refused:
-                    engine.observed = engine.on_call = None
-                    live._end(refused)
-                    raise
-            engine.observed = engine.on_call = None
-            live._end(exc)
-            raise
+        if (
+            refuse is not None
+            and kwargs is not None
+            and isinstance(exc, (ValueError, TypeError))
+            and not isinstance(exc, CommError)
+            and engine.seq == live._before
+        ):
+            try:
+                refuse(live.communicator, engine, exc, kwargs)
+            except BaseException as refused:
+                engine.observed = engine.on_call = None
+                live._end(refused)
+                raise
+        engine.observed = engine.on_call = None
+        live._end(exc)
+
+    def leave(self, live: _Live, result: Any) -> Any:
+        """The method returned ``result``: the event ends (an async call's, in its wait)."""
+        engine = live._eng
+        observers = live._observers
         engine.observed = engine.on_call = None
         if live.state != "started":
             # nothing reached the engine (or only the profiler watches), or its
@@ -585,7 +622,7 @@ class _Collective:
                 result.add_done_callback(live._end)
                 return result
         # live._end(None), written out: the common case
-        live.duration = _perf_counter() - t0
+        live.duration = _perf_counter() - live._t0
         live.state = "completed"
         function = observers.end_fn
         if function is not None:
@@ -683,6 +720,7 @@ class _Live(CollectiveEvent):
     # __weakref__: an observer may hold events weakly, as it could before they had slots
     __slots__ = (
         "__weakref__",
+        "_before",
         "_dtypes",
         "_eng",
         "_facts",
@@ -699,6 +737,9 @@ class _Live(CollectiveEvent):
     _observers: _Observers
     _eng: Engine
     _t0: float
+    #: the engine's sequence number before the call (an argument error before the
+    #: first engine call is refused on every rank: _Collective.failed)
+    _before: int
     #: a _Lazy event's call's keyword arguments (its positional ones are in _payload)
     _kwargs: Any
     #: the facts shared by the events of its collective on its engine with its
@@ -937,11 +978,11 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 _perf_counter = time.perf_counter
 _getframe = sys._getframe
 _getrefcount = sys.getrefcount
-# the references to an event nobody kept, as sys.getrefcount counts them at the
-# end of _Collective.call: its local and the function's argument. Python 3.14
+# the references to an event nobody kept, as sys.getrefcount counts them in
+# _Collective.leave: its caller's local, leave's argument and the function's. Python 3.14
 # may lend a local without a reference, which would count a kept event as
 # nobody's: there every event's facts are made at its end, whatever the count
-_ALONE = 2 if sys.version_info < (3, 14) else -1
+_ALONE = 3 if sys.version_info < (3, 14) else -1
 
 
 def observing(

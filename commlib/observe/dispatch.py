@@ -529,10 +529,10 @@ class _Collective:
                 if name is None:
                     live._facts = bases[None]
                 else:
-                    if kwargs and name in kwargs:
-                        value = kwargs[name]
-                    elif self.payload_at < n:
+                    if self.payload_at < n:  # (a keyword names no argument passed by position)
                         value = args[self.payload_at]
+                    elif kwargs and name in kwargs:
+                        value = kwargs[name]
                     else:
                         value = self.payload_default
                     if type(value) is torch.Tensor:  # the same shape and dtype, call after call
@@ -546,10 +546,10 @@ class _Collective:
                 live.start = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
                 name = self.peer
                 if name is not None:
-                    if kwargs and name in kwargs:
-                        root = kwargs[name]
-                    elif self.peer_at < n:
+                    if self.peer_at < n:
                         root = args[self.peer_at]
+                    elif kwargs and name in kwargs:
+                        root = kwargs[name]
                     else:
                         root = self.peer_default
                     live.peers = {name: root} if isinstance(root, int) else {}
@@ -561,7 +561,7 @@ class _Collective:
                 elif self.op_at >= n and not (kwargs and name in kwargs):
                     live.op = self.op_default_name  # the default's name, made once
                 else:
-                    op = kwargs[name] if kwargs and name in kwargs else args[self.op_at]
+                    op = args[self.op_at] if self.op_at < n else kwargs[name]
                     if type(op) is str:
                         named = _OP_NAMES.get(op)
                         op = named if named is not None else _op_name(op)
@@ -675,10 +675,10 @@ class _Collective:
             live.start = t0 + _wall_offset if t0 < _wall_until else _wall_time(t0)
             name = self.peer
             if name is not None:
-                if kwargs and name in kwargs:
-                    root = kwargs[name]
-                elif self.peer_at < n:
+                if self.peer_at < n:
                     root = args[self.peer_at]
+                elif kwargs and name in kwargs:
+                    root = kwargs[name]
                 else:
                     root = self.peer_default
                 live.peers = {name: root} if isinstance(root, int) else {}
@@ -690,7 +690,7 @@ class _Collective:
             elif self.op_at >= n and not (kwargs and name in kwargs):
                 live.op = self.op_default_name  # the default's name, made once
             else:
-                op = kwargs[name] if kwargs and name in kwargs else args[self.op_at]
+                op = args[self.op_at] if self.op_at < n else kwargs[name]
                 if type(op) is str:
                     known = _OP_NAMES.get(op)
                     op = known if known is not None else _op_name(op)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -38,16 +37,12 @@ import torch.autograd.profiler as _profiler
 from commlib import _catalog
 from commlib._manager import registrations
 from commlib.errors import CommError
-from commlib.observe.dispatch import Refuse, current, observing
+from commlib.observe.dispatch import Refuse, current, engine_of, observing
 
 if TYPE_CHECKING:
     from commlib._engine import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# a communicator's engine (None for a non-member), read by the frame on every
-# observed or refusing call: a C-level getter, not a Python function
-engine_of: Callable[[Any], Engine | None] = operator.attrgetter("_engine")
 
 
 def collective(name: str) -> Callable[[F], F]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import operator
 import sys
 import threading
 import time
@@ -49,6 +50,12 @@ from commlib.observe.event import CollectiveEvent, describe, payload_facts
 
 if TYPE_CHECKING:
     from commlib._engine import Engine
+
+
+# a communicator's engine (None for a non-member), read by the frame on every
+# observed or refusing call: a C-level getter, not a Python function
+engine_of: Callable[[Any], Engine | None] = operator.attrgetter("_engine")
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: an observer with this attribute set to True gets ``event.call_site`` filled in
@@ -480,7 +487,7 @@ class _Collective:
 
         ``args`` and ``kwargs`` are the call's arguments, as passed to the method.
         """
-        engine = comm._engine
+        engine = engine_of(comm)
         if engine is None or engine.observed is not None:
             return None
         # the event is the span until the collective starts (the engine calls it

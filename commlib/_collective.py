@@ -26,7 +26,6 @@ Examples:
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
 from collections.abc import Callable
@@ -218,21 +217,18 @@ def _line_here(part: str) -> int:
     return text.count("\n", 0, max(text.find(part), 0))
 
 
-def _numbered_here(tree: ast.Module, tail: str) -> None:
-    """Number ``tree``'s lines (``_HEAD`` then ``tail``) as the templates' lines here:
-    a traceback through a wrapper shows the line that runs."""
+def _placed_here(source: str, tail: str) -> str:
+    """``source`` (``_HEAD`` then ``tail``, formatted) with blank lines before each part,
+    so that its lines are the templates' lines here: a traceback through a wrapper
+    shows the line that runs. (Blank lines cost the compiler next to nothing; every
+    rank process compiles the wrappers at import.)"""
     head_lines = _HEAD.count("\n")
-    head_at, tail_at = _line_here(_HEAD), _line_here(tail) - head_lines
-
-    def here(line: int) -> int:
-        return line + (head_at if line <= head_lines else tail_at)
-
-    for node in ast.walk(tree):
-        if isinstance(getattr(node, "lineno", None), int):
-            node.lineno = here(node.lineno)  # type: ignore[attr-defined]
-            end = getattr(node, "end_lineno", None)
-            if isinstance(end, int):
-                node.end_lineno = here(end)  # type: ignore[attr-defined]
+    head_at, tail_at = _line_here(_HEAD), _line_here(tail)
+    cut = 0
+    for _ in range(head_lines):
+        cut = source.index("\n", cut) + 1
+    gap = tail_at - head_at - head_lines
+    return "\n" * head_at + source[:cut] + "\n" * gap + source[cut:]
 
 
 def signature_wrapper(
@@ -295,7 +291,5 @@ def signature_wrapper(
         passed=passed,
     )
     # compiled as this module's code (commlib.observe.stacks knows its frames)
-    tree = ast.parse(source)
-    _numbered_here(tree, tail)
-    exec(compile(tree, __file__, "exec"), env)
+    exec(compile(_placed_here(source, tail), __file__, "exec"), env)
     return cast(Callable[..., Any], env[fn.__name__])
